@@ -1,0 +1,136 @@
+//! The command line: `serve` (what host.json starts), `tick` (one tick from the shell, same code
+//! path) and `demo` (the quickstart). Thin: parse, call the library, print.
+
+mod demo;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+
+use crate::app::{App, Lookup};
+use crate::config::Settings;
+
+/// The sentence every user must read before relying on dbtrigger (design "disclosure").
+pub const DISCLOSURE: &str = "dbtrigger is not a native database trigger: it is a pseudo trigger built on Azure Functions timers. \
+Delivery is at least once, so handlers must be idempotent (de-duplicate on event_id, or upsert).";
+
+#[derive(Debug, Parser)]
+#[command(name = "dbtrigger", version, about = "A database trigger for Azure Functions: PostgreSQL, MySQL/MariaDB and SQLite tables as a change feed.", long_about = None, after_help = DISCLOSURE)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the custom handler (what host.json starts): listens on $FUNCTIONS_CUSTOMHANDLER_PORT.
+    Serve {
+        #[command(flatten)]
+        app_root: AppRoot,
+        /// Port to listen on [default: $FUNCTIONS_CUSTOMHANDLER_PORT].
+        #[arg(long, env = "FUNCTIONS_CUSTOMHANDLER_PORT")]
+        port: u16,
+        /// Address to bind; the host dials 127.0.0.1.
+        #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::LOCALHOST))]
+        bind: IpAddr,
+    },
+    /// Run one tick of one poller from the shell, through the same code as the handler.
+    Tick {
+        /// The function (folder) name of the poller.
+        poller: String,
+        #[command(flatten)]
+        app_root: AppRoot,
+    },
+    /// The quickstart: a SQLite table, a file state store and a built-in receiver, no setup at all.
+    Demo {
+        /// Rows in the sample table.
+        #[arg(long, default_value_t = 5000)]
+        rows: u32,
+        /// Keep the demo's directory instead of deleting it at the end.
+        #[arg(long)]
+        keep: bool,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct AppRoot {
+    /// The function app's root (host.json and one folder per function)
+    /// [default: $FUNCTIONS_APP_ROOT_PATH, else the current directory].
+    #[arg(long = "app-root", env = "FUNCTIONS_APP_ROOT_PATH")]
+    pub path: Option<PathBuf>,
+}
+
+impl AppRoot {
+    fn resolve(&self) -> anyhow::Result<PathBuf> {
+        match &self.path {
+            Some(path) => Ok(path.clone()),
+            None => std::env::current_dir().context("cannot read the current directory"),
+        }
+    }
+}
+
+pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Serve { app_root, port, bind } => {
+            let root = app_root.resolve()?;
+            let app = Arc::new(App::load(&root, &Settings::from_env())?);
+            let address = SocketAddr::new(bind, port);
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| format!("cannot listen on {address}"))?;
+            tracing::info!(%address, app_root = %root.display(), functions = ?app.function_names(), "dbtrigger handler listening");
+            crate::handler::serve(listener, app, shutdown_signal()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Tick { poller, app_root } => {
+            let root = app_root.resolve()?;
+            let app = App::load(&root, &Settings::from_env())?;
+            let poller = match app.lookup(&poller) {
+                Lookup::Ready(found) => found.clone(),
+                Lookup::Broken(reason) => bail!("{reason}"),
+                Lookup::Unknown => bail!(
+                    "no function {poller:?} in {} (functions: {})",
+                    root.display(),
+                    app.function_names().join(", ")
+                ),
+            };
+            match poller.tick().await {
+                Ok(outcome) => {
+                    println!("{}: {outcome}", poller.config.poller_name);
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(error) => {
+                    println!("{}: tick failed: {error}", poller.config.poller_name);
+                    Ok(ExitCode::FAILURE)
+                }
+            }
+        }
+        Command::Demo { rows, keep } => demo::run(rows, keep).await,
+    }
+}
+
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(_) => {
+                let _ = interrupt.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}

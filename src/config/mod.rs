@@ -1,0 +1,847 @@
+//! Configuration: every `<app root>/<function>/function.json` with a `poller` section, plus app
+//! settings, parsed once into a validated [`PollerConfig`]. A `PollerConfig` that exists is valid.
+//!
+//! Errors name the file, the field and the reason. One bad poller does not take the others down: the
+//! app keeps a `Result` per function, and invocations of a bad one fail with its error.
+
+mod settings;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+pub use settings::{Secret, Settings};
+
+use crate::domain::ids::{FingerprintInput, source_fingerprint};
+use crate::domain::LeaseTerms;
+
+/// A configuration problem, located precisely.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {field}: {reason}", file.display())]
+pub struct ConfigError {
+    pub file: PathBuf,
+    /// A JSON path inside the file, e.g. `poller.source.cursor`.
+    pub field: String,
+    pub reason: String,
+}
+
+/// Every function of an app, each with its configuration or the reason it has none.
+#[derive(Debug)]
+pub struct AppConfig {
+    pub app_root: PathBuf,
+    pub app_name: String,
+    pub functions: BTreeMap<String, Result<PollerConfig, ConfigError>>,
+}
+
+impl AppConfig {
+    /// Reads every function folder under `app_root`. Fails only when the app root itself cannot be
+    /// read; a bad function.json becomes that function's error.
+    pub fn load(app_root: &Path, settings: &Settings) -> Result<AppConfig, ConfigError> {
+        let entries = std::fs::read_dir(app_root).map_err(|error| ConfigError {
+            file: app_root.to_path_buf(),
+            field: "(app root)".to_string(),
+            reason: format!("cannot read the app root directory: {error}"),
+        })?;
+        let function_timeout = read_function_timeout(app_root)?;
+        let mut functions = BTreeMap::new();
+        for entry in entries.flatten() {
+            let folder = entry.path();
+            let function_json = folder.join("function.json");
+            if !folder.is_dir() || !function_json.is_file() {
+                continue;
+            }
+            let Some(function_name) = folder.file_name().and_then(|name| name.to_str()).map(str::to_string)
+            else {
+                continue;
+            };
+            let parsed = PollerConfig::load(app_root, &function_name, settings, function_timeout);
+            functions.insert(function_name, parsed);
+        }
+        Ok(AppConfig {
+            app_root: app_root.to_path_buf(),
+            app_name: settings.app_name(),
+            functions,
+        })
+    }
+
+    /// Finds a function by name: exact first, then ignoring case (the host keeps the folder's case,
+    /// people often do not).
+    pub fn find(&self, name: &str) -> Option<(&String, &Result<PollerConfig, ConfigError>)> {
+        self.functions.get_key_value(name).or_else(|| {
+            self.functions
+                .iter()
+                .find(|(function_name, _)| function_name.eq_ignore_ascii_case(name))
+        })
+    }
+}
+
+/// host.json `functionTimeout`, when given: each tick must end well before it.
+fn read_function_timeout(app_root: &Path) -> Result<Option<Duration>, ConfigError> {
+    let path = app_root.join("host.json");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(None);
+    };
+    let error = |reason: String| ConfigError {
+        file: path.clone(),
+        field: "functionTimeout".to_string(),
+        reason,
+    };
+    let value: Value = serde_json::from_str(&text).map_err(|parse_error| ConfigError {
+        file: path.clone(),
+        field: "(document)".to_string(),
+        reason: format!("invalid JSON: {parse_error}"),
+    })?;
+    let Some(timeout) = value.get("functionTimeout") else {
+        return Ok(None);
+    };
+    let text = timeout
+        .as_str()
+        .ok_or_else(|| error("expected a string like \"00:10:00\"".to_string()))?;
+    if text == "-1" {
+        return Ok(None);
+    }
+    parse_timespan(text)
+        .map(Some)
+        .ok_or_else(|| error(format!("{text:?} is not a time span like \"00:10:00\"")))
+}
+
+/// `[d.]hh:mm:ss[.fff]`, the .NET TimeSpan form host.json uses.
+fn parse_timespan(text: &str) -> Option<Duration> {
+    let (days, rest) = match text.split_once('.') {
+        Some((days, rest)) if !days.contains(':') => (days.parse::<u64>().ok()?, rest),
+        _ => (0, text),
+    };
+    let parts: Vec<&str> = rest.split(':').collect();
+    if parts.len() != 3 {
+        return None;
+    }
+    let hours: u64 = parts[0].parse().ok()?;
+    let minutes: u64 = parts[1].parse().ok()?;
+    let seconds: f64 = parts[2].parse().ok()?;
+    if minutes >= 60 || !(0.0..60.0).contains(&seconds) {
+        return None;
+    }
+    let whole = days * 86_400 + hours * 3_600 + minutes * 60;
+    Some(Duration::from_secs(whole) + Duration::from_secs_f64(seconds))
+}
+
+/// A validated poller.
+#[derive(Debug, Clone)]
+pub struct PollerConfig {
+    /// The function's folder name: what the host posts to.
+    pub function_name: String,
+    /// The state document's name (`poller.name`, else the function name).
+    pub poller_name: String,
+    pub app_name: String,
+    pub file: PathBuf,
+    /// The timer's NCRONTAB schedule, resolved.
+    pub schedule: Option<String>,
+    pub source: SourceConfig,
+    pub batch: BatchConfig,
+    pub sink: SinkConfig,
+    pub lease: LeaseTerms,
+    pub poison: PoisonConfig,
+    pub state: StateConfig,
+    /// `sha256:...` of the source definition, without the password.
+    pub fingerprint: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    Sqlite,
+    Postgres,
+    MySql,
+}
+
+impl Engine {
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Sqlite => "sqlite",
+            Engine::Postgres => "postgres",
+            Engine::MySql => "mysql",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceTarget {
+    Table { schema: Option<String>, name: String },
+    /// A SELECT, wrapped as a subquery.
+    Query(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct SourceConfig {
+    /// The app setting that holds the URL.
+    pub connection: String,
+    pub engine: Engine,
+    /// The database URL, resolved (a relative SQLite path is taken from the app root).
+    pub url: Secret,
+    pub target: SourceTarget,
+    pub cursor: String,
+    pub pk: Vec<String>,
+    pub columns: Option<Vec<String>>,
+    pub where_clause: Option<String>,
+    /// Timestamp cursors only read rows older than the database's `now - settle`.
+    pub settle: Duration,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct BatchConfig {
+    pub size: usize,
+    pub max_in_flight: usize,
+    pub tick_budget: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub enum SinkConfig {
+    Webhook(WebhookConfig),
+}
+
+#[derive(Debug, Clone)]
+pub struct WebhookConfig {
+    pub url: url::Url,
+    /// The signing secret's value, when `secret` names a setting.
+    pub secret: Option<Secret>,
+    pub timeout: Duration,
+    pub max_retries: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct PoisonConfig {
+    pub max_attempts: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct StateConfig {
+    /// The app setting that names the store.
+    pub connection: String,
+    pub container: String,
+    pub location: StateLocation,
+}
+
+#[derive(Debug, Clone)]
+pub enum StateLocation {
+    /// `file:<dir>`: documents at `<dir>/state/{app}/{poller}.json`.
+    File(PathBuf),
+    /// A Storage connection string (`UseDevelopmentStorage=true` or with an account key).
+    StorageConnectionString(Secret),
+    /// No value under the setting's own name: an identity-based connection, whose settings are
+    /// `<NAME>__blobServiceUri` / `<NAME>__accountName` / `<NAME>__clientId`.
+    Identity { blob_service_uri: Option<String>, account_name: Option<String>, client_id: Option<String> },
+}
+
+// ---------------------------------------------------------------------------------------------
+// Raw, as written in function.json. Unknown fields are refused: a typo must not silently mean
+// "use the default".
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPoller {
+    name: Option<String>,
+    source: RawSource,
+    #[serde(default)]
+    batch: RawBatch,
+    sink: RawSink,
+    #[serde(default)]
+    lease: RawLease,
+    #[serde(default)]
+    poison: RawPoison,
+    #[serde(default)]
+    state: RawState,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawSource {
+    connection: String,
+    table: Option<String>,
+    query: Option<String>,
+    cursor: String,
+    pk: Vec<String>,
+    columns: Option<Vec<String>>,
+    #[serde(rename = "where")]
+    where_clause: Option<String>,
+    settle_seconds: Option<u64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawBatch {
+    size: Option<usize>,
+    max_in_flight: Option<usize>,
+    tick_budget_seconds: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawSink {
+    #[serde(rename = "type")]
+    kind: String,
+    url: Option<String>,
+    secret: Option<String>,
+    timeout_seconds: Option<u64>,
+    max_retries: Option<u32>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawLease {
+    ttl_seconds: Option<u64>,
+    heartbeat_seconds: Option<u64>,
+    clock_skew_seconds: Option<u64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawPoison {
+    max_attempts: Option<u32>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawState {
+    connection: Option<String>,
+    container: Option<String>,
+}
+
+/// Defaults: safe and fast (design "Configuration").
+pub mod defaults {
+    pub const BATCH_SIZE: usize = 500;
+    pub const MAX_BATCH_SIZE: usize = 10_000;
+    pub const MAX_IN_FLIGHT: usize = 4;
+    pub const TICK_BUDGET_SECONDS: u64 = 240;
+    pub const WEBHOOK_TIMEOUT_SECONDS: u64 = 30;
+    pub const WEBHOOK_MAX_RETRIES: u32 = 3;
+    pub const LEASE_TTL_SECONDS: u64 = 60;
+    pub const LEASE_HEARTBEAT_SECONDS: u64 = 15;
+    pub const LEASE_CLOCK_SKEW_SECONDS: u64 = 5;
+    pub const POISON_MAX_ATTEMPTS: u32 = 5;
+    pub const STATE_CONNECTION: &str = "AzureWebJobsStorage";
+    pub const STATE_CONTAINER: &str = "db-state";
+    /// A tick ends at least this long before host.json's functionTimeout.
+    pub const TIMEOUT_MARGIN_SECONDS: u64 = 30;
+}
+
+struct Located<'a> {
+    file: &'a Path,
+}
+
+impl Located<'_> {
+    fn error(&self, field: &str, reason: impl Into<String>) -> ConfigError {
+        ConfigError {
+            file: self.file.to_path_buf(),
+            field: field.to_string(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl PollerConfig {
+    /// Loads `<app_root>/<function_name>/function.json`.
+    pub fn load(
+        app_root: &Path,
+        function_name: &str,
+        settings: &Settings,
+        function_timeout: Option<Duration>,
+    ) -> Result<PollerConfig, ConfigError> {
+        let file = app_root.join(function_name).join("function.json");
+        let at = Located { file: &file };
+        if !is_valid_function_name(function_name) {
+            return Err(at.error(
+                "(function name)",
+                format!("{function_name:?} is not a valid function name: letters, digits, '_' and '-', starting with a letter, at most 128"),
+            ));
+        }
+        let text = std::fs::read_to_string(&file).map_err(|error| at.error("(file)", format!("cannot read: {error}")))?;
+        let document: Value = serde_json::from_str(&text).map_err(|error| {
+            at.error(
+                "(document)",
+                format!("invalid JSON at line {} column {}: {error}", error.line(), error.column()),
+            )
+        })?;
+        let schedule = timer_schedule(&document, &at, settings)?;
+        let Some(poller) = document.get("poller") else {
+            return Err(at.error("poller", "missing: this function has no `poller` section, so dbtrigger cannot run it"));
+        };
+        let mut poller = poller.clone();
+        substitute_settings(&mut poller, "poller", settings, &at)?;
+        let raw: RawPoller = serde_path_to_error::deserialize(&poller).map_err(|error| {
+            let path = error.path().to_string();
+            let field = if path == "." { "poller".to_string() } else { format!("poller.{path}") };
+            at.error(&field, error.into_inner().to_string())
+        })?;
+        build(raw, function_name, schedule, settings, app_root, function_timeout, &at)
+    }
+}
+
+fn is_valid_function_name(name: &str) -> bool {
+    let mut characters = name.chars();
+    let Some(first) = characters.next() else {
+        return false;
+    };
+    first.is_ascii_alphabetic()
+        && name.len() <= 128
+        && characters.all(|character| character.is_ascii_alphanumeric() || character == '_' || character == '-')
+        && !name.eq_ignore_ascii_case("host")
+}
+
+fn timer_schedule(document: &Value, at: &Located<'_>, settings: &Settings) -> Result<Option<String>, ConfigError> {
+    let Some(bindings) = document.get("bindings") else {
+        return Err(at.error("bindings", "missing: a poller needs a timerTrigger binding"));
+    };
+    let Some(bindings) = bindings.as_array() else {
+        return Err(at.error("bindings", "expected an array"));
+    };
+    for (index, binding) in bindings.iter().enumerate() {
+        if binding.get("type").and_then(Value::as_str) != Some("timerTrigger") {
+            continue;
+        }
+        if binding.get("functionName").is_some() {
+            return Err(at.error(
+                &format!("bindings[{index}].functionName"),
+                "must not be set: the Functions host adds its own and fails on a duplicate",
+            ));
+        }
+        let mut schedule = binding.get("schedule").cloned().unwrap_or(Value::Null);
+        substitute_settings(&mut schedule, &format!("bindings[{index}].schedule"), settings, at)?;
+        return Ok(schedule.as_str().map(str::to_string));
+    }
+    Err(at.error("bindings", "no timerTrigger binding: a poller runs on a timer"))
+}
+
+/// Replaces every `%NAME%` in string values by app setting NAME (the Functions convention).
+fn substitute_settings(value: &mut Value, path: &str, settings: &Settings, at: &Located<'_>) -> Result<(), ConfigError> {
+    match value {
+        Value::String(text) => {
+            if text.contains('%') {
+                *text = substitute_in_text(text, settings).map_err(|reason| at.error(path, reason))?;
+            }
+            Ok(())
+        }
+        Value::Array(items) => {
+            for (index, item) in items.iter_mut().enumerate() {
+                substitute_settings(item, &format!("{path}[{index}]"), settings, at)?;
+            }
+            Ok(())
+        }
+        Value::Object(map) => {
+            for (key, item) in map.iter_mut() {
+                substitute_settings(item, &format!("{path}.{key}"), settings, at)?;
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+fn substitute_in_text(text: &str, settings: &Settings) -> Result<String, String> {
+    let mut output = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find('%') {
+        output.push_str(&rest[..start]);
+        let after = &rest[start + 1..];
+        let Some(end) = after.find('%') else {
+            return Err(format!("unmatched '%' in {text:?}"));
+        };
+        let name = &after[..end];
+        if name.is_empty() {
+            output.push('%');
+        } else {
+            let value = settings
+                .get(name)
+                .ok_or_else(|| format!("app setting {name} (referenced as %{name}%) is not set"))?;
+            output.push_str(value);
+        }
+        rest = &after[end + 1..];
+    }
+    output.push_str(rest);
+    Ok(output)
+}
+
+/// Identifiers are a strict subset of what every engine accepts unquoted, then quoted anyway:
+/// a quote, a semicolon or a comment sequence can never reach the SQL.
+pub fn validate_identifier(value: &str) -> Result<(), String> {
+    let mut characters = value.chars();
+    let valid_first = characters
+        .next()
+        .is_some_and(|character| character.is_ascii_alphabetic() || character == '_');
+    let valid_rest = characters.all(|character| character.is_ascii_alphanumeric() || character == '_' || character == '$');
+    if valid_first && valid_rest && value.len() <= 63 {
+        Ok(())
+    } else {
+        Err(format!(
+            "{value:?} is not a valid identifier: use letters, digits, '_' and '$', starting with a letter or '_', at most 63 characters"
+        ))
+    }
+}
+
+fn validate_fragment(value: &str) -> Result<(), String> {
+    if value.contains(';') || value.contains("--") || value.contains("/*") {
+        return Err("must be one SQL expression: ';', '--' and '/*' are not allowed".to_string());
+    }
+    if value.trim().is_empty() {
+        return Err("is empty".to_string());
+    }
+    Ok(())
+}
+
+fn seconds(value: Option<u64>, default: u64) -> Duration {
+    Duration::from_secs(value.unwrap_or(default))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build(
+    raw: RawPoller,
+    function_name: &str,
+    schedule: Option<String>,
+    settings: &Settings,
+    app_root: &Path,
+    function_timeout: Option<Duration>,
+    at: &Located<'_>,
+) -> Result<PollerConfig, ConfigError> {
+    let poller_name = raw.name.clone().unwrap_or_else(|| function_name.to_string());
+    if !is_valid_function_name(&poller_name) {
+        return Err(at.error("poller.name", format!("{poller_name:?} is not a valid poller name: letters, digits, '_' and '-', starting with a letter")));
+    }
+    let app_name = settings.app_name();
+    if !app_name
+        .chars()
+        .all(|character| character.is_ascii_alphanumeric() || matches!(character, '-' | '_' | '.'))
+        || app_name.starts_with('.')
+    {
+        return Err(at.error("(app name)", format!("app name {app_name:?} (WEBSITE_SITE_NAME / DBTRIGGER_APP_NAME) may hold only letters, digits, '-', '_' and '.'")));
+    }
+
+    let (source, fingerprint) = build_source(raw.source, settings, app_root, at)?;
+
+    let size = raw.batch.size.unwrap_or(defaults::BATCH_SIZE);
+    if size == 0 || size > defaults::MAX_BATCH_SIZE {
+        return Err(at.error("poller.batch.size", format!("{size} is out of range 1..={}", defaults::MAX_BATCH_SIZE)));
+    }
+    let max_in_flight = raw.batch.max_in_flight.unwrap_or(defaults::MAX_IN_FLIGHT);
+    if max_in_flight == 0 || max_in_flight > 64 {
+        return Err(at.error("poller.batch.maxInFlight", format!("{max_in_flight} is out of range 1..=64")));
+    }
+    let tick_budget = seconds(raw.batch.tick_budget_seconds, defaults::TICK_BUDGET_SECONDS);
+    if tick_budget.is_zero() {
+        return Err(at.error("poller.batch.tickBudgetSeconds", "must be at least 1"));
+    }
+    if let Some(timeout) = function_timeout {
+        let margin = Duration::from_secs(defaults::TIMEOUT_MARGIN_SECONDS);
+        if tick_budget + margin > timeout {
+            return Err(at.error(
+                "poller.batch.tickBudgetSeconds",
+                format!(
+                    "{} s leaves less than {} s before host.json functionTimeout ({} s): the host would kill the tick mid-batch",
+                    tick_budget.as_secs(),
+                    margin.as_secs(),
+                    timeout.as_secs()
+                ),
+            ));
+        }
+    }
+    let batch = BatchConfig { size, max_in_flight, tick_budget };
+
+    let sink = build_sink(raw.sink, settings, at)?;
+
+    let ttl = raw.lease.ttl_seconds.unwrap_or(defaults::LEASE_TTL_SECONDS);
+    let heartbeat = raw.lease.heartbeat_seconds.unwrap_or(defaults::LEASE_HEARTBEAT_SECONDS);
+    let skew = raw.lease.clock_skew_seconds.unwrap_or(defaults::LEASE_CLOCK_SKEW_SECONDS);
+    if heartbeat == 0 {
+        return Err(at.error("poller.lease.heartbeatSeconds", "must be at least 1"));
+    }
+    if ttl < 3 * heartbeat {
+        return Err(at.error(
+            "poller.lease.ttlSeconds",
+            format!("{ttl} s must be at least 3 x heartbeatSeconds ({heartbeat} s), so that a missed heartbeat does not lose the lease"),
+        ));
+    }
+    if skew * 2 >= ttl {
+        return Err(at.error("poller.lease.clockSkewSeconds", format!("{skew} s must be less than half of ttlSeconds ({ttl} s)")));
+    }
+    let lease = LeaseTerms {
+        ttl: chrono::Duration::seconds(ttl as i64),
+        heartbeat: chrono::Duration::seconds(heartbeat as i64),
+        clock_skew: chrono::Duration::seconds(skew as i64),
+    };
+
+    let max_attempts = raw.poison.max_attempts.unwrap_or(defaults::POISON_MAX_ATTEMPTS);
+    if max_attempts == 0 {
+        return Err(at.error("poller.poison.maxAttempts", "must be at least 1"));
+    }
+
+    let state = build_state(raw.state, settings, app_root, at)?;
+
+    Ok(PollerConfig {
+        function_name: function_name.to_string(),
+        poller_name,
+        app_name,
+        file: at.file.to_path_buf(),
+        schedule,
+        source,
+        batch,
+        sink,
+        lease,
+        poison: PoisonConfig { max_attempts },
+        state,
+        fingerprint,
+    })
+}
+
+/// The parts of a database URL that identify it (no password).
+struct UrlIdentity {
+    engine: Engine,
+    host: String,
+    port: Option<u16>,
+    database: String,
+    user: String,
+}
+
+fn parse_source_url(url: &str, app_root: &Path) -> Result<(UrlIdentity, String), String> {
+    let scheme = url.split(':').next().unwrap_or_default().to_ascii_lowercase();
+    match scheme.as_str() {
+        "sqlite" => {
+            let rest = url["sqlite:".len()..].trim_start_matches("//");
+            let (path, query) = match rest.split_once('?') {
+                Some((path, query)) => (path, Some(query)),
+                None => (rest, None),
+            };
+            if path.is_empty() {
+                return Err("a sqlite URL needs a file path: sqlite://path/to/file.db".to_string());
+            }
+            let resolved_path = if path == ":memory:" || Path::new(path).is_absolute() {
+                path.to_string()
+            } else {
+                app_root.join(path).to_string_lossy().into_owned()
+            };
+            let resolved = match query {
+                Some(query) => format!("sqlite://{resolved_path}?{query}"),
+                None => format!("sqlite://{resolved_path}"),
+            };
+            let identity = UrlIdentity {
+                engine: Engine::Sqlite,
+                host: String::new(),
+                port: None,
+                database: path.to_string(),
+                user: String::new(),
+            };
+            Ok((identity, resolved))
+        }
+        "postgres" | "postgresql" | "mysql" | "mariadb" => {
+            let parsed = url::Url::parse(url).map_err(|error| format!("not a valid URL: {error}"))?;
+            let engine = if scheme.starts_with("postgres") { Engine::Postgres } else { Engine::MySql };
+            let identity = UrlIdentity {
+                engine,
+                host: parsed.host_str().unwrap_or_default().to_string(),
+                port: parsed.port(),
+                database: parsed.path().trim_start_matches('/').to_string(),
+                user: parsed.username().to_string(),
+            };
+            let resolved = if scheme == "mariadb" { url.replacen("mariadb", "mysql", 1) } else { url.to_string() };
+            Ok((identity, resolved))
+        }
+        _ => Err(format!(
+            "unsupported database URL scheme {scheme:?}: expected postgres://, mysql:// or sqlite://"
+        )),
+    }
+}
+
+fn build_source(
+    raw: RawSource,
+    settings: &Settings,
+    app_root: &Path,
+    at: &Located<'_>,
+) -> Result<(SourceConfig, String), ConfigError> {
+    let url_value = settings.get(&raw.connection).ok_or_else(|| {
+        at.error(
+            "poller.source.connection",
+            format!("app setting {} is not set (it must hold the database URL)", raw.connection),
+        )
+    })?;
+    // The reason never quotes the URL: it may hold a password.
+    let (identity, resolved_url) = parse_source_url(url_value, app_root)
+        .map_err(|reason| at.error("poller.source.connection", format!("app setting {}: {reason}", raw.connection)))?;
+
+    let target = match (raw.table, raw.query) {
+        (Some(_), Some(_)) => return Err(at.error("poller.source", "give either `table` or `query`, not both")),
+        (None, None) => return Err(at.error("poller.source", "give `table` (or `query`)")),
+        (Some(table), None) => {
+            let parts: Vec<&str> = table.split('.').collect();
+            if parts.len() > 2 {
+                return Err(at.error("poller.source.table", format!("{table:?} has more than two parts: use schema.table")));
+            }
+            for part in &parts {
+                validate_identifier(part).map_err(|reason| at.error("poller.source.table", reason))?;
+            }
+            match parts.as_slice() {
+                [name] => SourceTarget::Table { schema: None, name: name.to_string() },
+                [schema, name] => SourceTarget::Table { schema: Some(schema.to_string()), name: name.to_string() },
+                _ => unreachable!("checked above"),
+            }
+        }
+        (None, Some(query)) => {
+            let trimmed = query.trim().trim_end_matches(';').trim().to_string();
+            validate_fragment(&trimmed).map_err(|reason| at.error("poller.source.query", reason))?;
+            let lowered = trimmed.to_ascii_lowercase();
+            if !(lowered.starts_with("select") || lowered.starts_with("with")) {
+                return Err(at.error("poller.source.query", "must be a SELECT (or WITH ... SELECT) statement"));
+            }
+            SourceTarget::Query(trimmed)
+        }
+    };
+    validate_identifier(&raw.cursor).map_err(|reason| at.error("poller.source.cursor", reason))?;
+    if raw.pk.is_empty() {
+        return Err(at.error("poller.source.pk", "give at least one primary key column: the tiebreaker between equal cursors"));
+    }
+    for (index, column) in raw.pk.iter().enumerate() {
+        validate_identifier(column).map_err(|reason| at.error(&format!("poller.source.pk[{index}]"), reason))?;
+        if raw.pk[..index].contains(column) {
+            return Err(at.error(&format!("poller.source.pk[{index}]"), format!("{column:?} is listed twice")));
+        }
+    }
+    if raw.pk.contains(&raw.cursor) {
+        return Err(at.error("poller.source.pk", "the cursor column cannot also be a primary key column"));
+    }
+    if let Some(columns) = &raw.columns {
+        if columns.is_empty() {
+            return Err(at.error("poller.source.columns", "is empty: leave it out to select every column"));
+        }
+        for (index, column) in columns.iter().enumerate() {
+            validate_identifier(column).map_err(|reason| at.error(&format!("poller.source.columns[{index}]"), reason))?;
+        }
+    }
+    if let Some(where_clause) = &raw.where_clause {
+        validate_fragment(where_clause).map_err(|reason| at.error("poller.source.where", reason))?;
+    }
+    let target_text = match &target {
+        SourceTarget::Table { schema: Some(schema), name } => format!("table:{schema}.{name}"),
+        SourceTarget::Table { schema: None, name } => format!("table:{name}"),
+        SourceTarget::Query(query) => format!("query:{query}"),
+    };
+    let fingerprint = source_fingerprint(&FingerprintInput {
+        engine: identity.engine.name(),
+        host: &identity.host,
+        port: identity.port,
+        database: &identity.database,
+        user: &identity.user,
+        target: target_text,
+        cursor: &raw.cursor,
+        pk: &raw.pk,
+        columns: raw.columns.as_deref(),
+        where_clause: raw.where_clause.as_deref(),
+    });
+    let source = SourceConfig {
+        connection: raw.connection,
+        engine: identity.engine,
+        url: Secret::new(resolved_url),
+        target,
+        cursor: raw.cursor,
+        pk: raw.pk,
+        columns: raw.columns,
+        where_clause: raw.where_clause,
+        settle: Duration::from_secs(raw.settle_seconds.unwrap_or(0)),
+    };
+    Ok((source, fingerprint))
+}
+
+fn build_sink(raw: RawSink, settings: &Settings, at: &Located<'_>) -> Result<SinkConfig, ConfigError> {
+    match raw.kind.as_str() {
+        "webhook" => {
+            let url_text = raw.url.ok_or_else(|| at.error("poller.sink.url", "missing: a webhook sink needs a url"))?;
+            let url = url::Url::parse(&url_text)
+                .map_err(|error| at.error("poller.sink.url", format!("not a valid URL: {error}")))?;
+            if !matches!(url.scheme(), "http" | "https") {
+                return Err(at.error("poller.sink.url", format!("scheme {:?} is not http or https", url.scheme())));
+            }
+            let secret = match raw.secret {
+                None => None,
+                Some(name) => {
+                    let value = settings.get(&name).ok_or_else(|| {
+                        at.error("poller.sink.secret", format!("app setting {name} is not set (it must hold the signing secret)"))
+                    })?;
+                    if value.is_empty() {
+                        return Err(at.error("poller.sink.secret", format!("app setting {name} is empty")));
+                    }
+                    Some(Secret::new(value))
+                }
+            };
+            let timeout = seconds(raw.timeout_seconds, defaults::WEBHOOK_TIMEOUT_SECONDS);
+            if timeout.is_zero() {
+                return Err(at.error("poller.sink.timeoutSeconds", "must be at least 1"));
+            }
+            Ok(SinkConfig::Webhook(WebhookConfig {
+                url,
+                secret,
+                timeout,
+                max_retries: raw.max_retries.unwrap_or(defaults::WEBHOOK_MAX_RETRIES),
+            }))
+        }
+        other => Err(at.error("poller.sink.type", format!("unknown sink type {other:?}: expected \"webhook\""))),
+    }
+}
+
+fn build_state(raw: RawState, settings: &Settings, app_root: &Path, at: &Located<'_>) -> Result<StateConfig, ConfigError> {
+    let connection = raw.connection.unwrap_or_else(|| defaults::STATE_CONNECTION.to_string());
+    let container = raw.container.unwrap_or_else(|| defaults::STATE_CONTAINER.to_string());
+    if !is_valid_container_name(&container) {
+        return Err(at.error(
+            "poller.state.container",
+            format!("{container:?} is not a valid container name: 3-63 lowercase letters, digits and single '-'"),
+        ));
+    }
+    let location = match settings.get(&connection) {
+        Some(value) if value.starts_with("file:") => {
+            let directory = value["file:".len()..].trim();
+            if directory.is_empty() {
+                return Err(at.error("poller.state.connection", format!("app setting {connection}: `file:` needs a directory")));
+            }
+            let path = PathBuf::from(directory);
+            StateLocation::File(if path.is_absolute() { path } else { app_root.join(path) })
+        }
+        Some(value) if !value.trim().is_empty() => StateLocation::StorageConnectionString(Secret::new(value)),
+        _ => {
+            let blob_service_uri = settings.get(&format!("{connection}__blobServiceUri")).map(str::to_string);
+            let account_name = settings.get(&format!("{connection}__accountName")).map(str::to_string);
+            if blob_service_uri.is_none() && account_name.is_none() {
+                return Err(at.error(
+                    "poller.state.connection",
+                    format!(
+                        "app setting {connection} is not set: give a Storage connection string, `file:<dir>`, or {connection}__blobServiceUri / {connection}__accountName for an identity-based connection"
+                    ),
+                ));
+            }
+            StateLocation::Identity {
+                blob_service_uri,
+                account_name,
+                client_id: settings.get(&format!("{connection}__clientId")).map(str::to_string),
+            }
+        }
+    };
+    Ok(StateConfig { connection, container, location })
+}
+
+fn is_valid_container_name(name: &str) -> bool {
+    (3..=63).contains(&name.len())
+        && name.chars().all(|character| character.is_ascii_lowercase() || character.is_ascii_digit() || character == '-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+        && !name.contains("--")
+}
+
+impl fmt::Display for SourceTarget {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SourceTarget::Table { schema: Some(schema), name } => write!(formatter, "{schema}.{name}"),
+            SourceTarget::Table { schema: None, name } => formatter.write_str(name),
+            SourceTarget::Query(_) => formatter.write_str("(query)"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,201 @@
+use super::*;
+use serde_json::json;
+
+fn settings() -> Settings {
+    Settings::from_pairs([
+        ("ORDERS_DB", "sqlite://orders.db"),
+        ("ORDERS_URL", "http://127.0.0.1:9/hook"),
+        ("ORDERS_SCHEDULE", "0 */1 * * * *"),
+        ("STATE", "file:state"),
+    ])
+}
+
+fn function_json(poller: serde_json::Value) -> serde_json::Value {
+    json!({
+        "bindings": [{"type": "timerTrigger", "direction": "in", "name": "timer", "schedule": "%ORDERS_SCHEDULE%"}],
+        "poller": poller
+    })
+}
+
+fn valid_poller() -> serde_json::Value {
+    json!({
+        "source": {"connection": "ORDERS_DB", "table": "main.orders", "cursor": "updated_at", "pk": ["id"]},
+        "sink": {"type": "webhook", "url": "%ORDERS_URL%"},
+        "state": {"connection": "STATE"}
+    })
+}
+
+fn load(document: &serde_json::Value, settings: &Settings) -> (tempfile::TempDir, Result<PollerConfig, ConfigError>) {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("orders")).unwrap();
+    std::fs::write(root.path().join("orders/function.json"), serde_json::to_vec(document).unwrap()).unwrap();
+    let result = PollerConfig::load(root.path(), "orders", settings, None);
+    (root, result)
+}
+
+fn load_error(poller: serde_json::Value) -> ConfigError {
+    load(&function_json(poller), &settings()).1.unwrap_err()
+}
+
+#[test]
+fn a_valid_poller_gets_its_defaults_and_settings() {
+    let (root, result) = load(&function_json(valid_poller()), &settings());
+    let config = result.unwrap();
+    assert_eq!(config.poller_name, "orders");
+    assert_eq!(config.schedule.as_deref(), Some("0 */1 * * * *"));
+    assert_eq!(config.batch.size, 500);
+    assert_eq!(config.lease.ttl, chrono::Duration::seconds(60));
+    assert_eq!(config.source.engine, Engine::Sqlite);
+    assert_eq!(
+        config.source.target,
+        SourceTarget::Table { schema: Some("main".into()), name: "orders".into() }
+    );
+    let SinkConfig::Webhook(webhook) = &config.sink;
+    assert_eq!(webhook.url.as_str(), "http://127.0.0.1:9/hook");
+    match &config.state.location {
+        StateLocation::File(path) => assert_eq!(path, &root.path().join("state")),
+        other => panic!("expected a file store, got {other:?}"),
+    }
+    // A relative SQLite path is the app root's, whatever the current directory.
+    assert!(config.source.url.expose().contains(&root.path().to_string_lossy().into_owned()));
+    assert!(config.fingerprint.starts_with("sha256:"));
+}
+
+#[test]
+fn the_fingerprint_does_not_depend_on_where_the_app_lives() {
+    let (_first_root, first) = load(&function_json(valid_poller()), &settings());
+    let (_second_root, second) = load(&function_json(valid_poller()), &settings());
+    assert_eq!(first.unwrap().fingerprint, second.unwrap().fingerprint);
+}
+
+#[test]
+fn malformed_json_names_the_file_and_the_position() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("orders")).unwrap();
+    std::fs::write(root.path().join("orders/function.json"), b"{\"bindings\": [,]}").unwrap();
+    let error = PollerConfig::load(root.path(), "orders", &settings(), None).unwrap_err();
+    let message = error.to_string();
+    assert!(message.contains("orders/function.json"), "{message}");
+    assert!(message.contains("invalid JSON at line 1"), "{message}");
+}
+
+#[test]
+fn a_missing_field_is_named_with_its_path() {
+    let mut poller = valid_poller();
+    poller["source"].as_object_mut().unwrap().remove("cursor");
+    let error = load_error(poller);
+    assert_eq!(error.field, "poller.source");
+    assert!(error.reason.contains("missing field `cursor`"), "{}", error.reason);
+}
+
+#[test]
+fn a_misspelled_field_is_refused_not_ignored() {
+    let mut poller = valid_poller();
+    poller["batch"] = json!({"sise": 10});
+    let error = load_error(poller);
+    assert_eq!(error.field, "poller.batch.sise");
+    assert!(error.reason.contains("unknown field `sise`"), "{}", error.reason);
+}
+
+#[test]
+fn a_wrong_type_names_the_field() {
+    let mut poller = valid_poller();
+    poller["batch"] = json!({"size": "big"});
+    let error = load_error(poller);
+    assert_eq!(error.field, "poller.batch.size");
+}
+
+#[test]
+fn an_unset_setting_is_named() {
+    let mut poller = valid_poller();
+    poller["sink"]["url"] = json!("%NOPE%");
+    let error = load_error(poller);
+    assert_eq!(error.field, "poller.sink.url");
+    assert!(error.reason.contains("NOPE"), "{}", error.reason);
+}
+
+#[test]
+fn identifiers_with_quotes_semicolons_or_comments_are_refused() {
+    for (field, value) in [
+        ("table", "orders\"; drop table x"),
+        ("table", "orders;"),
+        ("table", "orders--"),
+        ("cursor", "updated_at/*"),
+        ("cursor", "a b"),
+        ("table", "a.b.c"),
+    ] {
+        let mut poller = valid_poller();
+        poller["source"][field] = json!(value);
+        let error = load_error(poller);
+        assert_eq!(error.field, format!("poller.source.{field}"), "{value}");
+    }
+    let mut poller = valid_poller();
+    poller["source"]["pk"] = json!(["id", "x'y"]);
+    assert_eq!(load_error(poller).field, "poller.source.pk[1]");
+    let mut poller = valid_poller();
+    poller["source"]["where"] = json!("tenant = 1; delete from orders");
+    assert_eq!(load_error(poller).field, "poller.source.where");
+}
+
+#[test]
+fn a_lease_ttl_under_three_heartbeats_is_refused() {
+    let mut poller = valid_poller();
+    poller["lease"] = json!({"ttlSeconds": 30, "heartbeatSeconds": 15});
+    let error = load_error(poller);
+    assert_eq!(error.field, "poller.lease.ttlSeconds");
+}
+
+#[test]
+fn a_database_password_never_appears_in_an_error() {
+    let settings = settings().with("ORDERS_DB", "oracle://user:hunter2@db/orders");
+    let (_root, result) = load(&function_json(valid_poller()), &settings);
+    let message = result.unwrap_err().to_string();
+    assert!(message.contains("unsupported database URL scheme"), "{message}");
+    assert!(!message.contains("hunter2"), "{message}");
+}
+
+#[test]
+fn a_function_without_a_timer_is_refused() {
+    let document = json!({"bindings": [{"type": "httpTrigger", "name": "req", "direction": "in"}], "poller": valid_poller()});
+    let (_root, result) = load(&document, &settings());
+    assert_eq!(result.unwrap_err().field, "bindings");
+}
+
+#[test]
+fn a_tick_budget_too_close_to_the_function_timeout_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("orders")).unwrap();
+    std::fs::write(
+        root.path().join("orders/function.json"),
+        serde_json::to_vec(&function_json(valid_poller())).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(root.path().join("host.json"), br#"{"version": "2.0", "functionTimeout": "00:04:00"}"#).unwrap();
+    let app = AppConfig::load(root.path(), &settings()).unwrap();
+    let error = app.functions["orders"].as_ref().unwrap_err();
+    assert_eq!(error.field, "poller.batch.tickBudgetSeconds");
+}
+
+#[test]
+fn time_spans_parse_like_host_json() {
+    assert_eq!(parse_timespan("00:10:00"), Some(Duration::from_secs(600)));
+    assert_eq!(parse_timespan("1.00:00:01"), Some(Duration::from_secs(86_401)));
+    assert_eq!(parse_timespan("00:61:00"), None);
+    assert_eq!(parse_timespan("ten minutes"), None);
+}
+
+#[test]
+fn identity_based_state_connections_are_recognised() {
+    let settings = settings().with("Store__accountName", "myaccount").with("Store__clientId", "abc");
+    let mut poller = valid_poller();
+    poller["state"] = json!({"connection": "Store"});
+    let (_root, result) = load(&function_json(poller), &settings);
+    match result.unwrap().state.location {
+        StateLocation::Identity { account_name, client_id, blob_service_uri } => {
+            assert_eq!(account_name.as_deref(), Some("myaccount"));
+            assert_eq!(client_id.as_deref(), Some("abc"));
+            assert_eq!(blob_service_uri, None);
+        }
+        other => panic!("expected identity, got {other:?}"),
+    }
+}

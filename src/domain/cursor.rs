@@ -1,0 +1,288 @@
+//! Typed cursor values and the (cursor, pk...) position that orders every row a poller reads.
+//!
+//! A cursor keeps its type from the database to the state document and back: an integer stays an
+//! integer, a timestamp is stored as RFC 3339 and bound back as a timestamp. Comparing a timestamp
+//! as text is the bug that stalled the project this one learns from, so the kinds never mix.
+
+use std::cmp::Ordering;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// The value of the cursor column of one row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CursorValue {
+    /// integer, bigint, or a version column.
+    Integer(i64),
+    /// A point in time. `source_text` is the exact text a SQLite row stored (SQLite has no
+    /// timestamp type): binding that text back makes the seek predicate agree with the database's
+    /// own ORDER BY whatever text layout the column uses.
+    Timestamp {
+        at: DateTime<Utc>,
+        source_text: Option<String>,
+    },
+}
+
+impl CursorValue {
+    /// The name stored as `checkpoint.cursor.kind`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            CursorValue::Integer(_) => "integer",
+            CursorValue::Timestamp { .. } => "timestamp",
+        }
+    }
+
+    /// The value as it appears in the state document and in delivered events.
+    pub fn to_json(&self) -> Value {
+        match self {
+            CursorValue::Integer(number) => Value::from(*number),
+            CursorValue::Timestamp { at, .. } => {
+                Value::from(at.to_rfc3339_opts(SecondsFormat::AutoSi, true))
+            }
+        }
+    }
+
+    /// Orders two cursor values of the same kind; values of different kinds are not comparable.
+    pub fn compare(&self, other: &CursorValue) -> Option<Ordering> {
+        match (self, other) {
+            (CursorValue::Integer(left), CursorValue::Integer(right)) => Some(left.cmp(right)),
+            (CursorValue::Timestamp { at: left, .. }, CursorValue::Timestamp { at: right, .. }) => {
+                Some(left.cmp(right))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The value of one primary-key column: the tiebreaker between rows with equal cursors.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum PkValue {
+    Integer(i64),
+    Text(String),
+}
+
+impl PkValue {
+    pub fn to_json(&self) -> Value {
+        match self {
+            PkValue::Integer(number) => Value::from(*number),
+            PkValue::Text(text) => Value::from(text.clone()),
+        }
+    }
+}
+
+/// Where a row sits in the poller's total order: `ORDER BY cursor, pk1, pk2...`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Position {
+    pub cursor: CursorValue,
+    /// (column name, value) in the configured pk order.
+    pub pk: Vec<(String, PkValue)>,
+}
+
+/// How two positions relate, as far as this process can tell without the database's collation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PositionOrder {
+    Before,
+    Same,
+    After,
+    /// Equal cursors and a text primary key: only the database's collation can order them.
+    Undetermined,
+}
+
+impl Position {
+    /// Compares two positions. Cursors are compared by value; when they are equal, integer keys are
+    /// compared numerically, but text keys are left to the database (its collation may not be
+    /// byte order), so the answer is [`PositionOrder::Undetermined`].
+    pub fn order(&self, other: &Position) -> Result<PositionOrder, IncomparablePositions> {
+        let cursor_order = self.cursor.compare(&other.cursor).ok_or_else(|| IncomparablePositions {
+            reason: format!(
+                "cursor kinds differ: {} and {}",
+                self.cursor.kind(),
+                other.cursor.kind()
+            ),
+        })?;
+        match cursor_order {
+            Ordering::Less => return Ok(PositionOrder::Before),
+            Ordering::Greater => return Ok(PositionOrder::After),
+            Ordering::Equal => {}
+        }
+        if self.pk.len() != other.pk.len() {
+            return Err(IncomparablePositions {
+                reason: format!(
+                    "primary keys have {} and {} columns",
+                    self.pk.len(),
+                    other.pk.len()
+                ),
+            });
+        }
+        for ((left_name, left), (right_name, right)) in self.pk.iter().zip(other.pk.iter()) {
+            if left_name != right_name {
+                return Err(IncomparablePositions {
+                    reason: format!("primary key columns differ: {left_name} and {right_name}"),
+                });
+            }
+            match (left, right) {
+                (PkValue::Integer(a), PkValue::Integer(b)) => match a.cmp(b) {
+                    Ordering::Less => return Ok(PositionOrder::Before),
+                    Ordering::Greater => return Ok(PositionOrder::After),
+                    Ordering::Equal => {}
+                },
+                (PkValue::Text(a), PkValue::Text(b)) if a == b => {}
+                _ => return Ok(PositionOrder::Undetermined),
+            }
+        }
+        Ok(PositionOrder::Same)
+    }
+
+    /// The tiebreaker object of the state document: `{"id": 42}`.
+    pub fn tiebreaker_json(&self) -> Map<String, Value> {
+        let mut map = Map::new();
+        for (name, value) in &self.pk {
+            map.insert(name.clone(), value.to_json());
+        }
+        map
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("positions cannot be compared: {reason}")]
+pub struct IncomparablePositions {
+    pub reason: String,
+}
+
+/// The serialized form of a position: `checkpoint.cursor` in the state document.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CursorJson {
+    pub kind: String,
+    pub value: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_text: Option<String>,
+    #[serde(default)]
+    pub tiebreaker: Map<String, Value>,
+}
+
+impl From<&Position> for CursorJson {
+    fn from(position: &Position) -> Self {
+        let source_text = match &position.cursor {
+            CursorValue::Timestamp { source_text, .. } => source_text.clone(),
+            CursorValue::Integer(_) => None,
+        };
+        CursorJson {
+            kind: position.cursor.kind().to_string(),
+            value: position.cursor.to_json(),
+            source_text,
+            tiebreaker: position.tiebreaker_json(),
+        }
+    }
+}
+
+impl TryFrom<&CursorJson> for Position {
+    type Error = String;
+
+    fn try_from(json: &CursorJson) -> Result<Self, Self::Error> {
+        let cursor = match json.kind.as_str() {
+            "integer" => match json.value.as_i64() {
+                Some(number) => CursorValue::Integer(number),
+                None => return Err(format!("integer cursor value {} is not an integer", json.value)),
+            },
+            "timestamp" => {
+                let text = json
+                    .value
+                    .as_str()
+                    .ok_or_else(|| format!("timestamp cursor value {} is not a string", json.value))?;
+                let at = DateTime::parse_from_rfc3339(text)
+                    .map_err(|error| format!("timestamp cursor value {text:?}: {error}"))?
+                    .with_timezone(&Utc);
+                CursorValue::Timestamp {
+                    at,
+                    source_text: json.source_text.clone(),
+                }
+            }
+            other => return Err(format!("unknown cursor kind {other:?}")),
+        };
+        let mut pk = Vec::with_capacity(json.tiebreaker.len());
+        for (name, value) in &json.tiebreaker {
+            let pk_value = match value {
+                Value::Number(number) => match number.as_i64() {
+                    Some(integer) => PkValue::Integer(integer),
+                    None => return Err(format!("tiebreaker {name} = {number} is not an integer")),
+                },
+                Value::String(text) => PkValue::Text(text.clone()),
+                other => return Err(format!("tiebreaker {name} = {other} is neither an integer nor text")),
+            };
+            pk.push((name.clone(), pk_value));
+        }
+        Ok(Position { cursor, pk })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn int_position(cursor: i64, id: i64) -> Position {
+        Position {
+            cursor: CursorValue::Integer(cursor),
+            pk: vec![("id".to_string(), PkValue::Integer(id))],
+        }
+    }
+
+    #[test]
+    fn positions_order_by_cursor_then_pk() {
+        assert_eq!(int_position(1, 9).order(&int_position(2, 1)), Ok(PositionOrder::Before));
+        assert_eq!(int_position(2, 1).order(&int_position(2, 2)), Ok(PositionOrder::Before));
+        assert_eq!(int_position(2, 2).order(&int_position(2, 2)), Ok(PositionOrder::Same));
+        assert_eq!(int_position(3, 0).order(&int_position(2, 5)), Ok(PositionOrder::After));
+    }
+
+    #[test]
+    fn text_keys_with_equal_cursors_are_left_to_the_database() {
+        let left = Position {
+            cursor: CursorValue::Integer(1),
+            pk: vec![("code".to_string(), PkValue::Text("a".into()))],
+        };
+        let right = Position {
+            cursor: CursorValue::Integer(1),
+            pk: vec![("code".to_string(), PkValue::Text("B".into()))],
+        };
+        assert_eq!(left.order(&right), Ok(PositionOrder::Undetermined));
+    }
+
+    #[test]
+    fn timestamp_round_trips_with_its_kind_and_source_text() {
+        let position = Position {
+            cursor: CursorValue::Timestamp {
+                at: DateTime::parse_from_rfc3339("2026-04-07T01:23:45.123456Z")
+                    .unwrap()
+                    .with_timezone(&Utc),
+                source_text: Some("2026-04-07 01:23:45.123456".into()),
+            },
+            pk: vec![("id".to_string(), PkValue::Integer(12093))],
+        };
+        let json = serde_json::to_value(CursorJson::from(&position)).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"kind": "timestamp", "value": "2026-04-07T01:23:45.123456Z",
+                               "source_text": "2026-04-07 01:23:45.123456", "tiebreaker": {"id": 12093}})
+        );
+        let back: CursorJson = serde_json::from_value(json).unwrap();
+        assert_eq!(Position::try_from(&back).unwrap(), position);
+    }
+
+    #[test]
+    fn an_integer_cursor_stays_an_integer() {
+        let json = serde_json::to_value(CursorJson::from(&int_position(42, 7))).unwrap();
+        assert_eq!(json["value"], serde_json::json!(42));
+        assert_eq!(json["kind"], "integer");
+    }
+
+    #[test]
+    fn mixed_kinds_are_an_error_not_an_order() {
+        let timestamp = Position {
+            cursor: CursorValue::Timestamp { at: Utc::now(), source_text: None },
+            pk: vec![("id".to_string(), PkValue::Integer(1))],
+        };
+        assert!(int_position(1, 1).order(&timestamp).is_err());
+    }
+}

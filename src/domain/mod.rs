@@ -1,0 +1,15 @@
+//! The pure core: no async, no I/O, no clock reads. Every function that depends on time takes `now`.
+//!
+//! - [`cursor`]: typed cursor and primary-key values and the (cursor, pk) position order.
+//! - [`state`]: the state document (seed 000, `version: 1`), its parsing and its checkpoint rules.
+//! - [`lease`]: lease decisions (acquire, renew, release) with the fencing token and skew margin.
+//! - [`ids`]: deterministic event and batch ids, and the source fingerprint.
+
+pub mod cursor;
+pub mod ids;
+pub mod lease;
+pub mod state;
+
+pub use cursor::{CursorValue, PkValue, Position};
+pub use lease::{LeaseRecord, LeaseStatus, LeaseTerms};
+pub use state::{Checkpoint, DocumentError, StateDocument, Stats};

@@ -1,0 +1,263 @@
+//! The state document: one per poller, holding its checkpoint and its lease together so that both
+//! change in one compare-and-swap (seed 000 §1, §4).
+//!
+//! The document is read before it is written, always: a document this build cannot read (invalid
+//! JSON, a newer `version`) is an error that stops the poller and is never overwritten.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::cursor::{CursorJson, Position, PositionOrder};
+use super::lease::LeaseRecord;
+
+/// The format version this build reads and writes.
+pub const STATE_VERSION: u64 = 1;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StateDocument {
+    pub version: u64,
+    pub poller_name: String,
+    /// `sha256:<hex>` of the source definition (seed 000 §9), without the password.
+    pub source_fingerprint: String,
+    /// `None` until the first batch is committed.
+    pub checkpoint: Option<Checkpoint>,
+    pub lease: Option<LeaseRecord>,
+    #[serde(default)]
+    pub stats: Stats,
+    /// A fresh id per write. After a conditional write answered 412 we re-read: if the stored
+    /// document carries our id, the write landed and only its response was lost (seed 001 case G).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_id: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub cursor: CursorJson,
+    pub last_successful_batch_id: String,
+    pub updated_at: DateTime<Utc>,
+    #[serde(default)]
+    pub metadata: Value,
+}
+
+/// Running totals, for `status` and for people reading the blob.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stats {
+    #[serde(default)]
+    pub rows_delivered: u64,
+    #[serde(default)]
+    pub batches_delivered: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_tick_at: Option<DateTime<Utc>>,
+}
+
+/// Why a stored document cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DocumentError {
+    #[error("the state document is not valid JSON: {0}")]
+    InvalidJson(String),
+    #[error("the state document has no numeric `version` field")]
+    MissingVersion,
+    #[error("the state document has version {found}, this build of dbtrigger reads version {STATE_VERSION}: upgrade dbtrigger")]
+    NewerVersion { found: u64 },
+    #[error("the state document has unsupported version {found}")]
+    UnsupportedVersion { found: u64 },
+    #[error("the state document does not match the version {STATE_VERSION} format: {0}")]
+    InvalidShape(String),
+    #[error("the checkpoint cursor is invalid: {0}")]
+    InvalidCursor(String),
+}
+
+impl StateDocument {
+    /// A new document for a poller that has never committed.
+    pub fn new(poller_name: &str, source_fingerprint: &str) -> Self {
+        StateDocument {
+            version: STATE_VERSION,
+            poller_name: poller_name.to_string(),
+            source_fingerprint: source_fingerprint.to_string(),
+            checkpoint: None,
+            lease: None,
+            stats: Stats::default(),
+            write_id: None,
+        }
+    }
+
+    /// Parses stored bytes, checking the version before anything else so that a document from a
+    /// newer build is reported as such rather than as a shape error.
+    pub fn parse(bytes: &[u8]) -> Result<Self, DocumentError> {
+        let value: Value =
+            serde_json::from_slice(bytes).map_err(|error| DocumentError::InvalidJson(error.to_string()))?;
+        let version = value
+            .get("version")
+            .and_then(Value::as_u64)
+            .ok_or(DocumentError::MissingVersion)?;
+        if version > STATE_VERSION {
+            return Err(DocumentError::NewerVersion { found: version });
+        }
+        if version != STATE_VERSION {
+            return Err(DocumentError::UnsupportedVersion { found: version });
+        }
+        let document: StateDocument =
+            serde_json::from_value(value).map_err(|error| DocumentError::InvalidShape(error.to_string()))?;
+        if let Some(checkpoint) = &document.checkpoint {
+            Position::try_from(&checkpoint.cursor).map_err(DocumentError::InvalidCursor)?;
+        }
+        Ok(document)
+    }
+
+    /// Pretty JSON, so that an operator reading the blob sees a readable document.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut bytes = serde_json::to_vec_pretty(self).expect("a state document always serializes");
+        bytes.push(b'\n');
+        bytes
+    }
+
+    /// The committed position, if any.
+    pub fn position(&self) -> Result<Option<Position>, DocumentError> {
+        match &self.checkpoint {
+            None => Ok(None),
+            Some(checkpoint) => Position::try_from(&checkpoint.cursor)
+                .map(Some)
+                .map_err(DocumentError::InvalidCursor),
+        }
+    }
+}
+
+/// A checkpoint move that would go backwards (or sideways) was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("refusing to move the checkpoint from {from} to {to}: {reason}")]
+pub struct CheckpointRegression {
+    pub from: String,
+    pub to: String,
+    pub reason: String,
+}
+
+/// The checkpoint after a batch ending at `last` was delivered. The checkpoint only moves forward:
+/// a position at or before the current one is refused (it would re-deliver, or worse, hide a bug).
+pub fn advance_checkpoint(
+    current: Option<&Checkpoint>,
+    last: &Position,
+    batch_id: &str,
+    rows_in_batch: usize,
+    now: DateTime<Utc>,
+) -> Result<Checkpoint, CheckpointRegression> {
+    if let Some(current) = current {
+        let current_position = Position::try_from(&current.cursor).map_err(|reason| CheckpointRegression {
+            from: current.cursor.value.to_string(),
+            to: last.cursor.to_json().to_string(),
+            reason,
+        })?;
+        let order = last.order(&current_position).map_err(|error| CheckpointRegression {
+            from: current.cursor.value.to_string(),
+            to: last.cursor.to_json().to_string(),
+            reason: error.reason,
+        })?;
+        if matches!(order, PositionOrder::Before | PositionOrder::Same) {
+            return Err(CheckpointRegression {
+                from: describe(&current_position),
+                to: describe(last),
+                reason: "the new position is not after the committed one".to_string(),
+            });
+        }
+    }
+    Ok(Checkpoint {
+        cursor: CursorJson::from(last),
+        last_successful_batch_id: batch_id.to_string(),
+        updated_at: now,
+        metadata: serde_json::json!({ "row_count": rows_in_batch }),
+    })
+}
+
+/// A short human form of a position: `42 (id=7)`.
+pub fn describe(position: &Position) -> String {
+    let keys: Vec<String> = position
+        .pk
+        .iter()
+        .map(|(name, value)| format!("{name}={}", value.to_json()))
+        .collect();
+    format!("{} ({})", position.cursor.to_json(), keys.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::cursor::{CursorValue, PkValue};
+    use proptest::prelude::*;
+
+    fn position(cursor: i64, id: i64) -> Position {
+        Position {
+            cursor: CursorValue::Integer(cursor),
+            pk: vec![("id".to_string(), PkValue::Integer(id))],
+        }
+    }
+
+    #[test]
+    fn a_document_round_trips() {
+        let mut document = StateDocument::new("orders", "sha256:abc");
+        document.checkpoint =
+            Some(advance_checkpoint(None, &position(5, 2), "b1", 10, Utc::now()).unwrap());
+        let parsed = StateDocument::parse(&document.to_bytes()).unwrap();
+        assert_eq!(parsed, document);
+    }
+
+    #[test]
+    fn invalid_json_is_reported_as_such() {
+        assert!(matches!(StateDocument::parse(b"{not json"), Err(DocumentError::InvalidJson(_))));
+    }
+
+    #[test]
+    fn a_newer_version_is_refused_with_its_number() {
+        let error = StateDocument::parse(br#"{"version": 99, "anything": true}"#).unwrap_err();
+        assert_eq!(error, DocumentError::NewerVersion { found: 99 });
+        assert!(error.to_string().contains("version 99"));
+    }
+
+    #[test]
+    fn a_missing_version_is_refused() {
+        assert_eq!(
+            StateDocument::parse(br#"{"poller_name": "x"}"#).unwrap_err(),
+            DocumentError::MissingVersion
+        );
+    }
+
+    #[test]
+    fn an_unknown_cursor_kind_is_refused() {
+        let mut document = StateDocument::new("orders", "sha256:abc");
+        document.checkpoint =
+            Some(advance_checkpoint(None, &position(5, 2), "b1", 10, Utc::now()).unwrap());
+        let text = String::from_utf8(document.to_bytes()).unwrap().replace("\"integer\"", "\"text\"");
+        assert!(matches!(
+            StateDocument::parse(text.as_bytes()),
+            Err(DocumentError::InvalidCursor(_))
+        ));
+    }
+
+    #[test]
+    fn the_checkpoint_refuses_to_move_backwards_or_stay() {
+        let now = Utc::now();
+        let first = advance_checkpoint(None, &position(5, 2), "b1", 1, now).unwrap();
+        assert!(advance_checkpoint(Some(&first), &position(5, 1), "b2", 1, now).is_err());
+        assert!(advance_checkpoint(Some(&first), &position(5, 2), "b2", 1, now).is_err());
+        assert!(advance_checkpoint(Some(&first), &position(5, 3), "b2", 1, now).is_ok());
+    }
+
+    proptest! {
+        /// Whatever sequence of positions is offered, the committed checkpoint never moves
+        /// backwards: every accepted move is strictly forward.
+        #[test]
+        fn the_checkpoint_never_moves_backwards(moves in proptest::collection::vec((0i64..50, 0i64..50), 1..60)) {
+            let now = Utc::now();
+            let mut current: Option<Checkpoint> = None;
+            for (cursor, id) in moves {
+                let candidate = position(cursor, id);
+                let before = current.as_ref().map(|checkpoint| Position::try_from(&checkpoint.cursor).unwrap());
+                if let Ok(next) = advance_checkpoint(current.as_ref(), &candidate, "b", 1, now) {
+                    if let Some(before) = before {
+                        prop_assert_eq!(candidate.order(&before).unwrap(), PositionOrder::After);
+                    }
+                    current = Some(next);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! The custom handler: the HTTP server the Functions host starts and calls.
+//!
+//! - `GET /` answers 200 at once (the host polls it for readiness and keeps pinging it);
+//! - `POST /{function}` runs one tick of that poller and answers the host's JSON shape;
+//! - anything else answers JSON too, never an empty body (an empty body makes the host hang).
+
+pub mod payload;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tracing::{error, info};
+
+use crate::app::{App, Lookup};
+use payload::InvocationRequest;
+
+/// The router, with the app passed in (tests call it on a port-0 listener).
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/", get(ready))
+        .route("/{function}", post(invoke))
+        .fallback(not_found)
+        .with_state(app)
+}
+
+/// Serves until `shutdown` completes.
+pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+    axum::serve(listener, router(app)).with_graceful_shutdown(shutdown).await
+}
+
+fn json_response(status: StatusCode, body: Value) -> Response {
+    (status, axum::Json(body)).into_response()
+}
+
+fn error_response(status: StatusCode, function: Option<&str>, message: &str) -> Response {
+    json_response(
+        status,
+        json!({"error": message, "function": function, "Outputs": {}, "Logs": [message], "ReturnValue": null}),
+    )
+}
+
+async fn ready(State(app): State<Arc<App>>) -> Response {
+    json_response(StatusCode::OK, json!({"status": "ok", "functions": app.function_names()}))
+}
+
+async fn not_found() -> Response {
+    error_response(StatusCode::NOT_FOUND, None, "not found: the handler serves GET / and POST /{function}")
+}
+
+async fn invoke(State(app): State<Arc<App>>, Path(function): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
+    let invocation_id = headers
+        .get("x-azure-functions-invocationid")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or("-")
+        .to_string();
+    let request = match InvocationRequest::parse(&body) {
+        Ok(request) => request,
+        Err(reason) => {
+            let message = format!("{function}: malformed invocation body: {reason}");
+            error!(function = %function, invocation = %invocation_id, "{message}");
+            return error_response(StatusCode::BAD_REQUEST, Some(&function), &message);
+        }
+    };
+    let poller = match app.lookup(&function) {
+        Lookup::Ready(poller) => poller.clone(),
+        Lookup::Broken(reason) => {
+            let message = format!("{function}: {reason}");
+            error!(function = %function, invocation = %invocation_id, "{message}");
+            return error_response(StatusCode::INTERNAL_SERVER_ERROR, Some(&function), &message);
+        }
+        Lookup::Unknown => {
+            let message = format!("{function}: no such function in this app (functions: {})", app.function_names().join(", "));
+            error!(function = %function, invocation = %invocation_id, "{message}");
+            return error_response(StatusCode::NOT_FOUND, Some(&function), &message);
+        }
+    };
+    if request.timer_is_past_due() {
+        info!(function = %function, invocation = %invocation_id, "timer is past due: catching up");
+    }
+    match poller.tick().await {
+        Ok(outcome) => {
+            let line = format!("{}: {outcome}", poller.config.poller_name);
+            info!(function = %function, invocation = %invocation_id, outcome = outcome.kind(), "{line}");
+            let mut response = json_response(StatusCode::OK, json!({"Outputs": {}, "Logs": [line], "ReturnValue": null}));
+            response
+                .headers_mut()
+                .insert("x-dbtrigger-outcome", HeaderValue::from_static(outcome.kind()));
+            response
+        }
+        Err(tick_error) => {
+            let message = format!("{}: tick failed: {tick_error}", poller.config.poller_name);
+            // The host drops Logs of a failed invocation: stdout is where this is seen.
+            error!(function = %function, invocation = %invocation_id, "{message}");
+            error_response(StatusCode::INTERNAL_SERVER_ERROR, Some(&function), &message)
+        }
+    }
+}

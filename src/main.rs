@@ -1,0 +1,22 @@
+//! Thin: parse the command line, set up logging, dispatch.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use dbtrigger::cli::{Cli, Command};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // The demo prints its own story; its library logs would drown it.
+    let default_level = if matches!(cli.command, Command::Demo { .. }) { "warn" } else { "info" };
+    dbtrigger::logging::init(default_level);
+    match dbtrigger::cli::run(cli).await {
+        Ok(code) => code,
+        Err(error) => {
+            // Fatal: the only thing that goes to stderr (the host logs stderr as errors).
+            eprintln!("dbtrigger: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,79 @@
+//! Where batches go: a trait with one verb, and its implementations ([`webhook`], and
+//! [`recording`] for tests). A sink either acknowledges a whole batch or says why not, and whether
+//! trying again may help.
+
+pub mod recording;
+pub mod webhook;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::config::SinkConfig;
+use crate::domain::ids::event_id;
+use crate::source::SourceRow;
+
+/// One delivered row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Event {
+    /// Deterministic: the same row version gets the same id on every redelivery.
+    pub event_id: String,
+    pub op: &'static str,
+    pub cursor: Value,
+    pub pk: Map<String, Value>,
+    pub row: Map<String, Value>,
+}
+
+/// One batch, as a webhook receives it (the JSON envelope).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Batch {
+    pub poller: String,
+    pub batch_id: String,
+    pub fencing_token: u64,
+    pub events: Vec<Event>,
+}
+
+impl Batch {
+    pub fn new(poller: &str, fingerprint: &str, batch_id: String, fencing_token: u64, rows: &[SourceRow]) -> Self {
+        let events = rows
+            .iter()
+            .map(|row| Event {
+                event_id: event_id(poller, fingerprint, &row.position),
+                op: "upsert",
+                cursor: row.position.cursor.to_json(),
+                pk: row.position.tiebreaker_json(),
+                row: row.row.clone(),
+            })
+            .collect();
+        Batch { poller: poller.to_string(), batch_id, fencing_token, events }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SinkError {
+    /// The receiver refused the batch for good (a 4xx other than 408/429): retrying the same
+    /// batch will not help.
+    #[error("the receiver rejected batch {batch_id}: HTTP {status}: {body}")]
+    Rejected { batch_id: String, status: u16, body: String },
+    /// A failure that may pass: a timeout, a refused connection, 408, 429, 5xx.
+    #[error("delivery of batch {batch_id} failed: {reason}")]
+    Transient { batch_id: String, reason: String },
+}
+
+#[async_trait]
+pub trait Sink: Send + Sync {
+    /// Delivers the whole batch; `Ok` only once the receiver acknowledged it.
+    async fn deliver(&self, batch: &Batch) -> Result<(), SinkError>;
+
+    /// Where batches go, for messages; never includes a secret.
+    fn describe(&self) -> String;
+}
+
+/// Opens the sink a poller's `sink` section names. Its HTTP client lives as long as the poller.
+pub fn open(config: &SinkConfig) -> Result<Arc<dyn Sink>, SinkError> {
+    match config {
+        SinkConfig::Webhook(webhook) => Ok(Arc::new(webhook::WebhookSink::new(webhook.clone())?)),
+    }
+}

@@ -1,0 +1,399 @@
+//! One tick of one poller: the orchestrator. It carries out the domain's decisions over the
+//! traits (store, source, sink) and owns nothing but the order of things:
+//!
+//! 1. read the state document (1 GET); a live lease held elsewhere ends the tick; a changed source
+//!    fingerprint fails it loudly;
+//! 2. fetch the first batch after the checkpoint; nothing there ends the tick with no write at all;
+//! 3. take the lease by CAS on the ETag just read (a conflict means someone moved first: stop);
+//! 4. deliver the batch while fetching the next one, heartbeating only if delivery outlasts the
+//!    heartbeat interval; commit by CAS (a commit renews the lease); repeat;
+//! 5. stop when caught up or at the tick budget; the last commit releases the lease.
+//!
+//! A failed delivery leaves the checkpoint where it was and releases the lease, so the next tick,
+//! anywhere, retries the same batch at once. Every write reuses the ETag of the previous read or
+//! write: a tick that delivers k batches costs 1 GET and k + 1 PUTs.
+
+use std::fmt;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use tracing::{info, warn};
+
+use crate::config::PollerConfig;
+use crate::domain::ids::batch_id;
+use crate::domain::lease::{self, LeaseStatus};
+use crate::domain::state::{CheckpointRegression, advance_checkpoint, describe};
+use crate::domain::{DocumentError, StateDocument};
+use crate::sink::{Batch, Sink, SinkError};
+use crate::source::{Source, SourceError};
+use crate::store::{ETag, StateKey, StateStore, StoreError, WriteCondition};
+
+/// Where `now` comes from. Production reads the system clock; the domain never does.
+pub trait Clock: Send + Sync {
+    fn now(&self) -> DateTime<Utc>;
+}
+
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> DateTime<Utc> {
+        Utc::now()
+    }
+}
+
+/// Everything one poller needs, created once and reused by every tick.
+pub struct Poller {
+    pub config: PollerConfig,
+    pub source: Arc<dyn Source>,
+    pub sink: Arc<dyn Sink>,
+    pub store: Arc<dyn StateStore>,
+    pub clock: Arc<dyn Clock>,
+    /// This process's lease owner id.
+    pub owner_id: String,
+    /// One tick at a time per poller in this process (the lease guards across processes).
+    running: tokio::sync::Mutex<()>,
+}
+
+/// How a tick ended, when it did not fail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TickOutcome {
+    /// Nothing after the checkpoint: one read, no write.
+    Idle,
+    /// Batches delivered and committed.
+    Delivered { rows: u64, batches: u64, checkpoint: String, stop: StopReason },
+    /// Another instance holds a live lease.
+    LeaseHeld { owner_id: String, expires_at: Option<DateTime<Utc>> },
+    /// The lease was lost mid-tick (someone else wrote the document); nothing more was committed.
+    LeaseLost { rows: u64, batches: u64 },
+    /// A tick of this poller is already running in this process.
+    Busy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    CaughtUp,
+    BudgetExhausted,
+}
+
+impl TickOutcome {
+    /// A short stable name, for logs and the `X-DbTrigger-Outcome` header.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TickOutcome::Idle => "idle",
+            TickOutcome::Delivered { stop: StopReason::CaughtUp, .. } => "caught-up",
+            TickOutcome::Delivered { stop: StopReason::BudgetExhausted, .. } => "budget-exhausted",
+            TickOutcome::LeaseHeld { .. } => "lease-held",
+            TickOutcome::LeaseLost { .. } => "lease-lost",
+            TickOutcome::Busy => "busy",
+        }
+    }
+}
+
+impl fmt::Display for TickOutcome {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TickOutcome::Idle => write!(formatter, "nothing new"),
+            TickOutcome::Delivered { rows, batches, checkpoint, stop } => {
+                let how = match stop {
+                    StopReason::CaughtUp => "caught up",
+                    StopReason::BudgetExhausted => "tick budget used up, more to deliver",
+                };
+                write!(formatter, "delivered {batches} batches, {rows} rows; {how}; checkpoint {checkpoint}")
+            }
+            TickOutcome::LeaseHeld { owner_id, expires_at } => match expires_at {
+                Some(at) => write!(formatter, "lease held by {owner_id} until {}", at.to_rfc3339()),
+                None => write!(formatter, "lease held by {owner_id}"),
+            },
+            TickOutcome::LeaseLost { rows, batches } => write!(
+                formatter,
+                "lease lost after {batches} batches, {rows} rows; the new owner continues"
+            ),
+            TickOutcome::Busy => write!(formatter, "a tick of this poller is already running here"),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TickError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error("{error}; the checkpoint did not move ({rows_committed} rows committed before it), the batch is retried next tick")]
+    Delivery { error: SinkError, rows_committed: u64 },
+    #[error(
+        "the source definition changed: the state document was written for fingerprint {stored}, the configuration now gives {current}. \
+         The checkpoint may not mean the same rows any more: reset the poller or use a new poller name"
+    )]
+    FingerprintMismatch { stored: String, current: String },
+    #[error(transparent)]
+    Document(#[from] DocumentError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointRegression),
+}
+
+/// A write that did not land.
+enum WriteFailure {
+    /// Someone else wrote first; this is what is there now (if anything).
+    Conflict(Option<StateDocument>),
+    Store(StoreError),
+}
+
+/// Why a delivery did not finish.
+enum DeliveryFailure {
+    Sink(SinkError),
+    LeaseLost,
+    Store(StoreError),
+}
+
+impl Poller {
+    pub fn new(
+        config: PollerConfig,
+        source: Arc<dyn Source>,
+        sink: Arc<dyn Sink>,
+        store: Arc<dyn StateStore>,
+        clock: Arc<dyn Clock>,
+        owner_id: String,
+    ) -> Self {
+        Poller { config, source, sink, store, clock, owner_id, running: tokio::sync::Mutex::new(()) }
+    }
+
+    pub fn key(&self) -> StateKey {
+        StateKey::new(&self.config.app_name, &self.config.poller_name)
+    }
+
+    /// Runs one tick.
+    pub async fn tick(&self) -> Result<TickOutcome, TickError> {
+        let Ok(_running) = self.running.try_lock() else {
+            return Ok(TickOutcome::Busy);
+        };
+        let deadline = Instant::now() + self.config.batch.tick_budget;
+        let key = self.key();
+        let terms = self.config.lease;
+
+        // 1. One read.
+        let (mut document, mut etag) = match self.store.read(&key).await? {
+            Some(versioned) => (versioned.document, Some(versioned.etag)),
+            None => (StateDocument::new(&self.config.poller_name, &self.config.fingerprint), None),
+        };
+        if document.source_fingerprint != self.config.fingerprint {
+            return Err(TickError::FingerprintMismatch {
+                stored: document.source_fingerprint.clone(),
+                current: self.config.fingerprint.clone(),
+            });
+        }
+        let now = self.clock.now();
+        if let LeaseStatus::HeldByOther { owner_id, expires_at } =
+            lease::status(document.lease.as_ref(), &self.owner_id, now, &terms)
+        {
+            return Ok(TickOutcome::LeaseHeld { owner_id, expires_at });
+        }
+
+        // 2. Anything to do?
+        let checkpoint = document.position()?;
+        let size = self.config.batch.size;
+        let mut rows = self.source.fetch_after(checkpoint.as_ref(), size).await?;
+        if rows.is_empty() {
+            return Ok(TickOutcome::Idle);
+        }
+
+        // 3. Take the lease.
+        let acquired = match lease::acquire(document.lease.as_ref(), &self.owner_id, now, &terms) {
+            Ok(acquired) => acquired,
+            Err(held) => return Ok(TickOutcome::LeaseHeld { owner_id: held.owner_id, expires_at: held.expires_at }),
+        };
+        let fencing_token = acquired.fencing_token;
+        document.lease = Some(acquired);
+        let condition = match etag.take() {
+            Some(etag) => WriteCondition::Matches(etag),
+            None => WriteCondition::Absent,
+        };
+        let mut etag = match self.write_state(&key, &mut document, condition).await {
+            Ok(etag) => etag,
+            Err(WriteFailure::Conflict(current)) => return Ok(held_by_whoever_wrote(current)),
+            Err(WriteFailure::Store(error)) => return Err(error.into()),
+        };
+
+        // 4. Deliver and commit, batch after batch.
+        let mut delivered_rows: u64 = 0;
+        let mut delivered_batches: u64 = 0;
+        loop {
+            let first = rows.first().expect("a batch is never empty").position.clone();
+            let last = rows.last().expect("a batch is never empty").position.clone();
+            let id = batch_id(&self.config.poller_name, &self.config.fingerprint, &first, &last, rows.len());
+            let batch = Batch::new(&self.config.poller_name, &self.config.fingerprint, id.clone(), fencing_token, &rows);
+            // A short batch means the source had no more rows when it was read: no need to ask again.
+            let fetch_next = async {
+                if rows.len() < size {
+                    Ok(Vec::new())
+                } else {
+                    self.source.fetch_after(Some(&last), size).await
+                }
+            };
+            let (delivery, next) = tokio::join!(self.deliver_fenced(&batch, &key, &mut document, &mut etag), fetch_next);
+            match delivery {
+                Ok(()) => {}
+                Err(DeliveryFailure::LeaseLost) => {
+                    warn!(poller = %self.config.poller_name, batch = %id, "lease lost during delivery; not committing");
+                    return Ok(TickOutcome::LeaseLost { rows: delivered_rows, batches: delivered_batches });
+                }
+                Err(DeliveryFailure::Store(error)) => {
+                    self.release_after_failure(&key, &mut document, etag).await;
+                    return Err(error.into());
+                }
+                Err(DeliveryFailure::Sink(error)) => {
+                    warn!(poller = %self.config.poller_name, batch = %id, error = %error, "delivery failed; checkpoint unchanged");
+                    self.release_after_failure(&key, &mut document, etag).await;
+                    return Err(TickError::Delivery { error, rows_committed: delivered_rows });
+                }
+            }
+
+            // Commit. The last commit of the tick releases the lease.
+            let now = self.clock.now();
+            let out_of_budget = Instant::now() >= deadline;
+            let is_last = out_of_budget || !matches!(&next, Ok(next_rows) if !next_rows.is_empty());
+            document.checkpoint = Some(advance_checkpoint(document.checkpoint.as_ref(), &last, &id, rows.len(), now)?);
+            document.stats.rows_delivered += rows.len() as u64;
+            document.stats.batches_delivered += 1;
+            document.stats.last_tick_at = Some(now);
+            let current_lease = document.lease.clone().expect("the lease was taken above");
+            let next_lease = if is_last {
+                lease::release(&current_lease, &self.owner_id, now)
+            } else {
+                lease::renew(&current_lease, &self.owner_id, now, &terms)
+            };
+            let Ok(next_lease) = next_lease else {
+                return Ok(TickOutcome::LeaseLost { rows: delivered_rows, batches: delivered_batches });
+            };
+            document.lease = Some(next_lease);
+            etag = match self.write_state(&key, &mut document, WriteCondition::Matches(etag)).await {
+                Ok(new_etag) => new_etag,
+                Err(WriteFailure::Conflict(_)) => {
+                    warn!(poller = %self.config.poller_name, batch = %id, "commit refused: the lease was taken over; the batch will be delivered again by the new owner");
+                    return Ok(TickOutcome::LeaseLost { rows: delivered_rows, batches: delivered_batches });
+                }
+                Err(WriteFailure::Store(error)) => return Err(error.into()),
+            };
+            delivered_rows += rows.len() as u64;
+            delivered_batches += 1;
+            info!(
+                poller = %self.config.poller_name,
+                batch = %id,
+                rows = rows.len(),
+                fencing_token,
+                checkpoint = %describe(&last),
+                "batch delivered and committed"
+            );
+
+            let next_rows = next?;
+            if next_rows.is_empty() || out_of_budget {
+                let stop = if next_rows.is_empty() { StopReason::CaughtUp } else { StopReason::BudgetExhausted };
+                return Ok(TickOutcome::Delivered {
+                    rows: delivered_rows,
+                    batches: delivered_batches,
+                    checkpoint: describe(&last),
+                    stop,
+                });
+            }
+            rows = next_rows;
+        }
+    }
+
+    /// Delivers one batch; renews the lease if the delivery outlasts the heartbeat interval, and
+    /// abandons the delivery if the lease is lost.
+    async fn deliver_fenced(
+        &self,
+        batch: &Batch,
+        key: &StateKey,
+        document: &mut StateDocument,
+        etag: &mut ETag,
+    ) -> Result<(), DeliveryFailure> {
+        let terms = self.config.lease;
+        let mut delivery = pin!(self.sink.deliver(batch));
+        loop {
+            let current = document.lease.clone().expect("the lease is held while delivering");
+            let now = self.clock.now();
+            if !lease::holder_may_act(&current, &self.owner_id, now, &terms) {
+                return Err(DeliveryFailure::LeaseLost);
+            }
+            let due = lease::next_heartbeat_due(&current, &terms).unwrap_or(now);
+            let wait = (due - now).to_std().unwrap_or(Duration::ZERO);
+            tokio::select! {
+                result = &mut delivery => return result.map_err(DeliveryFailure::Sink),
+                _ = tokio::time::sleep(wait) => {
+                    let now = self.clock.now();
+                    let Ok(renewed) = lease::renew(&current, &self.owner_id, now, &terms) else {
+                        return Err(DeliveryFailure::LeaseLost);
+                    };
+                    document.lease = Some(renewed);
+                    match self.write_state(key, document, WriteCondition::Matches(etag.clone())).await {
+                        Ok(new_etag) => *etag = new_etag,
+                        Err(WriteFailure::Conflict(_)) => return Err(DeliveryFailure::LeaseLost),
+                        Err(WriteFailure::Store(error)) => {
+                            // The lease is still ours until it expires: keep delivering, try again at the
+                            // next heartbeat, and stop at expiry (holder_may_act above).
+                            warn!(poller = %self.config.poller_name, error = %error, "heartbeat failed, retrying");
+                            document.lease = Some(current);
+                            if !error_is_retryable(&error) {
+                                return Err(DeliveryFailure::Store(error));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes the document with a fresh write id. A conflict is re-read once: if the stored document
+    /// carries our write id, the write landed and only its answer was lost (seed 001 case G).
+    async fn write_state(
+        &self,
+        key: &StateKey,
+        document: &mut StateDocument,
+        condition: WriteCondition,
+    ) -> Result<ETag, WriteFailure> {
+        let write_id = uuid::Uuid::new_v4().simple().to_string();
+        document.write_id = Some(write_id.clone());
+        match self.store.write(key, document, condition).await {
+            Ok(etag) => Ok(etag),
+            Err(StoreError::Conflict { .. } | StoreError::AlreadyExists { .. }) => match self.store.read(key).await {
+                Ok(Some(stored)) if stored.document.write_id.as_deref() == Some(write_id.as_str()) => Ok(stored.etag),
+                Ok(stored) => Err(WriteFailure::Conflict(stored.map(|versioned| versioned.document))),
+                Err(error) => Err(WriteFailure::Store(error)),
+            },
+            Err(error) => Err(WriteFailure::Store(error)),
+        }
+    }
+
+    /// After a failed delivery: give the lease back (checkpoint unchanged) so that the retry, on any
+    /// instance, need not wait for expiry. Best effort: if it fails, the lease simply expires.
+    async fn release_after_failure(&self, key: &StateKey, document: &mut StateDocument, etag: ETag) {
+        let Some(current) = document.lease.clone() else {
+            return;
+        };
+        let Ok(released) = lease::release(&current, &self.owner_id, self.clock.now()) else {
+            return;
+        };
+        document.lease = Some(released);
+        if let Err(WriteFailure::Store(error)) = self.write_state(key, document, WriteCondition::Matches(etag)).await {
+            warn!(poller = %self.config.poller_name, error = %error, "could not release the lease after a failure; it will expire");
+        }
+    }
+}
+
+fn error_is_retryable(error: &StoreError) -> bool {
+    matches!(error, StoreError::Unavailable { retryable: true, .. })
+}
+
+fn held_by_whoever_wrote(current: Option<StateDocument>) -> TickOutcome {
+    let lease = current.and_then(|document| document.lease);
+    match lease {
+        Some(lease) => TickOutcome::LeaseHeld {
+            owner_id: lease.owner_id.unwrap_or_else(|| "(released)".to_string()),
+            expires_at: lease.expires_at,
+        },
+        None => TickOutcome::LeaseHeld { owner_id: "(unknown)".to_string(), expires_at: None },
+    }
+}
