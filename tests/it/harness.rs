@@ -1,0 +1,285 @@
+//! Shared pieces: a recording HTTP receiver, SQLite tables, app roots, the handler binary.
+
+#![allow(dead_code)]
+
+use std::collections::VecDeque;
+use std::net::TcpListener as StdListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use serde_json::{Value, json};
+use sqlx::SqlitePool;
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+
+/// A free TCP port on loopback (bound, read, released).
+pub fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// One POST the receiver got.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    pub envelope: Value,
+    /// The status it answered.
+    pub status: u16,
+}
+
+#[derive(Default)]
+struct ReceiverState {
+    received: Vec<Received>,
+    /// Statuses to answer next (then 200).
+    planned: VecDeque<(u16, String)>,
+    /// How long to wait before answering each delivery.
+    delay: Duration,
+}
+
+/// An HTTP receiver on loopback that records every delivery and answers what it is told.
+#[derive(Clone)]
+pub struct Receiver {
+    state: Arc<Mutex<ReceiverState>>,
+    pub url: String,
+}
+
+async fn record(State(state): State<Arc<Mutex<ReceiverState>>>, headers: HeaderMap, body: Bytes) -> (StatusCode, String) {
+    let envelope: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let delay = state.lock().unwrap().delay;
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    let mut state = state.lock().unwrap();
+    let (status, answer) = state.planned.pop_front().unwrap_or((200, "{\"ok\":true}".to_string()));
+    state.received.push(Received { headers, body, envelope, status });
+    (StatusCode::from_u16(status).unwrap(), answer)
+}
+
+impl Receiver {
+    pub async fn start() -> Receiver {
+        let state = Arc::new(Mutex::new(ReceiverState::default()));
+        let router = axum::Router::new().route("/hook", post(record)).with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        Receiver { state, url }
+    }
+
+    /// The next delivery is answered with `status` and `body`.
+    pub fn answer_next(&self, status: u16, body: &str) {
+        self.state.lock().unwrap().planned.push_back((status, body.to_string()));
+    }
+
+    /// Every later delivery is answered after `delay`.
+    pub fn set_delay(&self, delay: Duration) {
+        self.state.lock().unwrap().delay = delay;
+    }
+
+    pub fn all(&self) -> Vec<Received> {
+        self.state.lock().unwrap().received.clone()
+    }
+
+    /// Deliveries it acknowledged (2xx).
+    pub fn acknowledged(&self) -> Vec<Received> {
+        self.all().into_iter().filter(|received| (200..300).contains(&received.status)).collect()
+    }
+
+    /// The `id` of every event in acknowledged deliveries, in arrival order.
+    pub fn acknowledged_ids(&self) -> Vec<i64> {
+        let mut ids = Vec::new();
+        for received in self.acknowledged() {
+            for event in received.envelope["events"].as_array().unwrap() {
+                ids.push(event["pk"]["id"].as_i64().unwrap());
+            }
+        }
+        ids
+    }
+}
+
+/// A SQLite database file with `orders(id, note, version)`: integer cursor `version`, pk `id`.
+pub struct Orders {
+    pub path: PathBuf,
+    pub pool: SqlitePool,
+}
+
+impl Orders {
+    pub async fn create(directory: &Path) -> Orders {
+        let path = directory.join("orders.db");
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(SqliteConnectOptions::new().filename(&path).create_if_missing(true))
+            .await
+            .unwrap();
+        sqlx::query("CREATE TABLE orders (id INTEGER PRIMARY KEY, note TEXT, version INTEGER NOT NULL)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        sqlx::query("CREATE INDEX orders_seek ON orders (version, id)").execute(&pool).await.unwrap();
+        Orders { path, pool }
+    }
+
+    /// Inserts rows `ids`, with `version = id / versions_per_value` so that several rows share a
+    /// cursor value and batch boundaries split them.
+    pub async fn insert(&self, ids: std::ops::RangeInclusive<i64>, rows_per_version: i64) {
+        let mut transaction = self.pool.begin().await.unwrap();
+        for id in ids {
+            sqlx::query("INSERT INTO orders (id, note, version) VALUES (?, ?, ?)")
+                .bind(id)
+                .bind(format!("order {id}"))
+                .bind(id / rows_per_version)
+                .execute(&mut *transaction)
+                .await
+                .unwrap();
+        }
+        transaction.commit().await.unwrap();
+    }
+
+    pub fn url(&self) -> String {
+        format!("sqlite://{}", self.path.display())
+    }
+}
+
+/// A function app root with one poller `orders` reading the `orders` table into a webhook.
+pub struct AppRoot {
+    pub root: PathBuf,
+    pub state_dir: PathBuf,
+}
+
+impl AppRoot {
+    pub fn write(directory: &Path, poller: Value) -> AppRoot {
+        let root = directory.join("app");
+        std::fs::create_dir_all(root.join("orders")).unwrap();
+        std::fs::write(
+            root.join("host.json"),
+            serde_json::to_vec(&json!({
+                "version": "2.0", "functionTimeout": "00:10:00",
+                "customHandler": {"description": {"defaultExecutablePath": "dbtrigger", "arguments": ["serve"]}}
+            }))
+            .unwrap(),
+        )
+        .unwrap();
+        let function = json!({
+            "bindings": [{"type": "timerTrigger", "direction": "in", "name": "timer", "schedule": "0 */5 * * * *"}],
+            "poller": poller
+        });
+        std::fs::write(root.join("orders/function.json"), serde_json::to_vec_pretty(&function).unwrap()).unwrap();
+        AppRoot { root, state_dir: directory.join("state") }
+    }
+
+    /// The usual poller section: integer cursor, batches of `size`.
+    pub fn orders_poller(size: usize) -> Value {
+        json!({
+            "source": {"connection": "ORDERS_DB", "table": "orders", "cursor": "version", "pk": ["id"]},
+            "batch": {"size": size},
+            "sink": {"type": "webhook", "url": "%ORDERS_WEBHOOK%", "timeoutSeconds": 5},
+            "state": {"connection": "ORDERS_STATE"}
+        })
+    }
+
+    pub fn settings(&self, orders: &Orders, receiver: &Receiver) -> Vec<(String, String)> {
+        vec![
+            ("ORDERS_DB".to_string(), orders.url()),
+            ("ORDERS_WEBHOOK".to_string(), receiver.url.clone()),
+            ("ORDERS_STATE".to_string(), format!("file:{}", self.state_dir.display())),
+            ("DBTRIGGER_APP_NAME".to_string(), "it".to_string()),
+        ]
+    }
+
+    /// The state document the file store holds for `orders`.
+    pub fn state_document(&self) -> Option<Value> {
+        let path = self.state_dir.join("state/it/orders.json");
+        std::fs::read(path).ok().map(|bytes| serde_json::from_slice(&bytes).unwrap())
+    }
+}
+
+/// The real binary, started the way the Functions host starts a custom handler.
+pub struct Handler {
+    child: Child,
+    pub base_url: String,
+    pub log_path: PathBuf,
+}
+
+impl Handler {
+    pub async fn start(app: &AppRoot, settings: &[(String, String)]) -> Handler {
+        let port = free_port();
+        let log_path = app.root.join("handler.log");
+        let log = std::fs::File::create(&log_path).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_dbtrigger"))
+            .arg("serve")
+            .current_dir(&app.root)
+            .env("FUNCTIONS_CUSTOMHANDLER_PORT", port.to_string())
+            .env("FUNCTIONS_APP_ROOT_PATH", &app.root)
+            .env("FUNCTIONS_CUSTOMHANDLER_WORKER_ID", uuid::Uuid::new_v4().to_string())
+            .envs(settings.iter().map(|(key, value)| (key.as_str(), value.as_str())))
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("the dbtrigger binary starts");
+        let handler = Handler { child, base_url: format!("http://127.0.0.1:{port}"), log_path };
+        handler.wait_ready().await;
+        handler
+    }
+
+    /// Polls `GET /` like the host, every 25 ms, until it answers.
+    async fn wait_ready(&self) {
+        let client = reqwest::Client::new();
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(30) {
+            if let Ok(response) = client.get(format!("{}/", self.base_url)).send().await {
+                assert_eq!(response.status(), 200);
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("the handler did not answer GET / within 30 s; log:\n{}", self.log());
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// POSTs a body to `/{function}` as the host does. Returns status, content type, JSON body.
+    pub async fn invoke(&self, function: &str, body: &str) -> (u16, String, Value) {
+        let response = reqwest::Client::new()
+            .post(format!("{}/{function}", self.base_url))
+            .header("content-type", "application/json")
+            .header("x-azure-functions-invocationid", uuid::Uuid::new_v4().to_string())
+            .header("x-azure-functions-hostversion", "4.1036.1.23224")
+            .header("user-agent", "Azure-Functions-Host/4.1036.1.23224")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let content_type = response
+            .headers()
+            .get("content-type")
+            .map(|value| value.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        let text = response.text().await.unwrap();
+        let json = serde_json::from_str(&text).unwrap_or_else(|_| panic!("the handler answered non-JSON: {text:?}"));
+        (status, content_type, json)
+    }
+}
+
+impl Drop for Handler {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The four timer payloads the host sends (copied from shared/fixtures/host).
+pub fn host_fixtures() -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("timer_first_run", include_str!("../fixtures/host/timer_first_run.json")),
+        ("timer_no_monitor", include_str!("../fixtures/host/timer_no_monitor.json")),
+        ("timer_normal", include_str!("../fixtures/host/timer_normal.json")),
+        ("timer_past_due", include_str!("../fixtures/host/timer_past_due.json")),
+    ]
+}

@@ -1,0 +1,7 @@
+//! Integration tests, one binary (`cargo test --test it`). Real components only: SQLite files,
+//! HTTP receivers on loopback, the real `dbtrigger` binary spoken to over the host's protocol.
+
+mod harness;
+mod host;
+mod store;
+mod tick;

@@ -1,0 +1,106 @@
+//! The state store conformance suite against every implementation, and what only files can show.
+
+use std::process::Command;
+use std::sync::Arc;
+
+use dbtrigger::domain::StateDocument;
+use dbtrigger::store::file::FileStore;
+use dbtrigger::store::memory::MemoryStore;
+use dbtrigger::store::{StateKey, StateStore, StoreError, WriteCondition, conformance};
+use serde_json::json;
+
+use crate::harness::{AppRoot, Orders, Receiver};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_memory_store_passes_the_conformance_suite() {
+    conformance::run_all(Arc::new(MemoryStore::new()), "conformance").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_file_store_passes_the_conformance_suite() {
+    let directory = tempfile::tempdir().unwrap();
+    conformance::run_all(Arc::new(FileStore::new(directory.path().to_path_buf())), "conformance").await;
+}
+
+#[tokio::test]
+async fn the_file_store_keeps_documents_where_the_blob_would_be() {
+    let directory = tempfile::tempdir().unwrap();
+    let store = FileStore::new(directory.path().to_path_buf());
+    let key = StateKey::new("myapp", "orders");
+    store.write(&key, &StateDocument::new("orders", "sha256:x"), WriteCondition::Absent).await.unwrap();
+    let bytes = std::fs::read(directory.path().join("state/myapp/orders.json")).unwrap();
+    assert_eq!(StateDocument::parse(&bytes).unwrap().poller_name, "orders");
+}
+
+#[tokio::test]
+async fn a_corrupted_file_document_is_reported_and_left_untouched() {
+    let directory = tempfile::tempdir().unwrap();
+    let store = FileStore::new(directory.path().to_path_buf());
+    let key = StateKey::new("myapp", "orders");
+    let path = store.path_of(&key);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    for garbage in [&b"{\"version\": 1, \"poller_name\": "[..], &br#"{"version": 99, "poller_name": "orders"}"#[..]] {
+        std::fs::write(&path, garbage).unwrap();
+        let error = store.read(&key).await.unwrap_err();
+        let StoreError::Corrupt { location, reason } = &error else { panic!("expected Corrupt, got {error:?}") };
+        assert!(location.ends_with("state/myapp/orders.json"), "{location}");
+        assert!(!reason.is_empty());
+        assert_eq!(std::fs::read(&path).unwrap(), garbage, "left untouched");
+    }
+    assert!(store.read(&key).await.unwrap_err().to_string().contains("version 99"));
+}
+
+/// Four `dbtrigger tick` processes on the same poller at once, over and over: the file store's
+/// CAS holds across processes, so no row is lost and none is committed twice by two owners.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_tick_processes_share_one_poller_safely() {
+    let directory = tempfile::tempdir().unwrap();
+    let orders = Orders::create(directory.path()).await;
+    orders.insert(1..=3000, 2).await;
+    let receiver = Receiver::start().await;
+    // A slow receiver makes a drain outlast the start of the other processes.
+    receiver.set_delay(std::time::Duration::from_millis(20));
+    let app = AppRoot::write(directory.path(), AppRoot::orders_poller(100));
+    let settings = app.settings(&orders, &receiver);
+
+    let mut outputs = Vec::new();
+    for _round in 0..20 {
+        let mut children = Vec::new();
+        for _ in 0..4 {
+            let child = Command::new(env!("CARGO_BIN_EXE_dbtrigger"))
+                .args(["tick", "orders", "--app-root"])
+                .arg(&app.root)
+                .envs(settings.iter().map(|(key, value)| (key.as_str(), value.as_str())))
+                .env("RUST_LOG", "warn")
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            children.push(child);
+        }
+        let mut round = Vec::new();
+        for child in children {
+            let output = tokio::task::spawn_blocking(move || child.wait_with_output()).await.unwrap().unwrap();
+            let text = String::from_utf8_lossy(&output.stdout).to_string();
+            assert!(output.status.success(), "a tick failed: {text}");
+            round.push(text);
+        }
+        let done = round.iter().all(|line| line.contains("nothing new"));
+        outputs.extend(round);
+        if done {
+            break;
+        }
+    }
+    let mut ids = receiver.acknowledged_ids();
+    let delivered = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids, (1..=3000).collect::<Vec<i64>>(), "every row delivered");
+    // Leases are exclusive and every commit precedes its release: no batch was delivered twice.
+    assert_eq!(delivered, 3000, "no row delivered twice");
+    assert!(
+        outputs.iter().any(|line| line.contains("lease held by")),
+        "with four ticks at once, some found the lease held: {outputs:?}"
+    );
+    let state = app.state_document().unwrap();
+    assert_eq!(state["checkpoint"]["cursor"]["tiebreaker"], json!({"id": 3000}));
+}

@@ -1,0 +1,408 @@
+//! Ticks in-process: a real SQLite table, the memory store (which counts requests) and a
+//! recording sink, so each promise of the tick is checked precisely.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dbtrigger::config::{PollerConfig, Settings};
+use dbtrigger::domain::StateDocument;
+use dbtrigger::domain::lease::LeaseRecord;
+use dbtrigger::sink::recording::RecordingSink;
+use dbtrigger::sink::{Batch, Sink, SinkError};
+use dbtrigger::store::memory::MemoryStore;
+use dbtrigger::store::{ETag, StateKey, StateStore, StoreError, Versioned, WriteCondition};
+use dbtrigger::tick::{Poller, StopReason, SystemClock, TickError, TickOutcome};
+use serde_json::{Value, json};
+
+use crate::harness::{AppRoot, Orders};
+
+struct Fixture {
+    _directory: tempfile::TempDir,
+    orders: Orders,
+    config: PollerConfig,
+}
+
+async fn fixture(rows: i64, poller: Value) -> Fixture {
+    let directory = tempfile::tempdir().unwrap();
+    let orders = Orders::create(directory.path()).await;
+    if rows > 0 {
+        orders.insert(1..=rows, 3).await;
+    }
+    let app = AppRoot::write(directory.path(), poller);
+    let settings = Settings::from_pairs([
+        ("ORDERS_DB".to_string(), orders.url()),
+        ("ORDERS_WEBHOOK".to_string(), "http://127.0.0.1:9/unused".to_string()),
+        ("ORDERS_STATE".to_string(), "file:unused".to_string()),
+        ("DBTRIGGER_APP_NAME".to_string(), "it".to_string()),
+    ]);
+    let config = PollerConfig::load(&app.root, "orders", &settings, None).unwrap();
+    Fixture { _directory: directory, orders, config }
+}
+
+fn poller(fixture: &Fixture, sink: Arc<dyn Sink>, store: Arc<dyn StateStore>, owner: &str) -> Poller {
+    let source = dbtrigger::source::open(&fixture.config.source).unwrap();
+    Poller::new(fixture.config.clone(), source, sink, store, Arc::new(SystemClock), owner.to_string())
+}
+
+fn ids(sink: &RecordingSink) -> Vec<i64> {
+    sink.batches()
+        .iter()
+        .flat_map(|batch| batch.events.iter().map(|event| event.pk["id"].as_i64().unwrap()))
+        .collect()
+}
+
+fn key() -> StateKey {
+    StateKey::new("it", "orders")
+}
+
+#[tokio::test]
+async fn an_empty_tick_reads_once_and_writes_nothing() {
+    let fixture = fixture(0, AppRoot::orders_poller(100)).await;
+    let store = Arc::new(MemoryStore::new());
+    let sink = Arc::new(RecordingSink::new());
+    let poller = poller(&fixture, sink.clone(), store.clone(), "a");
+    assert_eq!(poller.tick().await.unwrap(), TickOutcome::Idle);
+    assert_eq!(store.request_counts(), (1, 0), "one GET, no PUT");
+    assert!(store.raw(&key()).is_none());
+
+    // Caught up: the same, with a document present.
+    fixture.orders.insert(1..=10, 1).await;
+    poller.tick().await.unwrap();
+    let before = store.raw(&key()).unwrap();
+    let (reads, writes) = store.request_counts();
+    assert_eq!(poller.tick().await.unwrap(), TickOutcome::Idle);
+    assert_eq!(store.request_counts(), (reads + 1, writes));
+    assert_eq!(store.raw(&key()).unwrap(), before, "the document is byte for byte unchanged");
+}
+
+#[tokio::test]
+async fn a_tick_delivering_k_batches_costs_one_read_and_k_plus_one_writes() {
+    let fixture = fixture(1000, AppRoot::orders_poller(100)).await;
+    let store = Arc::new(MemoryStore::new());
+    let sink = Arc::new(RecordingSink::new());
+    let poller = poller(&fixture, sink.clone(), store.clone(), "a");
+    let outcome = poller.tick().await.unwrap();
+    let TickOutcome::Delivered { rows, batches, stop, .. } = outcome else { panic!("{outcome:?}") };
+    assert_eq!((rows, batches, stop), (1000, 10, StopReason::CaughtUp));
+    assert_eq!(store.request_counts(), (1, 11), "1 GET, 1 PUT for the lease, 1 PUT per batch");
+    assert_eq!(ids(&sink), (1..=1000).collect::<Vec<i64>>());
+
+    let document = StateDocument::parse(&store.raw(&key()).unwrap()).unwrap();
+    let lease = document.lease.unwrap();
+    assert_eq!(lease.owner_id, None, "released by the last commit");
+    assert_eq!(lease.fencing_token, 1, "and the token kept");
+    assert_eq!(document.stats.rows_delivered, 1000);
+}
+
+#[tokio::test]
+async fn a_released_lease_is_taken_at_once_by_another_instance_with_a_higher_token() {
+    let fixture = fixture(10, AppRoot::orders_poller(100)).await;
+    let store = Arc::new(MemoryStore::new());
+    let first_sink = Arc::new(RecordingSink::new());
+    poller(&fixture, first_sink.clone(), store.clone(), "a").tick().await.unwrap();
+    fixture.orders.insert(11..=20, 3).await;
+    let second_sink = Arc::new(RecordingSink::new());
+    let outcome = poller(&fixture, second_sink.clone(), store.clone(), "b").tick().await.unwrap();
+    assert!(matches!(outcome, TickOutcome::Delivered { rows: 10, .. }), "{outcome:?}");
+    assert_eq!(second_sink.batches()[0].fencing_token, 2);
+    assert_eq!(ids(&second_sink), (11..=20).collect::<Vec<i64>>());
+}
+
+#[tokio::test]
+async fn a_live_lease_held_elsewhere_ends_the_tick_without_a_write() {
+    let fixture = fixture(10, AppRoot::orders_poller(100)).await;
+    let store = Arc::new(MemoryStore::new());
+    let mut document = StateDocument::new("orders", &fixture.config.fingerprint);
+    let now = chrono::Utc::now();
+    document.lease = Some(LeaseRecord {
+        owner_id: Some("someone-else".into()),
+        fencing_token: 7,
+        acquired_at: Some(now),
+        heartbeat_at: Some(now),
+        expires_at: Some(now + chrono::Duration::seconds(60)),
+    });
+    store.put_raw(&key(), &document.to_bytes());
+    let sink = Arc::new(RecordingSink::new());
+    let outcome = poller(&fixture, sink.clone(), store.clone(), "a").tick().await.unwrap();
+    assert!(matches!(outcome, TickOutcome::LeaseHeld { ref owner_id, .. } if owner_id == "someone-else"), "{outcome:?}");
+    assert!(sink.batches().is_empty());
+    assert_eq!(store.request_counts(), (1, 0));
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_taken_over_with_the_next_token() {
+    let fixture = fixture(10, AppRoot::orders_poller(100)).await;
+    let store = Arc::new(MemoryStore::new());
+    let mut document = StateDocument::new("orders", &fixture.config.fingerprint);
+    let long_ago = chrono::Utc::now() - chrono::Duration::seconds(600);
+    document.lease = Some(LeaseRecord {
+        owner_id: Some("crashed".into()),
+        fencing_token: 7,
+        acquired_at: Some(long_ago),
+        heartbeat_at: Some(long_ago),
+        expires_at: Some(long_ago + chrono::Duration::seconds(60)),
+    });
+    store.put_raw(&key(), &document.to_bytes());
+    let sink = Arc::new(RecordingSink::new());
+    poller(&fixture, sink.clone(), store.clone(), "a").tick().await.unwrap();
+    assert_eq!(sink.batches()[0].fencing_token, 8);
+}
+
+#[tokio::test]
+async fn a_changed_source_definition_fails_loudly_and_touches_nothing() {
+    let fixture = fixture(10, AppRoot::orders_poller(100)).await;
+    let store = Arc::new(MemoryStore::new());
+    store.put_raw(&key(), &StateDocument::new("orders", "sha256:older").to_bytes());
+    let before = store.raw(&key()).unwrap();
+    let sink = Arc::new(RecordingSink::new());
+    let error = poller(&fixture, sink.clone(), store.clone(), "a").tick().await.unwrap_err();
+    let message = error.to_string();
+    assert!(matches!(error, TickError::FingerprintMismatch { .. }));
+    assert!(message.contains("sha256:older") && message.contains(&fixture.config.fingerprint), "{message}");
+    assert!(sink.batches().is_empty());
+    assert_eq!(store.raw(&key()).unwrap(), before);
+}
+
+#[tokio::test]
+async fn a_corrupted_state_document_stops_the_poller_and_is_left_untouched() {
+    let fixture = fixture(10, AppRoot::orders_poller(100)).await;
+    for garbage in [&b"{\"version\": 1, \"checkpoint\": "[..], &br#"{"version": 99}"#[..]] {
+        let store = Arc::new(MemoryStore::new());
+        store.put_raw(&key(), garbage);
+        let sink = Arc::new(RecordingSink::new());
+        let error = poller(&fixture, sink.clone(), store.clone(), "a").tick().await.unwrap_err();
+        assert!(matches!(error, TickError::Store(StoreError::Corrupt { .. })), "{error:?}");
+        assert!(error.to_string().contains("left untouched"), "{error}");
+        assert!(sink.batches().is_empty(), "nothing delivered");
+        assert_eq!(store.raw(&key()).unwrap(), garbage, "nothing overwritten");
+        assert_eq!(store.request_counts().1, 0);
+    }
+}
+
+#[tokio::test]
+async fn a_failed_delivery_keeps_the_checkpoint_and_the_next_tick_resends_the_same_batch() {
+    let fixture = fixture(250, AppRoot::orders_poller(100)).await;
+    let store = Arc::new(MemoryStore::new());
+    let sink = Arc::new(RecordingSink::new());
+    let poller = poller(&fixture, sink.clone(), store.clone(), "a");
+    // Batch 1 lands; batch 2 fails.
+    let failing = Arc::new(FailSecond { inner: sink.clone(), calls: Default::default(), failed: Default::default() });
+    let failing_poller = Poller::new(
+        fixture.config.clone(),
+        poller.source.clone(),
+        failing.clone(),
+        store.clone(),
+        Arc::new(SystemClock),
+        "a".into(),
+    );
+    let error = failing_poller.tick().await.unwrap_err();
+    assert!(matches!(error, TickError::Delivery { rows_committed: 100, .. }), "{error:?}");
+    let document = StateDocument::parse(&store.raw(&key()).unwrap()).unwrap();
+    assert_eq!(document.checkpoint.unwrap().cursor.tiebreaker["id"], json!(100));
+    assert_eq!(document.lease.unwrap().owner_id, None, "released after the failure");
+
+    poller.tick().await.unwrap();
+    let failed_batch = failing.failed.lock().unwrap().clone().unwrap();
+    assert_eq!(sink.batches()[1].batch_id, failed_batch.batch_id, "the same batch again");
+    assert_eq!(ids(&sink), (1..=250).collect::<Vec<i64>>());
+}
+
+/// Delivers the first batch, fails the second, delivers the rest.
+struct FailSecond {
+    inner: Arc<RecordingSink>,
+    calls: std::sync::Mutex<u32>,
+    failed: std::sync::Mutex<Option<Batch>>,
+}
+
+#[async_trait]
+impl Sink for FailSecond {
+    async fn deliver(&self, batch: &Batch) -> Result<(), SinkError> {
+        let call = {
+            let mut calls = self.calls.lock().unwrap();
+            *calls += 1;
+            *calls
+        };
+        if call == 2 {
+            *self.failed.lock().unwrap() = Some(batch.clone());
+            return Err(SinkError::Transient { batch_id: batch.batch_id.clone(), reason: "HTTP 503".into() });
+        }
+        self.inner.deliver(batch).await
+    }
+
+    fn describe(&self) -> String {
+        "fail-second".into()
+    }
+}
+
+/// A store whose first update lands but answers 412, as when a retried PUT's first try had
+/// landed and its response was lost (seed 001 case G).
+struct LostResponseStore {
+    inner: MemoryStore,
+    lost: std::sync::Mutex<bool>,
+}
+
+#[async_trait]
+impl StateStore for LostResponseStore {
+    async fn read(&self, key: &StateKey) -> Result<Option<Versioned>, StoreError> {
+        self.inner.read(key).await
+    }
+
+    async fn write(&self, key: &StateKey, document: &StateDocument, condition: WriteCondition) -> Result<ETag, StoreError> {
+        let etag = self.inner.write(key, document, condition.clone()).await?;
+        let mut lost = self.lost.lock().unwrap();
+        if !*lost && matches!(condition, WriteCondition::Matches(_)) {
+            *lost = true;
+            return Err(StoreError::Conflict { location: "lost-response".into() });
+        }
+        Ok(etag)
+    }
+
+    fn describe(&self) -> String {
+        "lost-response".into()
+    }
+}
+
+#[tokio::test]
+async fn a_write_that_landed_but_answered_412_is_recognised_by_its_write_id() {
+    let fixture = fixture(300, AppRoot::orders_poller(100)).await;
+    let store = Arc::new(LostResponseStore { inner: MemoryStore::new(), lost: Default::default() });
+    let sink = Arc::new(RecordingSink::new());
+    let outcome = poller(&fixture, sink.clone(), store.clone(), "a").tick().await.unwrap();
+    assert!(matches!(outcome, TickOutcome::Delivered { rows: 300, batches: 3, .. }), "{outcome:?}");
+    assert_eq!(ids(&sink), (1..=300).collect::<Vec<i64>>(), "no batch delivered twice");
+}
+
+/// A sink that takes its time.
+struct SlowSink {
+    inner: Arc<RecordingSink>,
+    delay: Duration,
+    /// Called once, mid-delivery of the first batch.
+    during_first: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+#[async_trait]
+impl Sink for SlowSink {
+    async fn deliver(&self, batch: &Batch) -> Result<(), SinkError> {
+        tokio::time::sleep(self.delay / 2).await;
+        let action = self.during_first.lock().unwrap().take();
+        if let Some(action) = action {
+            action();
+        }
+        tokio::time::sleep(self.delay / 2).await;
+        self.inner.deliver(batch).await
+    }
+
+    fn describe(&self) -> String {
+        "slow".into()
+    }
+}
+
+#[tokio::test]
+async fn the_tick_budget_ends_a_tick_with_a_commit_and_the_next_tick_continues() {
+    let mut settings = AppRoot::orders_poller(10);
+    settings["batch"]["tickBudgetSeconds"] = json!(1);
+    let fixture = fixture(100, settings).await;
+    let store = Arc::new(MemoryStore::new());
+    let recording = Arc::new(RecordingSink::new());
+    let sink = Arc::new(SlowSink { inner: recording.clone(), delay: Duration::from_millis(300), during_first: Default::default() });
+    let poller = poller(&fixture, sink, store.clone(), "a");
+    let outcome = poller.tick().await.unwrap();
+    let TickOutcome::Delivered { batches, stop, .. } = outcome else { panic!("{outcome:?}") };
+    assert_eq!(stop, StopReason::BudgetExhausted);
+    assert!((3..=5).contains(&batches), "about a second of 300 ms batches: {batches}");
+    let document = StateDocument::parse(&store.raw(&key()).unwrap()).unwrap();
+    assert_eq!(document.lease.unwrap().owner_id, None, "the lease is released at the budget too");
+    loop {
+        if let TickOutcome::Delivered { stop: StopReason::CaughtUp, .. } = poller.tick().await.unwrap() {
+            break;
+        }
+    }
+    assert_eq!(ids(&recording), (1..=100).collect::<Vec<i64>>());
+}
+
+fn short_lease(size: usize) -> Value {
+    let mut settings = AppRoot::orders_poller(size);
+    settings["lease"] = json!({"ttlSeconds": 3, "heartbeatSeconds": 1, "clockSkewSeconds": 1});
+    settings
+}
+
+#[tokio::test]
+async fn a_long_delivery_renews_the_lease_while_it_runs() {
+    let fixture = fixture(5, short_lease(100)).await;
+    let store = Arc::new(MemoryStore::new());
+    let recording = Arc::new(RecordingSink::new());
+    // 4 s of delivery on a 3 s lease: only heartbeats keep it.
+    let sink = Arc::new(SlowSink { inner: recording.clone(), delay: Duration::from_secs(4), during_first: Default::default() });
+    let outcome = poller(&fixture, sink, store.clone(), "a").tick().await.unwrap();
+    assert!(matches!(outcome, TickOutcome::Delivered { rows: 5, .. }), "{outcome:?}");
+    let (_, writes) = store.request_counts();
+    assert!(writes >= 5, "acquire + about 3 heartbeats + commit, got {writes} writes");
+}
+
+#[tokio::test]
+async fn a_lease_taken_over_mid_delivery_cancels_the_commit() {
+    let fixture = fixture(5, short_lease(100)).await;
+    let store = Arc::new(MemoryStore::new());
+    let recording = Arc::new(RecordingSink::new());
+    let thief_store = store.clone();
+    let fingerprint = fixture.config.fingerprint.clone();
+    // Mid-delivery, another instance writes the document (say after our lease looked expired to it).
+    let steal: Box<dyn FnOnce() + Send> = Box::new(move || {
+        let mut document = StateDocument::new("orders", &fingerprint);
+        let now = chrono::Utc::now();
+        document.lease = Some(LeaseRecord {
+            owner_id: Some("thief".into()),
+            fencing_token: 99,
+            acquired_at: Some(now),
+            heartbeat_at: Some(now),
+            expires_at: Some(now + chrono::Duration::seconds(60)),
+        });
+        thief_store.put_raw(&key(), &document.to_bytes());
+    });
+    let sink = Arc::new(SlowSink {
+        inner: recording.clone(),
+        delay: Duration::from_secs(3),
+        during_first: std::sync::Mutex::new(Some(steal)),
+    });
+    let outcome = poller(&fixture, sink, store.clone(), "a").tick().await.unwrap();
+    assert_eq!(outcome, TickOutcome::LeaseLost { rows: 0, batches: 0 });
+    let document = StateDocument::parse(&store.raw(&key()).unwrap()).unwrap();
+    assert!(document.checkpoint.is_none(), "the stale owner committed nothing");
+    assert_eq!(document.lease.unwrap().owner_id.as_deref(), Some("thief"));
+}
+
+#[tokio::test]
+async fn timestamp_cursors_in_sqlite_survive_equal_values_across_batches() {
+    let directory = tempfile::tempdir().unwrap();
+    let orders = Orders::create(directory.path()).await;
+    sqlx::query("ALTER TABLE orders ADD COLUMN updated_at TEXT").execute(&orders.pool).await.unwrap();
+    orders.insert(1..=95, 1).await;
+    // Seven rows per timestamp, in the text layout of SQLite's own datetime().
+    for id in 1..=95i64 {
+        let second = id / 7;
+        let text = format!("2026-01-01 10:00:{second:02}.250");
+        sqlx::query("UPDATE orders SET updated_at = ? WHERE id = ?").bind(text).bind(id).execute(&orders.pool).await.unwrap();
+    }
+    let mut poller_settings = AppRoot::orders_poller(10);
+    poller_settings["source"]["cursor"] = json!("updated_at");
+    let app = AppRoot::write(directory.path(), poller_settings);
+    let settings = Settings::from_pairs([
+        ("ORDERS_DB".to_string(), orders.url()),
+        ("ORDERS_WEBHOOK".to_string(), "http://127.0.0.1:9/unused".to_string()),
+        ("ORDERS_STATE".to_string(), "file:unused".to_string()),
+    ]);
+    let config = PollerConfig::load(&app.root, "orders", &settings, None).unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let recording = Arc::new(RecordingSink::new());
+    let source = dbtrigger::source::open(&config.source).unwrap();
+    let poller = Poller::new(config, source, recording.clone(), store.clone(), Arc::new(SystemClock), "a".into());
+    let outcome = poller.tick().await.unwrap();
+    assert!(matches!(outcome, TickOutcome::Delivered { rows: 95, batches: 10, .. }), "{outcome:?}");
+    assert_eq!(ids(&recording), (1..=95).collect::<Vec<i64>>());
+    let document = StateDocument::parse(&store.raw(&StateKey::new("local", "orders")).unwrap()).unwrap();
+    let cursor = document.checkpoint.unwrap().cursor;
+    assert_eq!(cursor.kind, "timestamp");
+    assert_eq!(cursor.value, json!("2026-01-01T10:00:13.250Z"));
+    assert_eq!(poller.tick().await.unwrap(), TickOutcome::Idle);
+}
