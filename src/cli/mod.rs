@@ -75,7 +75,11 @@ impl AppRoot {
 
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Serve { app_root, port, bind } => {
+        Command::Serve {
+            app_root,
+            port,
+            bind,
+        } => {
             let root = app_root.resolve()?;
             let app = Arc::new(App::load(&root, &Settings::from_env())?);
             let address = SocketAddr::new(bind, port);
@@ -117,13 +121,14 @@ async fn shutdown_signal() {
     let interrupt = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(signal) => signal,
-            Err(_) => {
-                let _ = interrupt.await;
-                return;
-            }
-        };
+        let mut terminate =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(signal) => signal,
+                Err(_) => {
+                    let _ = interrupt.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = interrupt => {}
             _ = terminate.recv() => {}

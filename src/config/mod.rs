@@ -16,8 +16,8 @@ use serde_json::Value;
 
 pub use settings::{Secret, Settings};
 
-use crate::domain::ids::{FingerprintInput, source_fingerprint};
 use crate::domain::LeaseTerms;
+use crate::domain::ids::{FingerprintInput, source_fingerprint};
 
 /// A configuration problem, located precisely.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -54,7 +54,10 @@ impl AppConfig {
             if !folder.is_dir() || !function_json.is_file() {
                 continue;
             }
-            let Some(function_name) = folder.file_name().and_then(|name| name.to_str()).map(str::to_string)
+            let Some(function_name) = folder
+                .file_name()
+                .and_then(|name| name.to_str())
+                .map(str::to_string)
             else {
                 continue;
             };
@@ -169,7 +172,10 @@ impl Engine {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SourceTarget {
-    Table { schema: Option<String>, name: String },
+    Table {
+        schema: Option<String>,
+        name: String,
+    },
     /// A SELECT, wrapped as a subquery.
     Query(String),
 }
@@ -232,7 +238,11 @@ pub enum StateLocation {
     StorageConnectionString(Secret),
     /// No value under the setting's own name: an identity-based connection, whose settings are
     /// `<NAME>__blobServiceUri` / `<NAME>__accountName` / `<NAME>__clientId`.
-    Identity { blob_service_uri: Option<String>, account_name: Option<String>, client_id: Option<String> },
+    Identity {
+        blob_service_uri: Option<String>,
+        account_name: Option<String>,
+        client_id: Option<String>,
+    },
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -357,25 +367,45 @@ impl PollerConfig {
                 format!("{function_name:?} is not a valid function name: letters, digits, '_' and '-', starting with a letter, at most 128"),
             ));
         }
-        let text = std::fs::read_to_string(&file).map_err(|error| at.error("(file)", format!("cannot read: {error}")))?;
+        let text = std::fs::read_to_string(&file)
+            .map_err(|error| at.error("(file)", format!("cannot read: {error}")))?;
         let document: Value = serde_json::from_str(&text).map_err(|error| {
             at.error(
                 "(document)",
-                format!("invalid JSON at line {} column {}: {error}", error.line(), error.column()),
+                format!(
+                    "invalid JSON at line {} column {}: {error}",
+                    error.line(),
+                    error.column()
+                ),
             )
         })?;
         let schedule = timer_schedule(&document, &at, settings)?;
         let Some(poller) = document.get("poller") else {
-            return Err(at.error("poller", "missing: this function has no `poller` section, so dbtrigger cannot run it"));
+            return Err(at.error(
+                "poller",
+                "missing: this function has no `poller` section, so dbtrigger cannot run it",
+            ));
         };
         let mut poller = poller.clone();
         substitute_settings(&mut poller, "poller", settings, &at)?;
         let raw: RawPoller = serde_path_to_error::deserialize(&poller).map_err(|error| {
             let path = error.path().to_string();
-            let field = if path == "." { "poller".to_string() } else { format!("poller.{path}") };
+            let field = if path == "." {
+                "poller".to_string()
+            } else {
+                format!("poller.{path}")
+            };
             at.error(&field, error.into_inner().to_string())
         })?;
-        build(raw, function_name, schedule, settings, app_root, function_timeout, &at)
+        build(
+            raw,
+            function_name,
+            schedule,
+            settings,
+            app_root,
+            function_timeout,
+            &at,
+        )
     }
 }
 
@@ -386,11 +416,17 @@ fn is_valid_function_name(name: &str) -> bool {
     };
     first.is_ascii_alphabetic()
         && name.len() <= 128
-        && characters.all(|character| character.is_ascii_alphanumeric() || character == '_' || character == '-')
+        && characters.all(|character| {
+            character.is_ascii_alphanumeric() || character == '_' || character == '-'
+        })
         && !name.eq_ignore_ascii_case("host")
 }
 
-fn timer_schedule(document: &Value, at: &Located<'_>, settings: &Settings) -> Result<Option<String>, ConfigError> {
+fn timer_schedule(
+    document: &Value,
+    at: &Located<'_>,
+    settings: &Settings,
+) -> Result<Option<String>, ConfigError> {
     let Some(bindings) = document.get("bindings") else {
         return Err(at.error("bindings", "missing: a poller needs a timerTrigger binding"));
     };
@@ -408,18 +444,32 @@ fn timer_schedule(document: &Value, at: &Located<'_>, settings: &Settings) -> Re
             ));
         }
         let mut schedule = binding.get("schedule").cloned().unwrap_or(Value::Null);
-        substitute_settings(&mut schedule, &format!("bindings[{index}].schedule"), settings, at)?;
+        substitute_settings(
+            &mut schedule,
+            &format!("bindings[{index}].schedule"),
+            settings,
+            at,
+        )?;
         return Ok(schedule.as_str().map(str::to_string));
     }
-    Err(at.error("bindings", "no timerTrigger binding: a poller runs on a timer"))
+    Err(at.error(
+        "bindings",
+        "no timerTrigger binding: a poller runs on a timer",
+    ))
 }
 
 /// Replaces every `%NAME%` in string values by app setting NAME (the Functions convention).
-fn substitute_settings(value: &mut Value, path: &str, settings: &Settings, at: &Located<'_>) -> Result<(), ConfigError> {
+fn substitute_settings(
+    value: &mut Value,
+    path: &str,
+    settings: &Settings,
+    at: &Located<'_>,
+) -> Result<(), ConfigError> {
     match value {
         Value::String(text) => {
             if text.contains('%') {
-                *text = substitute_in_text(text, settings).map_err(|reason| at.error(path, reason))?;
+                *text =
+                    substitute_in_text(text, settings).map_err(|reason| at.error(path, reason))?;
             }
             Ok(())
         }
@@ -470,7 +520,8 @@ pub fn validate_identifier(value: &str) -> Result<(), String> {
     let valid_first = characters
         .next()
         .is_some_and(|character| character.is_ascii_alphabetic() || character == '_');
-    let valid_rest = characters.all(|character| character.is_ascii_alphanumeric() || character == '_' || character == '$');
+    let valid_rest = characters
+        .all(|character| character.is_ascii_alphanumeric() || character == '_' || character == '$');
     if valid_first && valid_rest && value.len() <= 63 {
         Ok(())
     } else {
@@ -504,7 +555,10 @@ fn build(
     function_timeout: Option<Duration>,
     at: &Located<'_>,
 ) -> Result<PollerConfig, ConfigError> {
-    let poller_name = raw.name.clone().unwrap_or_else(|| function_name.to_string());
+    let poller_name = raw
+        .name
+        .clone()
+        .unwrap_or_else(|| function_name.to_string());
     if !is_valid_function_name(&poller_name) {
         return Err(at.error("poller.name", format!("{poller_name:?} is not a valid poller name: letters, digits, '_' and '-', starting with a letter")));
     }
@@ -521,11 +575,17 @@ fn build(
 
     let size = raw.batch.size.unwrap_or(defaults::BATCH_SIZE);
     if size == 0 || size > defaults::MAX_BATCH_SIZE {
-        return Err(at.error("poller.batch.size", format!("{size} is out of range 1..={}", defaults::MAX_BATCH_SIZE)));
+        return Err(at.error(
+            "poller.batch.size",
+            format!("{size} is out of range 1..={}", defaults::MAX_BATCH_SIZE),
+        ));
     }
     let max_in_flight = raw.batch.max_in_flight.unwrap_or(defaults::MAX_IN_FLIGHT);
     if max_in_flight == 0 || max_in_flight > 64 {
-        return Err(at.error("poller.batch.maxInFlight", format!("{max_in_flight} is out of range 1..=64")));
+        return Err(at.error(
+            "poller.batch.maxInFlight",
+            format!("{max_in_flight} is out of range 1..=64"),
+        ));
     }
     let tick_budget = seconds(raw.batch.tick_budget_seconds, defaults::TICK_BUDGET_SECONDS);
     if tick_budget.is_zero() {
@@ -545,13 +605,23 @@ fn build(
             ));
         }
     }
-    let batch = BatchConfig { size, max_in_flight, tick_budget };
+    let batch = BatchConfig {
+        size,
+        max_in_flight,
+        tick_budget,
+    };
 
     let sink = build_sink(raw.sink, settings, at)?;
 
     let ttl = raw.lease.ttl_seconds.unwrap_or(defaults::LEASE_TTL_SECONDS);
-    let heartbeat = raw.lease.heartbeat_seconds.unwrap_or(defaults::LEASE_HEARTBEAT_SECONDS);
-    let skew = raw.lease.clock_skew_seconds.unwrap_or(defaults::LEASE_CLOCK_SKEW_SECONDS);
+    let heartbeat = raw
+        .lease
+        .heartbeat_seconds
+        .unwrap_or(defaults::LEASE_HEARTBEAT_SECONDS);
+    let skew = raw
+        .lease
+        .clock_skew_seconds
+        .unwrap_or(defaults::LEASE_CLOCK_SKEW_SECONDS);
     if heartbeat == 0 {
         return Err(at.error("poller.lease.heartbeatSeconds", "must be at least 1"));
     }
@@ -562,7 +632,10 @@ fn build(
         ));
     }
     if skew * 2 >= ttl {
-        return Err(at.error("poller.lease.clockSkewSeconds", format!("{skew} s must be less than half of ttlSeconds ({ttl} s)")));
+        return Err(at.error(
+            "poller.lease.clockSkewSeconds",
+            format!("{skew} s must be less than half of ttlSeconds ({ttl} s)"),
+        ));
     }
     let lease = LeaseTerms {
         ttl: chrono::Duration::seconds(ttl as i64),
@@ -570,7 +643,10 @@ fn build(
         clock_skew: chrono::Duration::seconds(skew as i64),
     };
 
-    let max_attempts = raw.poison.max_attempts.unwrap_or(defaults::POISON_MAX_ATTEMPTS);
+    let max_attempts = raw
+        .poison
+        .max_attempts
+        .unwrap_or(defaults::POISON_MAX_ATTEMPTS);
     if max_attempts == 0 {
         return Err(at.error("poller.poison.maxAttempts", "must be at least 1"));
     }
@@ -603,7 +679,11 @@ struct UrlIdentity {
 }
 
 fn parse_source_url(url: &str, app_root: &Path) -> Result<(UrlIdentity, String), String> {
-    let scheme = url.split(':').next().unwrap_or_default().to_ascii_lowercase();
+    let scheme = url
+        .split(':')
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
     match scheme.as_str() {
         "sqlite" => {
             let rest = url["sqlite:".len()..].trim_start_matches("//");
@@ -633,8 +713,13 @@ fn parse_source_url(url: &str, app_root: &Path) -> Result<(UrlIdentity, String),
             Ok((identity, resolved))
         }
         "postgres" | "postgresql" | "mysql" | "mariadb" => {
-            let parsed = url::Url::parse(url).map_err(|error| format!("not a valid URL: {error}"))?;
-            let engine = if scheme.starts_with("postgres") { Engine::Postgres } else { Engine::MySql };
+            let parsed =
+                url::Url::parse(url).map_err(|error| format!("not a valid URL: {error}"))?;
+            let engine = if scheme.starts_with("postgres") {
+                Engine::Postgres
+            } else {
+                Engine::MySql
+            };
             let identity = UrlIdentity {
                 engine,
                 host: parsed.host_str().unwrap_or_default().to_string(),
@@ -642,7 +727,11 @@ fn parse_source_url(url: &str, app_root: &Path) -> Result<(UrlIdentity, String),
                 database: parsed.path().trim_start_matches('/').to_string(),
                 user: parsed.username().to_string(),
             };
-            let resolved = if scheme == "mariadb" { url.replacen("mariadb", "mysql", 1) } else { url.to_string() };
+            let resolved = if scheme == "mariadb" {
+                url.replacen("mariadb", "mysql", 1)
+            } else {
+                url.to_string()
+            };
             Ok((identity, resolved))
         }
         _ => Err(format!(
@@ -660,66 +749,107 @@ fn build_source(
     let url_value = settings.get(&raw.connection).ok_or_else(|| {
         at.error(
             "poller.source.connection",
-            format!("app setting {} is not set (it must hold the database URL)", raw.connection),
+            format!(
+                "app setting {} is not set (it must hold the database URL)",
+                raw.connection
+            ),
         )
     })?;
     // The reason never quotes the URL: it may hold a password.
-    let (identity, resolved_url) = parse_source_url(url_value, app_root)
-        .map_err(|reason| at.error("poller.source.connection", format!("app setting {}: {reason}", raw.connection)))?;
+    let (identity, resolved_url) = parse_source_url(url_value, app_root).map_err(|reason| {
+        at.error(
+            "poller.source.connection",
+            format!("app setting {}: {reason}", raw.connection),
+        )
+    })?;
 
     let target = match (raw.table, raw.query) {
-        (Some(_), Some(_)) => return Err(at.error("poller.source", "give either `table` or `query`, not both")),
+        (Some(_), Some(_)) => {
+            return Err(at.error("poller.source", "give either `table` or `query`, not both"));
+        }
         (None, None) => return Err(at.error("poller.source", "give `table` (or `query`)")),
         (Some(table), None) => {
             let parts: Vec<&str> = table.split('.').collect();
             if parts.len() > 2 {
-                return Err(at.error("poller.source.table", format!("{table:?} has more than two parts: use schema.table")));
+                return Err(at.error(
+                    "poller.source.table",
+                    format!("{table:?} has more than two parts: use schema.table"),
+                ));
             }
             for part in &parts {
-                validate_identifier(part).map_err(|reason| at.error("poller.source.table", reason))?;
+                validate_identifier(part)
+                    .map_err(|reason| at.error("poller.source.table", reason))?;
             }
             match parts.as_slice() {
-                [name] => SourceTarget::Table { schema: None, name: name.to_string() },
-                [schema, name] => SourceTarget::Table { schema: Some(schema.to_string()), name: name.to_string() },
+                [name] => SourceTarget::Table {
+                    schema: None,
+                    name: name.to_string(),
+                },
+                [schema, name] => SourceTarget::Table {
+                    schema: Some(schema.to_string()),
+                    name: name.to_string(),
+                },
                 _ => unreachable!("checked above"),
             }
         }
         (None, Some(query)) => {
             let trimmed = query.trim().trim_end_matches(';').trim().to_string();
-            validate_fragment(&trimmed).map_err(|reason| at.error("poller.source.query", reason))?;
+            validate_fragment(&trimmed)
+                .map_err(|reason| at.error("poller.source.query", reason))?;
             let lowered = trimmed.to_ascii_lowercase();
             if !(lowered.starts_with("select") || lowered.starts_with("with")) {
-                return Err(at.error("poller.source.query", "must be a SELECT (or WITH ... SELECT) statement"));
+                return Err(at.error(
+                    "poller.source.query",
+                    "must be a SELECT (or WITH ... SELECT) statement",
+                ));
             }
             SourceTarget::Query(trimmed)
         }
     };
     validate_identifier(&raw.cursor).map_err(|reason| at.error("poller.source.cursor", reason))?;
     if raw.pk.is_empty() {
-        return Err(at.error("poller.source.pk", "give at least one primary key column: the tiebreaker between equal cursors"));
+        return Err(at.error(
+            "poller.source.pk",
+            "give at least one primary key column: the tiebreaker between equal cursors",
+        ));
     }
     for (index, column) in raw.pk.iter().enumerate() {
-        validate_identifier(column).map_err(|reason| at.error(&format!("poller.source.pk[{index}]"), reason))?;
+        validate_identifier(column)
+            .map_err(|reason| at.error(&format!("poller.source.pk[{index}]"), reason))?;
         if raw.pk[..index].contains(column) {
-            return Err(at.error(&format!("poller.source.pk[{index}]"), format!("{column:?} is listed twice")));
+            return Err(at.error(
+                &format!("poller.source.pk[{index}]"),
+                format!("{column:?} is listed twice"),
+            ));
         }
     }
     if raw.pk.contains(&raw.cursor) {
-        return Err(at.error("poller.source.pk", "the cursor column cannot also be a primary key column"));
+        return Err(at.error(
+            "poller.source.pk",
+            "the cursor column cannot also be a primary key column",
+        ));
     }
     if let Some(columns) = &raw.columns {
         if columns.is_empty() {
-            return Err(at.error("poller.source.columns", "is empty: leave it out to select every column"));
+            return Err(at.error(
+                "poller.source.columns",
+                "is empty: leave it out to select every column",
+            ));
         }
         for (index, column) in columns.iter().enumerate() {
-            validate_identifier(column).map_err(|reason| at.error(&format!("poller.source.columns[{index}]"), reason))?;
+            validate_identifier(column)
+                .map_err(|reason| at.error(&format!("poller.source.columns[{index}]"), reason))?;
         }
     }
     if let Some(where_clause) = &raw.where_clause {
-        validate_fragment(where_clause).map_err(|reason| at.error("poller.source.where", reason))?;
+        validate_fragment(where_clause)
+            .map_err(|reason| at.error("poller.source.where", reason))?;
     }
     let target_text = match &target {
-        SourceTarget::Table { schema: Some(schema), name } => format!("table:{schema}.{name}"),
+        SourceTarget::Table {
+            schema: Some(schema),
+            name,
+        } => format!("table:{schema}.{name}"),
         SourceTarget::Table { schema: None, name } => format!("table:{name}"),
         SourceTarget::Query(query) => format!("query:{query}"),
     };
@@ -749,23 +879,40 @@ fn build_source(
     Ok((source, fingerprint))
 }
 
-fn build_sink(raw: RawSink, settings: &Settings, at: &Located<'_>) -> Result<SinkConfig, ConfigError> {
+fn build_sink(
+    raw: RawSink,
+    settings: &Settings,
+    at: &Located<'_>,
+) -> Result<SinkConfig, ConfigError> {
     match raw.kind.as_str() {
         "webhook" => {
-            let url_text = raw.url.ok_or_else(|| at.error("poller.sink.url", "missing: a webhook sink needs a url"))?;
-            let url = url::Url::parse(&url_text)
-                .map_err(|error| at.error("poller.sink.url", format!("not a valid URL: {error}")))?;
+            let url_text = raw.url.ok_or_else(|| {
+                at.error("poller.sink.url", "missing: a webhook sink needs a url")
+            })?;
+            let url = url::Url::parse(&url_text).map_err(|error| {
+                at.error("poller.sink.url", format!("not a valid URL: {error}"))
+            })?;
             if !matches!(url.scheme(), "http" | "https") {
-                return Err(at.error("poller.sink.url", format!("scheme {:?} is not http or https", url.scheme())));
+                return Err(at.error(
+                    "poller.sink.url",
+                    format!("scheme {:?} is not http or https", url.scheme()),
+                ));
             }
             let secret = match raw.secret {
                 None => None,
                 Some(name) => {
                     let value = settings.get(&name).ok_or_else(|| {
-                        at.error("poller.sink.secret", format!("app setting {name} is not set (it must hold the signing secret)"))
+                        at.error(
+                            "poller.sink.secret",
+                            format!(
+                                "app setting {name} is not set (it must hold the signing secret)"
+                            ),
+                        )
                     })?;
                     if value.is_empty() {
-                        return Err(at.error("poller.sink.secret", format!("app setting {name} is empty")));
+                        return Err(
+                            at.error("poller.sink.secret", format!("app setting {name} is empty"))
+                        );
                     }
                     Some(Secret::new(value))
                 }
@@ -781,13 +928,25 @@ fn build_sink(raw: RawSink, settings: &Settings, at: &Located<'_>) -> Result<Sin
                 max_retries: raw.max_retries.unwrap_or(defaults::WEBHOOK_MAX_RETRIES),
             }))
         }
-        other => Err(at.error("poller.sink.type", format!("unknown sink type {other:?}: expected \"webhook\""))),
+        other => Err(at.error(
+            "poller.sink.type",
+            format!("unknown sink type {other:?}: expected \"webhook\""),
+        )),
     }
 }
 
-fn build_state(raw: RawState, settings: &Settings, app_root: &Path, at: &Located<'_>) -> Result<StateConfig, ConfigError> {
-    let connection = raw.connection.unwrap_or_else(|| defaults::STATE_CONNECTION.to_string());
-    let container = raw.container.unwrap_or_else(|| defaults::STATE_CONTAINER.to_string());
+fn build_state(
+    raw: RawState,
+    settings: &Settings,
+    app_root: &Path,
+    at: &Located<'_>,
+) -> Result<StateConfig, ConfigError> {
+    let connection = raw
+        .connection
+        .unwrap_or_else(|| defaults::STATE_CONNECTION.to_string());
+    let container = raw
+        .container
+        .unwrap_or_else(|| defaults::STATE_CONTAINER.to_string());
     if !is_valid_container_name(&container) {
         return Err(at.error(
             "poller.state.container",
@@ -798,15 +957,28 @@ fn build_state(raw: RawState, settings: &Settings, app_root: &Path, at: &Located
         Some(value) if value.starts_with("file:") => {
             let directory = value["file:".len()..].trim();
             if directory.is_empty() {
-                return Err(at.error("poller.state.connection", format!("app setting {connection}: `file:` needs a directory")));
+                return Err(at.error(
+                    "poller.state.connection",
+                    format!("app setting {connection}: `file:` needs a directory"),
+                ));
             }
             let path = PathBuf::from(directory);
-            StateLocation::File(if path.is_absolute() { path } else { app_root.join(path) })
+            StateLocation::File(if path.is_absolute() {
+                path
+            } else {
+                app_root.join(path)
+            })
         }
-        Some(value) if !value.trim().is_empty() => StateLocation::StorageConnectionString(Secret::new(value)),
+        Some(value) if !value.trim().is_empty() => {
+            StateLocation::StorageConnectionString(Secret::new(value))
+        }
         _ => {
-            let blob_service_uri = settings.get(&format!("{connection}__blobServiceUri")).map(str::to_string);
-            let account_name = settings.get(&format!("{connection}__accountName")).map(str::to_string);
+            let blob_service_uri = settings
+                .get(&format!("{connection}__blobServiceUri"))
+                .map(str::to_string);
+            let account_name = settings
+                .get(&format!("{connection}__accountName"))
+                .map(str::to_string);
             if blob_service_uri.is_none() && account_name.is_none() {
                 return Err(at.error(
                     "poller.state.connection",
@@ -818,16 +990,24 @@ fn build_state(raw: RawState, settings: &Settings, app_root: &Path, at: &Located
             StateLocation::Identity {
                 blob_service_uri,
                 account_name,
-                client_id: settings.get(&format!("{connection}__clientId")).map(str::to_string),
+                client_id: settings
+                    .get(&format!("{connection}__clientId"))
+                    .map(str::to_string),
             }
         }
     };
-    Ok(StateConfig { connection, container, location })
+    Ok(StateConfig {
+        connection,
+        container,
+        location,
+    })
 }
 
 fn is_valid_container_name(name: &str) -> bool {
     (3..=63).contains(&name.len())
-        && name.chars().all(|character| character.is_ascii_lowercase() || character.is_ascii_digit() || character == '-')
+        && name.chars().all(|character| {
+            character.is_ascii_lowercase() || character.is_ascii_digit() || character == '-'
+        })
         && !name.starts_with('-')
         && !name.ends_with('-')
         && !name.contains("--")
@@ -836,7 +1016,10 @@ fn is_valid_container_name(name: &str) -> bool {
 impl fmt::Display for SourceTarget {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            SourceTarget::Table { schema: Some(schema), name } => write!(formatter, "{schema}.{name}"),
+            SourceTarget::Table {
+                schema: Some(schema),
+                name,
+            } => write!(formatter, "{schema}.{name}"),
             SourceTarget::Table { schema: None, name } => formatter.write_str(name),
             SourceTarget::Query(_) => formatter.write_str("(query)"),
         }

@@ -24,7 +24,10 @@ impl Settings {
         V: Into<String>,
     {
         Settings {
-            values: pairs.into_iter().map(|(key, value)| (key.into(), value.into())).collect(),
+            values: pairs
+                .into_iter()
+                .map(|(key, value)| (key.into(), value.into()))
+                .collect(),
         }
     }
 
@@ -39,7 +42,10 @@ impl Settings {
             return Some(value.as_str());
         }
         if name.contains(':') {
-            return self.values.get(&name.replace(':', "__")).map(String::as_str);
+            return self
+                .values
+                .get(&name.replace(':', "__"))
+                .map(String::as_str);
         }
         None
     }
@@ -100,6 +106,9 @@ mod tests {
         assert_eq!(Settings::default().app_name(), "local");
         let settings = Settings::default().with("DBTRIGGER_APP_NAME", "mine");
         assert_eq!(settings.app_name(), "mine");
-        assert_eq!(settings.with("WEBSITE_SITE_NAME", "site").app_name(), "site");
+        assert_eq!(
+            settings.with("WEBSITE_SITE_NAME", "site").app_name(),
+            "site"
+        );
     }
 }

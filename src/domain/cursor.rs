@@ -95,13 +95,16 @@ impl Position {
     /// compared numerically, but text keys are left to the database (its collation may not be
     /// byte order), so the answer is [`PositionOrder::Undetermined`].
     pub fn order(&self, other: &Position) -> Result<PositionOrder, IncomparablePositions> {
-        let cursor_order = self.cursor.compare(&other.cursor).ok_or_else(|| IncomparablePositions {
-            reason: format!(
-                "cursor kinds differ: {} and {}",
-                self.cursor.kind(),
-                other.cursor.kind()
-            ),
-        })?;
+        let cursor_order =
+            self.cursor
+                .compare(&other.cursor)
+                .ok_or_else(|| IncomparablePositions {
+                    reason: format!(
+                        "cursor kinds differ: {} and {}",
+                        self.cursor.kind(),
+                        other.cursor.kind()
+                    ),
+                })?;
         match cursor_order {
             Ordering::Less => return Ok(PositionOrder::Before),
             Ordering::Greater => return Ok(PositionOrder::After),
@@ -184,13 +187,17 @@ impl TryFrom<&CursorJson> for Position {
         let cursor = match json.kind.as_str() {
             "integer" => match json.value.as_i64() {
                 Some(number) => CursorValue::Integer(number),
-                None => return Err(format!("integer cursor value {} is not an integer", json.value)),
+                None => {
+                    return Err(format!(
+                        "integer cursor value {} is not an integer",
+                        json.value
+                    ));
+                }
             },
             "timestamp" => {
-                let text = json
-                    .value
-                    .as_str()
-                    .ok_or_else(|| format!("timestamp cursor value {} is not a string", json.value))?;
+                let text = json.value.as_str().ok_or_else(|| {
+                    format!("timestamp cursor value {} is not a string", json.value)
+                })?;
                 let at = DateTime::parse_from_rfc3339(text)
                     .map_err(|error| format!("timestamp cursor value {text:?}: {error}"))?
                     .with_timezone(&Utc);
@@ -209,7 +216,11 @@ impl TryFrom<&CursorJson> for Position {
                     None => return Err(format!("tiebreaker {name} = {number} is not an integer")),
                 },
                 Value::String(text) => PkValue::Text(text.clone()),
-                other => return Err(format!("tiebreaker {name} = {other} is neither an integer nor text")),
+                other => {
+                    return Err(format!(
+                        "tiebreaker {name} = {other} is neither an integer nor text"
+                    ));
+                }
             };
             pk.push((name.clone(), pk_value));
         }
@@ -230,10 +241,22 @@ mod tests {
 
     #[test]
     fn positions_order_by_cursor_then_pk() {
-        assert_eq!(int_position(1, 9).order(&int_position(2, 1)), Ok(PositionOrder::Before));
-        assert_eq!(int_position(2, 1).order(&int_position(2, 2)), Ok(PositionOrder::Before));
-        assert_eq!(int_position(2, 2).order(&int_position(2, 2)), Ok(PositionOrder::Same));
-        assert_eq!(int_position(3, 0).order(&int_position(2, 5)), Ok(PositionOrder::After));
+        assert_eq!(
+            int_position(1, 9).order(&int_position(2, 1)),
+            Ok(PositionOrder::Before)
+        );
+        assert_eq!(
+            int_position(2, 1).order(&int_position(2, 2)),
+            Ok(PositionOrder::Before)
+        );
+        assert_eq!(
+            int_position(2, 2).order(&int_position(2, 2)),
+            Ok(PositionOrder::Same)
+        );
+        assert_eq!(
+            int_position(3, 0).order(&int_position(2, 5)),
+            Ok(PositionOrder::After)
+        );
     }
 
     #[test]
@@ -280,7 +303,10 @@ mod tests {
     #[test]
     fn mixed_kinds_are_an_error_not_an_order() {
         let timestamp = Position {
-            cursor: CursorValue::Timestamp { at: Utc::now(), source_text: None },
+            cursor: CursorValue::Timestamp {
+                at: Utc::now(),
+                source_text: None,
+            },
             pk: vec![("id".to_string(), PkValue::Integer(1))],
         };
         assert!(int_position(1, 1).order(&timestamp).is_err());

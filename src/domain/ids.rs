@@ -32,7 +32,13 @@ pub fn event_id(poller: &str, fingerprint: &str, position: &Position) -> String 
 }
 
 /// `bat_` + 32 hex digits of sha256(poller, fingerprint, first row, last row, row count).
-pub fn batch_id(poller: &str, fingerprint: &str, first: &Position, last: &Position, rows: usize) -> String {
+pub fn batch_id(
+    poller: &str,
+    fingerprint: &str,
+    first: &Position,
+    last: &Position,
+    rows: usize,
+) -> String {
     let digest = sha256_hex(&[
         poller,
         fingerprint,

@@ -44,7 +44,12 @@ pub enum LeaseStatus {
     },
 }
 
-pub fn status(lease: Option<&LeaseRecord>, me: &str, now: DateTime<Utc>, terms: &LeaseTerms) -> LeaseStatus {
+pub fn status(
+    lease: Option<&LeaseRecord>,
+    me: &str,
+    now: DateTime<Utc>,
+    terms: &LeaseTerms,
+) -> LeaseStatus {
     let Some(lease) = lease else {
         return LeaseStatus::Free;
     };
@@ -79,7 +84,13 @@ pub fn acquire(
 ) -> Result<LeaseRecord, HeldElsewhere> {
     let previous_token = current.map(|lease| lease.fencing_token).unwrap_or(0);
     match status(current, me, now, terms) {
-        LeaseStatus::HeldByOther { owner_id, expires_at } => Err(HeldElsewhere { owner_id, expires_at }),
+        LeaseStatus::HeldByOther {
+            owner_id,
+            expires_at,
+        } => Err(HeldElsewhere {
+            owner_id,
+            expires_at,
+        }),
         LeaseStatus::Mine => {
             let acquired_at = current.and_then(|lease| lease.acquired_at).unwrap_or(now);
             Ok(LeaseRecord {
@@ -107,9 +118,16 @@ pub struct NotOwner {
 }
 
 /// Extends our lease (a heartbeat, or the lease part of a commit).
-pub fn renew(current: &LeaseRecord, me: &str, now: DateTime<Utc>, terms: &LeaseTerms) -> Result<LeaseRecord, NotOwner> {
+pub fn renew(
+    current: &LeaseRecord,
+    me: &str,
+    now: DateTime<Utc>,
+    terms: &LeaseTerms,
+) -> Result<LeaseRecord, NotOwner> {
     if current.owner_id.as_deref() != Some(me) {
-        return Err(NotOwner { owner_id: current.owner_id.clone() });
+        return Err(NotOwner {
+            owner_id: current.owner_id.clone(),
+        });
     }
     Ok(LeaseRecord {
         owner_id: current.owner_id.clone(),
@@ -121,9 +139,15 @@ pub fn renew(current: &LeaseRecord, me: &str, now: DateTime<Utc>, terms: &LeaseT
 }
 
 /// Gives our lease up: the owner is cleared, the fencing token kept.
-pub fn release(current: &LeaseRecord, me: &str, now: DateTime<Utc>) -> Result<LeaseRecord, NotOwner> {
+pub fn release(
+    current: &LeaseRecord,
+    me: &str,
+    now: DateTime<Utc>,
+) -> Result<LeaseRecord, NotOwner> {
     if current.owner_id.as_deref() != Some(me) {
-        return Err(NotOwner { owner_id: current.owner_id.clone() });
+        return Err(NotOwner {
+            owner_id: current.owner_id.clone(),
+        });
     }
     Ok(LeaseRecord {
         owner_id: None,
@@ -136,7 +160,12 @@ pub fn release(current: &LeaseRecord, me: &str, now: DateTime<Utc>) -> Result<Le
 
 /// Whether the holder may still act (deliver, commit) at `now` by its own clock: it stops a skew
 /// margin before expiry, since another instance whose clock runs ahead may take over at expiry.
-pub fn holder_may_act(lease: &LeaseRecord, me: &str, now: DateTime<Utc>, terms: &LeaseTerms) -> bool {
+pub fn holder_may_act(
+    lease: &LeaseRecord,
+    me: &str,
+    now: DateTime<Utc>,
+    terms: &LeaseTerms,
+) -> bool {
     if lease.owner_id.as_deref() != Some(me) {
         return false;
     }
@@ -209,7 +238,10 @@ mod tests {
         let lease = acquire(None, "a", at(0), &terms()).unwrap();
         assert!(renew(&lease, "b", at(1), &terms()).is_err());
         assert!(release(&lease, "b", at(1)).is_err());
-        assert_eq!(renew(&lease, "a", at(20), &terms()).unwrap().expires_at, Some(at(80)));
+        assert_eq!(
+            renew(&lease, "a", at(20), &terms()).unwrap().expires_at,
+            Some(at(80))
+        );
     }
 
     #[test]

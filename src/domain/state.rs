@@ -58,7 +58,9 @@ pub enum DocumentError {
     InvalidJson(String),
     #[error("the state document has no numeric `version` field")]
     MissingVersion,
-    #[error("the state document has version {found}, this build of dbtrigger reads version {STATE_VERSION}: upgrade dbtrigger")]
+    #[error(
+        "the state document has version {found}, this build of dbtrigger reads version {STATE_VERSION}: upgrade dbtrigger"
+    )]
     NewerVersion { found: u64 },
     #[error("the state document has unsupported version {found}")]
     UnsupportedVersion { found: u64 },
@@ -85,8 +87,8 @@ impl StateDocument {
     /// Parses stored bytes, checking the version before anything else so that a document from a
     /// newer build is reported as such rather than as a shape error.
     pub fn parse(bytes: &[u8]) -> Result<Self, DocumentError> {
-        let value: Value =
-            serde_json::from_slice(bytes).map_err(|error| DocumentError::InvalidJson(error.to_string()))?;
+        let value: Value = serde_json::from_slice(bytes)
+            .map_err(|error| DocumentError::InvalidJson(error.to_string()))?;
         let version = value
             .get("version")
             .and_then(Value::as_u64)
@@ -97,8 +99,8 @@ impl StateDocument {
         if version != STATE_VERSION {
             return Err(DocumentError::UnsupportedVersion { found: version });
         }
-        let document: StateDocument =
-            serde_json::from_value(value).map_err(|error| DocumentError::InvalidShape(error.to_string()))?;
+        let document: StateDocument = serde_json::from_value(value)
+            .map_err(|error| DocumentError::InvalidShape(error.to_string()))?;
         if let Some(checkpoint) = &document.checkpoint {
             Position::try_from(&checkpoint.cursor).map_err(DocumentError::InvalidCursor)?;
         }
@@ -107,7 +109,8 @@ impl StateDocument {
 
     /// Pretty JSON, so that an operator reading the blob sees a readable document.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut bytes = serde_json::to_vec_pretty(self).expect("a state document always serializes");
+        let mut bytes =
+            serde_json::to_vec_pretty(self).expect("a state document always serializes");
         bytes.push(b'\n');
         bytes
     }
@@ -142,16 +145,19 @@ pub fn advance_checkpoint(
     now: DateTime<Utc>,
 ) -> Result<Checkpoint, CheckpointRegression> {
     if let Some(current) = current {
-        let current_position = Position::try_from(&current.cursor).map_err(|reason| CheckpointRegression {
-            from: current.cursor.value.to_string(),
-            to: last.cursor.to_json().to_string(),
-            reason,
-        })?;
-        let order = last.order(&current_position).map_err(|error| CheckpointRegression {
-            from: current.cursor.value.to_string(),
-            to: last.cursor.to_json().to_string(),
-            reason: error.reason,
-        })?;
+        let current_position =
+            Position::try_from(&current.cursor).map_err(|reason| CheckpointRegression {
+                from: current.cursor.value.to_string(),
+                to: last.cursor.to_json().to_string(),
+                reason,
+            })?;
+        let order = last
+            .order(&current_position)
+            .map_err(|error| CheckpointRegression {
+                from: current.cursor.value.to_string(),
+                to: last.cursor.to_json().to_string(),
+                reason: error.reason,
+            })?;
         if matches!(order, PositionOrder::Before | PositionOrder::Same) {
             return Err(CheckpointRegression {
                 from: describe(&current_position),
@@ -202,7 +208,10 @@ mod tests {
 
     #[test]
     fn invalid_json_is_reported_as_such() {
-        assert!(matches!(StateDocument::parse(b"{not json"), Err(DocumentError::InvalidJson(_))));
+        assert!(matches!(
+            StateDocument::parse(b"{not json"),
+            Err(DocumentError::InvalidJson(_))
+        ));
     }
 
     #[test]
@@ -225,7 +234,9 @@ mod tests {
         let mut document = StateDocument::new("orders", "sha256:abc");
         document.checkpoint =
             Some(advance_checkpoint(None, &position(5, 2), "b1", 10, Utc::now()).unwrap());
-        let text = String::from_utf8(document.to_bytes()).unwrap().replace("\"integer\"", "\"text\"");
+        let text = String::from_utf8(document.to_bytes())
+            .unwrap()
+            .replace("\"integer\"", "\"text\"");
         assert!(matches!(
             StateDocument::parse(text.as_bytes()),
             Err(DocumentError::InvalidCursor(_))

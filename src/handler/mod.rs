@@ -32,8 +32,14 @@ pub fn router(app: Arc<App>) -> Router {
 }
 
 /// Serves until `shutdown` completes.
-pub async fn serve(listener: TcpListener, app: Arc<App>, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
-    axum::serve(listener, router(app)).with_graceful_shutdown(shutdown).await
+pub async fn serve(
+    listener: TcpListener,
+    app: Arc<App>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(app))
+        .with_graceful_shutdown(shutdown)
+        .await
 }
 
 fn json_response(status: StatusCode, body: Value) -> Response {
@@ -48,14 +54,26 @@ fn error_response(status: StatusCode, function: Option<&str>, message: &str) -> 
 }
 
 async fn ready(State(app): State<Arc<App>>) -> Response {
-    json_response(StatusCode::OK, json!({"status": "ok", "functions": app.function_names()}))
+    json_response(
+        StatusCode::OK,
+        json!({"status": "ok", "functions": app.function_names()}),
+    )
 }
 
 async fn not_found() -> Response {
-    error_response(StatusCode::NOT_FOUND, None, "not found: the handler serves GET / and POST /{function}")
+    error_response(
+        StatusCode::NOT_FOUND,
+        None,
+        "not found: the handler serves GET / and POST /{function}",
+    )
 }
 
-async fn invoke(State(app): State<Arc<App>>, Path(function): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
+async fn invoke(
+    State(app): State<Arc<App>>,
+    Path(function): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let invocation_id = headers
         .get("x-azure-functions-invocationid")
         .and_then(|value| value.to_str().ok())
@@ -77,7 +95,10 @@ async fn invoke(State(app): State<Arc<App>>, Path(function): Path<String>, heade
             return error_response(StatusCode::INTERNAL_SERVER_ERROR, Some(&function), &message);
         }
         Lookup::Unknown => {
-            let message = format!("{function}: no such function in this app (functions: {})", app.function_names().join(", "));
+            let message = format!(
+                "{function}: no such function in this app (functions: {})",
+                app.function_names().join(", ")
+            );
             error!(function = %function, invocation = %invocation_id, "{message}");
             return error_response(StatusCode::NOT_FOUND, Some(&function), &message);
         }
@@ -89,10 +110,14 @@ async fn invoke(State(app): State<Arc<App>>, Path(function): Path<String>, heade
         Ok(outcome) => {
             let line = format!("{}: {outcome}", poller.config.poller_name);
             info!(function = %function, invocation = %invocation_id, outcome = outcome.kind(), "{line}");
-            let mut response = json_response(StatusCode::OK, json!({"Outputs": {}, "Logs": [line], "ReturnValue": null}));
-            response
-                .headers_mut()
-                .insert("x-dbtrigger-outcome", HeaderValue::from_static(outcome.kind()));
+            let mut response = json_response(
+                StatusCode::OK,
+                json!({"Outputs": {}, "Logs": [line], "ReturnValue": null}),
+            );
+            response.headers_mut().insert(
+                "x-dbtrigger-outcome",
+                HeaderValue::from_static(outcome.kind()),
+            );
             response
         }
         Err(tick_error) => {

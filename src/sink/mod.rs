@@ -36,7 +36,13 @@ pub struct Batch {
 }
 
 impl Batch {
-    pub fn new(poller: &str, fingerprint: &str, batch_id: String, fencing_token: u64, rows: &[SourceRow]) -> Self {
+    pub fn new(
+        poller: &str,
+        fingerprint: &str,
+        batch_id: String,
+        fencing_token: u64,
+        rows: &[SourceRow],
+    ) -> Self {
         let events = rows
             .iter()
             .map(|row| Event {
@@ -47,7 +53,12 @@ impl Batch {
                 row: row.row.clone(),
             })
             .collect();
-        Batch { poller: poller.to_string(), batch_id, fencing_token, events }
+        Batch {
+            poller: poller.to_string(),
+            batch_id,
+            fencing_token,
+            events,
+        }
     }
 }
 
@@ -56,7 +67,11 @@ pub enum SinkError {
     /// The receiver refused the batch for good (a 4xx other than 408/429): retrying the same
     /// batch will not help.
     #[error("the receiver rejected batch {batch_id}: HTTP {status}: {body}")]
-    Rejected { batch_id: String, status: u16, body: String },
+    Rejected {
+        batch_id: String,
+        status: u16,
+        body: String,
+    },
     /// A failure that may pass: a timeout, a refused connection, 408, 429, 5xx.
     #[error("delivery of batch {batch_id} failed: {reason}")]
     Transient { batch_id: String, reason: String },

@@ -21,17 +21,25 @@ impl WebhookSink {
             .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("dbtrigger/", env!("CARGO_PKG_VERSION")))
             .build()
-            .map_err(|error| SinkError::Transient { batch_id: String::new(), reason: format!("cannot build the HTTP client: {error}") })?;
+            .map_err(|error| SinkError::Transient {
+                batch_id: String::new(),
+                reason: format!("cannot build the HTTP client: {error}"),
+            })?;
         Ok(WebhookSink { client, config })
     }
 }
 
 /// The part of a URL safe to print: no user info, no query (either may hold a key).
 pub fn redacted_url(url: &url::Url) -> String {
-    format!("{}://{}{}", url.scheme(), url.host_str().unwrap_or_default(), match url.port() {
-        Some(port) => format!(":{port}{}", url.path()),
-        None => url.path().to_string(),
-    })
+    format!(
+        "{}://{}{}",
+        url.scheme(),
+        url.host_str().unwrap_or_default(),
+        match url.port() {
+            Some(port) => format!(":{port}{}", url.path()),
+            None => url.path().to_string(),
+        }
+    )
 }
 
 #[async_trait]
@@ -50,7 +58,11 @@ impl Sink for WebhookSink {
             .await
             .map_err(|error| SinkError::Transient {
                 batch_id: batch.batch_id.clone(),
-                reason: format!("POST {}: {}", redacted_url(&self.config.url), error.without_url()),
+                reason: format!(
+                    "POST {}: {}",
+                    redacted_url(&self.config.url),
+                    error.without_url()
+                ),
             })?;
         let status = response.status();
         if status.is_success() {
@@ -66,9 +78,16 @@ impl Sink for WebhookSink {
         }
         let code = status.as_u16();
         if code == 408 || code == 429 || status.is_server_error() {
-            Err(SinkError::Transient { batch_id: batch.batch_id.clone(), reason: format!("HTTP {code}: {text}") })
+            Err(SinkError::Transient {
+                batch_id: batch.batch_id.clone(),
+                reason: format!("HTTP {code}: {text}"),
+            })
         } else {
-            Err(SinkError::Rejected { batch_id: batch.batch_id.clone(), status: code, body: text })
+            Err(SinkError::Rejected {
+                batch_id: batch.batch_id.clone(),
+                status: code,
+                body: text,
+            })
         }
     }
 

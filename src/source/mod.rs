@@ -45,7 +45,11 @@ impl SourceError {
 pub trait Source: Send + Sync {
     /// Up to `limit` rows strictly after `after` (all rows from the start when `None`), in
     /// (cursor, pk...) order.
-    async fn fetch_after(&self, after: Option<&Position>, limit: usize) -> Result<Vec<SourceRow>, SourceError>;
+    async fn fetch_after(
+        &self,
+        after: Option<&Position>,
+        limit: usize,
+    ) -> Result<Vec<SourceRow>, SourceError>;
 
     /// Where the source is, for messages; never includes a password.
     fn describe(&self) -> String;
@@ -56,6 +60,8 @@ pub trait Source: Send + Sync {
 pub fn open(config: &SourceConfig) -> Result<Arc<dyn Source>, SourceError> {
     match config.engine {
         Engine::Sqlite => Ok(Arc::new(sqlite::SqliteSource::open(config)?)),
-        other => Err(SourceError::UnsupportedEngine { engine: other.name() }),
+        other => Err(SourceError::UnsupportedEngine {
+            engine: other.name(),
+        }),
     }
 }

@@ -35,26 +35,46 @@ pub fn build_seek(config: &SourceConfig) -> SeekQuery {
     let projection = match &config.columns {
         None => "*".to_string(),
         Some(columns) => {
-            for column in columns.iter().chain(std::iter::once(&config.cursor)).chain(config.pk.iter()) {
+            for column in columns
+                .iter()
+                .chain(std::iter::once(&config.cursor))
+                .chain(config.pk.iter())
+            {
                 if !selected.contains(column) {
                     selected.push(column.clone());
                 }
             }
-            selected.iter().map(|column| quote(column)).collect::<Vec<_>>().join(", ")
+            selected
+                .iter()
+                .map(|column| quote(column))
+                .collect::<Vec<_>>()
+                .join(", ")
         }
     };
     let from = match &config.target {
-        SourceTarget::Table { schema: Some(schema), name } => format!("{}.{}", quote(schema), quote(name)),
+        SourceTarget::Table {
+            schema: Some(schema),
+            name,
+        } => format!("{}.{}", quote(schema), quote(name)),
         SourceTarget::Table { schema: None, name } => quote(name),
         SourceTarget::Query(query) => format!("({query}) AS dbtrigger_source"),
     };
     let mut key_columns = vec![quote(&config.cursor)];
     key_columns.extend(config.pk.iter().map(|column| quote(column)));
     let order_by = key_columns.join(", ");
-    let filter = config.where_clause.as_ref().map(|clause| format!("({clause})"));
+    let filter = config
+        .where_clause
+        .as_ref()
+        .map(|clause| format!("({clause})"));
 
-    let seek_placeholders: Vec<String> = (1..=key_columns.len()).map(|index| placeholder(engine, index)).collect();
-    let seek = format!("({}) > ({})", key_columns.join(", "), seek_placeholders.join(", "));
+    let seek_placeholders: Vec<String> = (1..=key_columns.len())
+        .map(|index| placeholder(engine, index))
+        .collect();
+    let seek = format!(
+        "({}) > ({})",
+        key_columns.join(", "),
+        seek_placeholders.join(", ")
+    );
 
     let compose = |predicates: Vec<String>, limit_index: usize| {
         let where_part = if predicates.is_empty() {
@@ -82,12 +102,19 @@ mod tests {
     use crate::config::Secret;
     use std::time::Duration;
 
-    fn config(engine: Engine, columns: Option<Vec<&str>>, where_clause: Option<&str>) -> SourceConfig {
+    fn config(
+        engine: Engine,
+        columns: Option<Vec<&str>>,
+        where_clause: Option<&str>,
+    ) -> SourceConfig {
         SourceConfig {
             connection: "DB".into(),
             engine,
             url: Secret::new("x"),
-            target: SourceTarget::Table { schema: Some("public".into()), name: "orders".into() },
+            target: SourceTarget::Table {
+                schema: Some("public".into()),
+                name: "orders".into(),
+            },
             cursor: "updated_at".into(),
             pk: vec!["tenant".into(), "id".into()],
             columns: columns.map(|list| list.into_iter().map(str::to_string).collect()),
@@ -111,18 +138,28 @@ mod tests {
 
     #[test]
     fn postgres_numbers_its_placeholders_and_keeps_the_filter() {
-        let query = build_seek(&config(Engine::Postgres, Some(vec!["status"]), Some("tenant = 7")));
+        let query = build_seek(&config(
+            Engine::Postgres,
+            Some(vec!["status"]),
+            Some("tenant = 7"),
+        ));
         assert_eq!(
             query.after,
             "SELECT \"status\", \"updated_at\", \"tenant\", \"id\" FROM \"public\".\"orders\" WHERE (\"updated_at\", \"tenant\", \"id\") > ($1, $2, $3) AND (tenant = 7) ORDER BY \"updated_at\", \"tenant\", \"id\" LIMIT $4"
         );
-        assert!(query.from_start.ends_with("WHERE (tenant = 7) ORDER BY \"updated_at\", \"tenant\", \"id\" LIMIT $1"));
+        assert!(
+            query.from_start.ends_with(
+                "WHERE (tenant = 7) ORDER BY \"updated_at\", \"tenant\", \"id\" LIMIT $1"
+            )
+        );
     }
 
     #[test]
     fn mysql_quotes_with_backticks() {
         let query = build_seek(&config(Engine::MySql, None, None));
-        assert!(query.after.starts_with("SELECT * FROM `public`.`orders` WHERE (`updated_at`, `tenant`, `id`) > (?, ?, ?)"));
+        assert!(query.after.starts_with(
+            "SELECT * FROM `public`.`orders` WHERE (`updated_at`, `tenant`, `id`) > (?, ?, ?)"
+        ));
     }
 
     #[test]
@@ -130,6 +167,8 @@ mod tests {
         let mut source = config(Engine::Sqlite, None, None);
         source.target = SourceTarget::Query("SELECT * FROM orders WHERE total > 0".into());
         let query = build_seek(&source);
-        assert!(query.from_start.starts_with("SELECT * FROM (SELECT * FROM orders WHERE total > 0) AS dbtrigger_source ORDER BY"));
+        assert!(query.from_start.starts_with(
+            "SELECT * FROM (SELECT * FROM orders WHERE total > 0) AS dbtrigger_source ORDER BY"
+        ));
     }
 }

@@ -32,7 +32,10 @@ impl SqliteSource {
     pub fn open(config: &SourceConfig) -> Result<Self, SourceError> {
         let location = config.url.expose().to_string();
         let options = SqliteConnectOptions::from_str(config.url.expose())
-            .map_err(|error| SourceError::Unreachable { location: location.clone(), reason: error.to_string() })?
+            .map_err(|error| SourceError::Unreachable {
+                location: location.clone(),
+                reason: error.to_string(),
+            })?
             .create_if_missing(false)
             .busy_timeout(Duration::from_secs(5));
         let pool = SqlitePoolOptions::new()
@@ -64,14 +67,24 @@ impl SqliteSource {
             values.insert(name.to_string(), json);
         }
         let cursor = cursor.ok_or_else(|| {
-            SourceError::Position(format!("the cursor column {:?} is not in the result", self.cursor))
+            SourceError::Position(format!(
+                "the cursor column {:?} is not in the result",
+                self.cursor
+            ))
         })?;
         let mut pk = Vec::with_capacity(self.pk.len());
         for (name, value) in self.pk.iter().zip(keys) {
-            let value = value.ok_or_else(|| SourceError::Position(format!("the primary key column {name:?} is not in the result")))?;
+            let value = value.ok_or_else(|| {
+                SourceError::Position(format!(
+                    "the primary key column {name:?} is not in the result"
+                ))
+            })?;
             pk.push((name.clone(), value));
         }
-        Ok(SourceRow { position: Position { cursor, pk }, row: values })
+        Ok(SourceRow {
+            position: Position { cursor, pk },
+            row: values,
+        })
     }
 }
 
@@ -84,7 +97,11 @@ enum Storage {
     Blob,
 }
 
-fn decode_value(row: &SqliteRow, index: usize, name: &str) -> Result<(Value, Storage), SourceError> {
+fn decode_value(
+    row: &SqliteRow,
+    index: usize,
+    name: &str,
+) -> Result<(Value, Storage), SourceError> {
     let raw = row
         .try_get_raw(index)
         .map_err(|error| SourceError::Position(format!("column {name:?}: {error}")))?;
@@ -92,7 +109,10 @@ fn decode_value(row: &SqliteRow, index: usize, name: &str) -> Result<(Value, Sto
         return Ok((Value::Null, Storage::Null));
     }
     let type_name = raw.type_info().name().to_ascii_uppercase();
-    let failed = |error: sqlx::Error| SourceError::UnsupportedType { column: name.to_string(), type_name: format!("{type_name} ({error})") };
+    let failed = |error: sqlx::Error| SourceError::UnsupportedType {
+        column: name.to_string(),
+        type_name: format!("{type_name} ({error})"),
+    };
     match type_name.as_str() {
         "INTEGER" | "INT" | "BIGINT" | "BOOLEAN" => {
             let number: i64 = row.try_get_unchecked(index).map_err(failed)?;
@@ -100,7 +120,12 @@ fn decode_value(row: &SqliteRow, index: usize, name: &str) -> Result<(Value, Sto
         }
         "REAL" | "FLOAT" | "DOUBLE" | "NUMERIC" => {
             let number: f64 = row.try_get_unchecked(index).map_err(failed)?;
-            Ok((serde_json::Number::from_f64(number).map(Value::Number).unwrap_or(Value::Null), Storage::Real))
+            Ok((
+                serde_json::Number::from_f64(number)
+                    .map(Value::Number)
+                    .unwrap_or(Value::Null),
+                Storage::Real,
+            ))
         }
         "TEXT" | "DATETIME" | "DATE" | "TIME" => {
             let text: String = row.try_get_unchecked(index).map_err(failed)?;
@@ -108,22 +133,33 @@ fn decode_value(row: &SqliteRow, index: usize, name: &str) -> Result<(Value, Sto
         }
         "BLOB" => {
             let bytes: Vec<u8> = row.try_get_unchecked(index).map_err(failed)?;
-            Ok((Value::from(base64::engine::general_purpose::STANDARD.encode(bytes)), Storage::Blob))
+            Ok((
+                Value::from(base64::engine::general_purpose::STANDARD.encode(bytes)),
+                Storage::Blob,
+            ))
         }
-        _ => Err(SourceError::UnsupportedType { column: name.to_string(), type_name }),
+        _ => Err(SourceError::UnsupportedType {
+            column: name.to_string(),
+            type_name,
+        }),
     }
 }
 
 fn cursor_value(name: &str, json: &Value, storage: Storage) -> Result<CursorValue, SourceError> {
     match (storage, json) {
-        (Storage::Integer, Value::Number(number)) => Ok(CursorValue::Integer(number.as_i64().unwrap_or_default())),
+        (Storage::Integer, Value::Number(number)) => {
+            Ok(CursorValue::Integer(number.as_i64().unwrap_or_default()))
+        }
         (Storage::Text, Value::String(text)) => {
             let at = parse_sqlite_timestamp(text).ok_or_else(|| {
                 SourceError::Position(format!(
                     "cursor column {name:?} holds the text {text:?}, which is not a timestamp (use an integer or a timestamp cursor)"
                 ))
             })?;
-            Ok(CursorValue::Timestamp { at, source_text: Some(text.clone()) })
+            Ok(CursorValue::Timestamp {
+                at,
+                source_text: Some(text.clone()),
+            })
         }
         (Storage::Null, _) => Err(SourceError::Position(format!(
             "cursor column {name:?} is NULL in a row: a cursor must never be NULL (filter such rows with `where`)"
@@ -136,7 +172,9 @@ fn cursor_value(name: &str, json: &Value, storage: Storage) -> Result<CursorValu
 
 fn pk_value(name: &str, json: &Value) -> Result<PkValue, SourceError> {
     match json {
-        Value::Number(number) if number.is_i64() => Ok(PkValue::Integer(number.as_i64().unwrap_or_default())),
+        Value::Number(number) if number.is_i64() => {
+            Ok(PkValue::Integer(number.as_i64().unwrap_or_default()))
+        }
         Value::String(text) => Ok(PkValue::Text(text.clone())),
         other => Err(SourceError::Position(format!(
             "primary key column {name:?} holds {other}: keys must be integers or text, never NULL"
@@ -156,7 +194,12 @@ pub fn parse_sqlite_timestamp(text: &str) -> Option<DateTime<Utc>> {
         }
     }
     let without_zulu = text.strip_suffix('Z').unwrap_or(text);
-    for format in ["%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M"] {
+    for format in [
+        "%Y-%m-%d %H:%M:%S%.f",
+        "%Y-%m-%dT%H:%M:%S%.f",
+        "%Y-%m-%d %H:%M",
+        "%Y-%m-%dT%H:%M",
+    ] {
         if let Ok(parsed) = NaiveDateTime::parse_from_str(without_zulu, format) {
             return Some(parsed.and_utc());
         }
@@ -166,17 +209,30 @@ pub fn parse_sqlite_timestamp(text: &str) -> Option<DateTime<Utc>> {
 
 #[async_trait]
 impl Source for SqliteSource {
-    async fn fetch_after(&self, after: Option<&Position>, limit: usize) -> Result<Vec<SourceRow>, SourceError> {
+    async fn fetch_after(
+        &self,
+        after: Option<&Position>,
+        limit: usize,
+    ) -> Result<Vec<SourceRow>, SourceError> {
         let rows = match after {
-            None => sqlx::query(sqlx::AssertSqlSafe(self.query.from_start.as_str())).bind(limit as i64).fetch_all(&self.pool).await,
+            None => {
+                sqlx::query(sqlx::AssertSqlSafe(self.query.from_start.as_str()))
+                    .bind(limit as i64)
+                    .fetch_all(&self.pool)
+                    .await
+            }
             Some(position) => {
                 let mut query = sqlx::query(sqlx::AssertSqlSafe(self.query.after.as_str()));
                 query = match &position.cursor {
                     CursorValue::Integer(number) => query.bind(*number),
-                    CursorValue::Timestamp { source_text: Some(text), .. } => query.bind(text.clone()),
-                    CursorValue::Timestamp { at, source_text: None } => {
-                        query.bind(at.format("%Y-%m-%d %H:%M:%S%.f").to_string())
-                    }
+                    CursorValue::Timestamp {
+                        source_text: Some(text),
+                        ..
+                    } => query.bind(text.clone()),
+                    CursorValue::Timestamp {
+                        at,
+                        source_text: None,
+                    } => query.bind(at.format("%Y-%m-%d %H:%M:%S%.f").to_string()),
                 };
                 for (_, key) in &position.pk {
                     query = match key {
@@ -202,13 +258,25 @@ impl Source for SqliteSource {
 
 fn classify(location: &str, error: sqlx::Error) -> SourceError {
     match error {
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Tls(_) => {
-            SourceError::Unreachable { location: location.to_string(), reason: error.to_string() }
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Tls(_) => SourceError::Unreachable {
+            location: location.to_string(),
+            reason: error.to_string(),
+        },
+        sqlx::Error::Database(database_error)
+            if database_error.message().contains("unable to open") =>
+        {
+            SourceError::Unreachable {
+                location: location.to_string(),
+                reason: database_error.message().to_string(),
+            }
         }
-        sqlx::Error::Database(database_error) if database_error.message().contains("unable to open") => {
-            SourceError::Unreachable { location: location.to_string(), reason: database_error.message().to_string() }
-        }
-        other => SourceError::Query { location: location.to_string(), reason: other.to_string() },
+        other => SourceError::Query {
+            location: location.to_string(),
+            reason: other.to_string(),
+        },
     }
 }
 
@@ -218,7 +286,9 @@ mod tests {
 
     #[test]
     fn sqlite_timestamp_layouts_parse_as_utc() {
-        let expected = DateTime::parse_from_rfc3339("2024-03-01T10:20:30.5Z").unwrap().with_timezone(&Utc);
+        let expected = DateTime::parse_from_rfc3339("2024-03-01T10:20:30.5Z")
+            .unwrap()
+            .with_timezone(&Utc);
         for text in [
             "2024-03-01 10:20:30.5",
             "2024-03-01T10:20:30.5",

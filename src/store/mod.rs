@@ -24,7 +24,10 @@ pub struct StateKey {
 
 impl StateKey {
     pub fn new(app: &str, poller: &str) -> Self {
-        StateKey { app: app.to_string(), poller: poller.to_string() }
+        StateKey {
+            app: app.to_string(),
+            poller: poller.to_string(),
+        }
     }
 
     /// The path inside the container (or under the file store's directory).
@@ -68,11 +71,17 @@ pub enum StoreError {
     #[error("the state document at {location} already exists")]
     AlreadyExists { location: String },
     /// The stored document cannot be read. It is left as it is.
-    #[error("the state document at {location} cannot be used: {reason}; it was left untouched, fix or reset it")]
+    #[error(
+        "the state document at {location} cannot be used: {reason}; it was left untouched, fix or reset it"
+    )]
     Corrupt { location: String, reason: String },
     /// The store could not be reached or failed; `retryable` says whether trying again may help.
     #[error("state store {location}: {reason}")]
-    Unavailable { location: String, reason: String, retryable: bool },
+    Unavailable {
+        location: String,
+        reason: String,
+        retryable: bool,
+    },
 }
 
 #[async_trait]
@@ -81,7 +90,12 @@ pub trait StateStore: Send + Sync {
     async fn read(&self, key: &StateKey) -> Result<Option<Versioned>, StoreError>;
 
     /// Writes the document if the condition holds, returning the new ETag.
-    async fn write(&self, key: &StateKey, document: &StateDocument, condition: WriteCondition) -> Result<ETag, StoreError>;
+    async fn write(
+        &self,
+        key: &StateKey,
+        document: &StateDocument,
+        condition: WriteCondition,
+    ) -> Result<ETag, StoreError>;
 
     /// Where the store is, for messages; never includes a secret.
     fn describe(&self) -> String;
@@ -91,10 +105,13 @@ pub trait StateStore: Send + Sync {
 pub fn open(config: &StateConfig) -> Result<Arc<dyn StateStore>, StoreError> {
     match &config.location {
         StateLocation::File(directory) => Ok(Arc::new(file::FileStore::new(directory.clone()))),
-        StateLocation::StorageConnectionString(_) | StateLocation::Identity { .. } => Err(StoreError::Unavailable {
-            location: format!("app setting {}", config.connection),
-            reason: "Azure Blob Storage state is not available in this build; use `file:<dir>`".to_string(),
-            retryable: false,
-        }),
+        StateLocation::StorageConnectionString(_) | StateLocation::Identity { .. } => {
+            Err(StoreError::Unavailable {
+                location: format!("app setting {}", config.connection),
+                reason: "Azure Blob Storage state is not available in this build; use `file:<dir>`"
+                    .to_string(),
+                retryable: false,
+            })
+        }
     }
 }

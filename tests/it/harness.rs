@@ -19,7 +19,11 @@ use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 
 /// A free TCP port on loopback (bound, read, released).
 pub fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    StdListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// One POST the receiver got.
@@ -48,22 +52,36 @@ pub struct Receiver {
     pub url: String,
 }
 
-async fn record(State(state): State<Arc<Mutex<ReceiverState>>>, headers: HeaderMap, body: Bytes) -> (StatusCode, String) {
+async fn record(
+    State(state): State<Arc<Mutex<ReceiverState>>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> (StatusCode, String) {
     let envelope: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let delay = state.lock().unwrap().delay;
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
     let mut state = state.lock().unwrap();
-    let (status, answer) = state.planned.pop_front().unwrap_or((200, "{\"ok\":true}".to_string()));
-    state.received.push(Received { headers, body, envelope, status });
+    let (status, answer) = state
+        .planned
+        .pop_front()
+        .unwrap_or((200, "{\"ok\":true}".to_string()));
+    state.received.push(Received {
+        headers,
+        body,
+        envelope,
+        status,
+    });
     (StatusCode::from_u16(status).unwrap(), answer)
 }
 
 impl Receiver {
     pub async fn start() -> Receiver {
         let state = Arc::new(Mutex::new(ReceiverState::default()));
-        let router = axum::Router::new().route("/hook", post(record)).with_state(state.clone());
+        let router = axum::Router::new()
+            .route("/hook", post(record))
+            .with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/hook", listener.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(listener, router).await });
@@ -72,7 +90,11 @@ impl Receiver {
 
     /// The next delivery is answered with `status` and `body`.
     pub fn answer_next(&self, status: u16, body: &str) {
-        self.state.lock().unwrap().planned.push_back((status, body.to_string()));
+        self.state
+            .lock()
+            .unwrap()
+            .planned
+            .push_back((status, body.to_string()));
     }
 
     /// Every later delivery is answered after `delay`.
@@ -86,7 +108,10 @@ impl Receiver {
 
     /// Deliveries it acknowledged (2xx).
     pub fn acknowledged(&self) -> Vec<Received> {
-        self.all().into_iter().filter(|received| (200..300).contains(&received.status)).collect()
+        self.all()
+            .into_iter()
+            .filter(|received| (200..300).contains(&received.status))
+            .collect()
     }
 
     /// The `id` of every event in acknowledged deliveries, in arrival order.
@@ -112,14 +137,23 @@ impl Orders {
         let path = directory.join("orders.db");
         let pool = SqlitePoolOptions::new()
             .max_connections(1)
-            .connect_with(SqliteConnectOptions::new().filename(&path).create_if_missing(true))
+            .connect_with(
+                SqliteConnectOptions::new()
+                    .filename(&path)
+                    .create_if_missing(true),
+            )
             .await
             .unwrap();
-        sqlx::query("CREATE TABLE orders (id INTEGER PRIMARY KEY, note TEXT, version INTEGER NOT NULL)")
+        sqlx::query(
+            "CREATE TABLE orders (id INTEGER PRIMARY KEY, note TEXT, version INTEGER NOT NULL)",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        sqlx::query("CREATE INDEX orders_seek ON orders (version, id)")
             .execute(&pool)
             .await
             .unwrap();
-        sqlx::query("CREATE INDEX orders_seek ON orders (version, id)").execute(&pool).await.unwrap();
         Orders { path, pool }
     }
 
@@ -167,8 +201,15 @@ impl AppRoot {
             "bindings": [{"type": "timerTrigger", "direction": "in", "name": "timer", "schedule": "0 */5 * * * *"}],
             "poller": poller
         });
-        std::fs::write(root.join("orders/function.json"), serde_json::to_vec_pretty(&function).unwrap()).unwrap();
-        AppRoot { root, state_dir: directory.join("state") }
+        std::fs::write(
+            root.join("orders/function.json"),
+            serde_json::to_vec_pretty(&function).unwrap(),
+        )
+        .unwrap();
+        AppRoot {
+            root,
+            state_dir: directory.join("state"),
+        }
     }
 
     /// The usual poller section: integer cursor, batches of `size`.
@@ -185,7 +226,10 @@ impl AppRoot {
         vec![
             ("ORDERS_DB".to_string(), orders.url()),
             ("ORDERS_WEBHOOK".to_string(), receiver.url.clone()),
-            ("ORDERS_STATE".to_string(), format!("file:{}", self.state_dir.display())),
+            (
+                "ORDERS_STATE".to_string(),
+                format!("file:{}", self.state_dir.display()),
+            ),
             ("DBTRIGGER_APP_NAME".to_string(), "it".to_string()),
         ]
     }
@@ -193,7 +237,9 @@ impl AppRoot {
     /// The state document the file store holds for `orders`.
     pub fn state_document(&self) -> Option<Value> {
         let path = self.state_dir.join("state/it/orders.json");
-        std::fs::read(path).ok().map(|bytes| serde_json::from_slice(&bytes).unwrap())
+        std::fs::read(path)
+            .ok()
+            .map(|bytes| serde_json::from_slice(&bytes).unwrap())
     }
 }
 
@@ -214,13 +260,24 @@ impl Handler {
             .current_dir(&app.root)
             .env("FUNCTIONS_CUSTOMHANDLER_PORT", port.to_string())
             .env("FUNCTIONS_APP_ROOT_PATH", &app.root)
-            .env("FUNCTIONS_CUSTOMHANDLER_WORKER_ID", uuid::Uuid::new_v4().to_string())
-            .envs(settings.iter().map(|(key, value)| (key.as_str(), value.as_str())))
+            .env(
+                "FUNCTIONS_CUSTOMHANDLER_WORKER_ID",
+                uuid::Uuid::new_v4().to_string(),
+            )
+            .envs(
+                settings
+                    .iter()
+                    .map(|(key, value)| (key.as_str(), value.as_str())),
+            )
             .stdout(Stdio::from(log.try_clone().unwrap()))
             .stderr(Stdio::from(log))
             .spawn()
             .expect("the dbtrigger binary starts");
-        let handler = Handler { child, base_url: format!("http://127.0.0.1:{port}"), log_path };
+        let handler = Handler {
+            child,
+            base_url: format!("http://127.0.0.1:{port}"),
+            log_path,
+        };
         handler.wait_ready().await;
         handler
     }
@@ -236,7 +293,10 @@ impl Handler {
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        panic!("the handler did not answer GET / within 30 s; log:\n{}", self.log());
+        panic!(
+            "the handler did not answer GET / within 30 s; log:\n{}",
+            self.log()
+        );
     }
 
     pub fn log(&self) -> String {
@@ -248,7 +308,10 @@ impl Handler {
         let response = reqwest::Client::new()
             .post(format!("{}/{function}", self.base_url))
             .header("content-type", "application/json")
-            .header("x-azure-functions-invocationid", uuid::Uuid::new_v4().to_string())
+            .header(
+                "x-azure-functions-invocationid",
+                uuid::Uuid::new_v4().to_string(),
+            )
             .header("x-azure-functions-hostversion", "4.1036.1.23224")
             .header("user-agent", "Azure-Functions-Host/4.1036.1.23224")
             .body(body.to_string())
@@ -262,7 +325,8 @@ impl Handler {
             .map(|value| value.to_str().unwrap().to_string())
             .unwrap_or_default();
         let text = response.text().await.unwrap();
-        let json = serde_json::from_str(&text).unwrap_or_else(|_| panic!("the handler answered non-JSON: {text:?}"));
+        let json = serde_json::from_str(&text)
+            .unwrap_or_else(|_| panic!("the handler answered non-JSON: {text:?}"));
         (status, content_type, json)
     }
 }
@@ -277,9 +341,21 @@ impl Drop for Handler {
 /// The four timer payloads the host sends (copied from shared/fixtures/host).
 pub fn host_fixtures() -> Vec<(&'static str, &'static str)> {
     vec![
-        ("timer_first_run", include_str!("../fixtures/host/timer_first_run.json")),
-        ("timer_no_monitor", include_str!("../fixtures/host/timer_no_monitor.json")),
-        ("timer_normal", include_str!("../fixtures/host/timer_normal.json")),
-        ("timer_past_due", include_str!("../fixtures/host/timer_past_due.json")),
+        (
+            "timer_first_run",
+            include_str!("../fixtures/host/timer_first_run.json"),
+        ),
+        (
+            "timer_no_monitor",
+            include_str!("../fixtures/host/timer_no_monitor.json"),
+        ),
+        (
+            "timer_normal",
+            include_str!("../fixtures/host/timer_normal.json"),
+        ),
+        (
+            "timer_past_due",
+            include_str!("../fixtures/host/timer_past_due.json"),
+        ),
     ]
 }
