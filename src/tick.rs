@@ -16,7 +16,9 @@
 use std::fmt;
 use std::pin::pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use chrono::{DateTime, Utc};
 use tracing::{info, warn};
@@ -308,7 +310,7 @@ impl Poller {
                 }
             };
             let (delivery, next) = tokio::join!(
-                self.deliver_fenced(&batch, &key, &mut document, &mut etag),
+                self.deliver_fenced(&batch, deadline, &key, &mut document, &mut etag),
                 fetch_next
             );
             match delivery {
@@ -409,12 +411,13 @@ impl Poller {
     async fn deliver_fenced(
         &self,
         batch: &Batch,
+        deadline: Instant,
         key: &StateKey,
         document: &mut StateDocument,
         etag: &mut ETag,
     ) -> Result<(), DeliveryFailure> {
         let terms = self.config.lease;
-        let mut delivery = pin!(self.sink.deliver(batch));
+        let mut delivery = pin!(self.sink.deliver(batch, deadline));
         loop {
             let current = document
                 .lease

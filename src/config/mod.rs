@@ -18,6 +18,7 @@ pub use settings::{Secret, Settings};
 
 use crate::domain::LeaseTerms;
 use crate::domain::ids::{FingerprintInput, source_fingerprint};
+use crate::sink::signing::SigningKey;
 
 /// A configuration problem, located precisely.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -211,10 +212,12 @@ pub enum SinkConfig {
 #[derive(Debug, Clone)]
 pub struct WebhookConfig {
     pub url: url::Url,
-    /// The signing secret's value, when `secret` names a setting.
-    pub secret: Option<Secret>,
+    /// The signing key, when `secret` names a setting (Standard Webhooks signatures).
+    pub signing_key: Option<SigningKey>,
     pub timeout: Duration,
     pub max_retries: u32,
+    /// A batch whose JSON body would exceed this is split into several requests.
+    pub max_body_bytes: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -296,6 +299,7 @@ struct RawSink {
     secret: Option<String>,
     timeout_seconds: Option<u64>,
     max_retries: Option<u32>,
+    max_body_bytes: Option<usize>,
 }
 
 #[derive(Deserialize, Default)]
@@ -327,6 +331,7 @@ pub mod defaults {
     pub const TICK_BUDGET_SECONDS: u64 = 240;
     pub const WEBHOOK_TIMEOUT_SECONDS: u64 = 30;
     pub const WEBHOOK_MAX_RETRIES: u32 = 3;
+    pub const WEBHOOK_MAX_BODY_BYTES: usize = 1024 * 1024;
     pub const LEASE_TTL_SECONDS: u64 = 60;
     pub const LEASE_HEARTBEAT_SECONDS: u64 = 15;
     pub const LEASE_CLOCK_SKEW_SECONDS: u64 = 5;
@@ -914,18 +919,41 @@ fn build_sink(
                             at.error("poller.sink.secret", format!("app setting {name} is empty"))
                         );
                     }
-                    Some(Secret::new(value))
+                    let key = SigningKey::from_secret(value).map_err(|reason| {
+                        at.error(
+                            "poller.sink.secret",
+                            format!("app setting {name}: {reason}"),
+                        )
+                    })?;
+                    Some(key)
                 }
             };
             let timeout = seconds(raw.timeout_seconds, defaults::WEBHOOK_TIMEOUT_SECONDS);
             if timeout.is_zero() {
                 return Err(at.error("poller.sink.timeoutSeconds", "must be at least 1"));
             }
+            let max_retries = raw.max_retries.unwrap_or(defaults::WEBHOOK_MAX_RETRIES);
+            if max_retries > 20 {
+                return Err(at.error(
+                    "poller.sink.maxRetries",
+                    format!("{max_retries} is out of range 0..=20"),
+                ));
+            }
+            let max_body_bytes = raw
+                .max_body_bytes
+                .unwrap_or(defaults::WEBHOOK_MAX_BODY_BYTES);
+            if max_body_bytes < 1024 {
+                return Err(at.error(
+                    "poller.sink.maxBodyBytes",
+                    format!("{max_body_bytes} is below the minimum of 1024"),
+                ));
+            }
             Ok(SinkConfig::Webhook(WebhookConfig {
                 url,
-                secret,
+                signing_key: secret,
                 timeout,
-                max_retries: raw.max_retries.unwrap_or(defaults::WEBHOOK_MAX_RETRIES),
+                max_retries,
+                max_body_bytes,
             }))
         }
         other => Err(at.error(

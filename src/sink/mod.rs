@@ -3,6 +3,8 @@
 //! trying again may help.
 
 pub mod recording;
+pub mod retry;
+pub mod signing;
 pub mod webhook;
 
 use std::sync::Arc;
@@ -79,8 +81,10 @@ pub enum SinkError {
 
 #[async_trait]
 pub trait Sink: Send + Sync {
-    /// Delivers the whole batch; `Ok` only once the receiver acknowledged it.
-    async fn deliver(&self, batch: &Batch) -> Result<(), SinkError>;
+    /// Delivers the whole batch; `Ok` only once the receiver acknowledged it. Retries of transient
+    /// failures never wait past `deadline` (the tick's budget).
+    async fn deliver(&self, batch: &Batch, deadline: tokio::time::Instant)
+    -> Result<(), SinkError>;
 
     /// Where batches go, for messages; never includes a secret.
     fn describe(&self) -> String;

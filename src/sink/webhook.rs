@@ -1,8 +1,17 @@
-//! The HTTP webhook sink: one POST of the JSON envelope per batch. 2xx means delivered.
+//! The HTTP webhook sink: one POST of the JSON envelope per batch (or per part, when the body would
+//! exceed `maxBodyBytes`). 2xx means delivered; 408, 429, 5xx, timeouts and connection errors are
+//! retried with backoff within the tick; any other status is a permanent rejection.
+
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
+use chrono::{SecondsFormat, Utc};
+use serde::Serialize;
+use tokio::time::Instant;
+use tracing::warn;
 
-use super::{Batch, Sink, SinkError};
+use super::retry::{self, RetryDecision};
+use super::{Batch, Event, Sink, SinkError};
 use crate::config::WebhookConfig;
 
 /// How much of a refusing receiver's body goes into the error.
@@ -11,6 +20,38 @@ const ERROR_BODY_LIMIT: usize = 1024;
 pub struct WebhookSink {
     client: reqwest::Client,
     config: WebhookConfig,
+}
+
+/// The JSON body of one request.
+#[derive(Serialize)]
+struct Envelope<'a> {
+    poller: &'a str,
+    batch_id: &'a str,
+    fencing_token: u64,
+    /// The fencing token under the name receivers fence on: a delivery with a lower generation
+    /// than one already seen comes from a stale instance.
+    generation: u64,
+    sent_at: String,
+    events: &'a [Event],
+}
+
+/// One request's worth of a batch.
+struct Part<'a> {
+    id: String,
+    events: &'a [Event],
+}
+
+/// What one attempt came to.
+enum Attempt {
+    Delivered,
+    Transient {
+        reason: String,
+        retry_after: Option<Duration>,
+    },
+    Rejected {
+        status: u16,
+        body: String,
+    },
 }
 
 impl WebhookSink {
@@ -27,68 +68,197 @@ impl WebhookSink {
             })?;
         Ok(WebhookSink { client, config })
     }
+
+    fn body(&self, batch: &Batch, part: &Part<'_>) -> Vec<u8> {
+        let envelope = Envelope {
+            poller: &batch.poller,
+            batch_id: &part.id,
+            fencing_token: batch.fencing_token,
+            generation: batch.fencing_token,
+            sent_at: Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true),
+            events: part.events,
+        };
+        serde_json::to_vec(&envelope).expect("an envelope serializes")
+    }
+
+    /// Splits a batch in halves until every part's body fits. Deterministic for the same rows, so a
+    /// redelivered batch is split the same way and its parts keep their ids. A single event larger
+    /// than the limit is sent alone (the receiver may refuse it with a 413, a permanent rejection).
+    fn split<'a>(&self, batch: &'a Batch) -> Vec<Part<'a>> {
+        let mut pending = vec![&batch.events[..]];
+        let mut parts: Vec<&'a [Event]> = Vec::new();
+        while let Some(events) = pending.pop() {
+            let probe = Part {
+                id: batch.batch_id.clone(),
+                events,
+            };
+            if events.len() <= 1 || self.body(batch, &probe).len() <= self.config.max_body_bytes {
+                parts.push(events);
+            } else {
+                let (left, right) = events.split_at(events.len() / 2);
+                // Pushed right first so that the left half is handled first: parts stay in order.
+                pending.push(right);
+                pending.push(left);
+            }
+        }
+        let count = parts.len();
+        parts
+            .into_iter()
+            .enumerate()
+            .map(|(index, events)| Part {
+                id: if count == 1 {
+                    batch.batch_id.clone()
+                } else {
+                    format!("{}-{}of{count}", batch.batch_id, index + 1)
+                },
+                events,
+            })
+            .collect()
+    }
+
+    async fn attempt(&self, batch: &Batch, part: &Part<'_>) -> Attempt {
+        let body = self.body(batch, part);
+        let timestamp = Utc::now().timestamp();
+        let mut request = self
+            .client
+            .post(self.config.url.clone())
+            .header("content-type", "application/json")
+            .header("idempotency-key", &part.id)
+            .header("x-dbtrigger-poller", &batch.poller)
+            .header("x-dbtrigger-fencing-token", batch.fencing_token.to_string())
+            .header("webhook-id", &part.id)
+            .header("webhook-timestamp", timestamp.to_string());
+        if let Some(key) = &self.config.signing_key {
+            request = request.header("webhook-signature", key.sign(&part.id, timestamp, &body));
+        }
+        let response = match request.body(body).send().await {
+            Ok(response) => response,
+            Err(error) => {
+                let what = if error.is_timeout() {
+                    "timed out"
+                } else {
+                    "failed"
+                };
+                return Attempt::Transient {
+                    reason: format!(
+                        "POST {} {what}: {}",
+                        redacted_url(&self.config.url),
+                        error.without_url()
+                    ),
+                    retry_after: None,
+                };
+            }
+        };
+        let status = response.status();
+        if status.is_success() {
+            return Attempt::Delivered;
+        }
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| retry::parse_retry_after(value, SystemTime::now()));
+        let text = truncate(response.text().await.unwrap_or_default(), ERROR_BODY_LIMIT);
+        let code = status.as_u16();
+        if code == 408 || code == 429 || status.is_server_error() {
+            Attempt::Transient {
+                reason: format!("HTTP {code}: {text}"),
+                retry_after,
+            }
+        } else {
+            Attempt::Rejected {
+                status: code,
+                body: text,
+            }
+        }
+    }
+
+    async fn deliver_part(
+        &self,
+        batch: &Batch,
+        part: &Part<'_>,
+        deadline: Instant,
+    ) -> Result<(), SinkError> {
+        let mut attempt_number: u32 = 0;
+        loop {
+            attempt_number += 1;
+            let (reason, retry_after) = match self.attempt(batch, part).await {
+                Attempt::Delivered => return Ok(()),
+                Attempt::Rejected { status, body } => {
+                    return Err(SinkError::Rejected {
+                        batch_id: part.id.clone(),
+                        status,
+                        body,
+                    });
+                }
+                Attempt::Transient {
+                    reason,
+                    retry_after,
+                } => (reason, retry_after),
+            };
+            let time_left = deadline.saturating_duration_since(Instant::now());
+            match retry::decide(
+                attempt_number,
+                self.config.max_retries,
+                retry_after,
+                fastrand::f64(),
+                time_left,
+            ) {
+                RetryDecision::RetryAfter(wait) => {
+                    warn!(
+                        poller = %batch.poller,
+                        batch = %part.id,
+                        attempt = attempt_number,
+                        wait_ms = wait.as_millis() as u64,
+                        "delivery failed, retrying: {reason}"
+                    );
+                    tokio::time::sleep(wait).await;
+                }
+                RetryDecision::GiveUp(why) => {
+                    return Err(SinkError::Transient {
+                        batch_id: part.id.clone(),
+                        reason: format!(
+                            "{reason} (after {attempt_number} attempts; gave up: {why:?})"
+                        ),
+                    });
+                }
+            }
+        }
+    }
+}
+
+fn truncate(mut text: String, limit: usize) -> String {
+    if text.len() > limit {
+        let mut cut = limit;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+    }
+    text
 }
 
 /// The part of a URL safe to print: no user info, no query (either may hold a key).
 pub fn redacted_url(url: &url::Url) -> String {
+    let port = url
+        .port()
+        .map(|port| format!(":{port}"))
+        .unwrap_or_default();
     format!(
-        "{}://{}{}",
+        "{}://{}{port}{}",
         url.scheme(),
         url.host_str().unwrap_or_default(),
-        match url.port() {
-            Some(port) => format!(":{port}{}", url.path()),
-            None => url.path().to_string(),
-        }
+        url.path()
     )
 }
 
 #[async_trait]
 impl Sink for WebhookSink {
-    async fn deliver(&self, batch: &Batch) -> Result<(), SinkError> {
-        let body = serde_json::to_vec(batch).expect("a batch serializes");
-        let response = self
-            .client
-            .post(self.config.url.clone())
-            .header("content-type", "application/json")
-            .header("idempotency-key", &batch.batch_id)
-            .header("x-dbtrigger-poller", &batch.poller)
-            .header("x-dbtrigger-fencing-token", batch.fencing_token.to_string())
-            .body(body)
-            .send()
-            .await
-            .map_err(|error| SinkError::Transient {
-                batch_id: batch.batch_id.clone(),
-                reason: format!(
-                    "POST {}: {}",
-                    redacted_url(&self.config.url),
-                    error.without_url()
-                ),
-            })?;
-        let status = response.status();
-        if status.is_success() {
-            return Ok(());
+    async fn deliver(&self, batch: &Batch, deadline: Instant) -> Result<(), SinkError> {
+        for part in self.split(batch) {
+            self.deliver_part(batch, &part, deadline).await?;
         }
-        let mut text = response.text().await.unwrap_or_default();
-        if text.len() > ERROR_BODY_LIMIT {
-            let mut cut = ERROR_BODY_LIMIT;
-            while !text.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            text.truncate(cut);
-        }
-        let code = status.as_u16();
-        if code == 408 || code == 429 || status.is_server_error() {
-            Err(SinkError::Transient {
-                batch_id: batch.batch_id.clone(),
-                reason: format!("HTTP {code}: {text}"),
-            })
-        } else {
-            Err(SinkError::Rejected {
-                batch_id: batch.batch_id.clone(),
-                status: code,
-                body: text,
-            })
-        }
+        Ok(())
     }
 
     fn describe(&self) -> String {

@@ -34,13 +34,23 @@ pub struct Received {
     pub envelope: Value,
     /// The status it answered.
     pub status: u16,
+    /// When it arrived.
+    pub at: Instant,
+}
+
+/// An answer the receiver is told to give.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: u16,
+    pub body: String,
+    pub headers: Vec<(String, String)>,
 }
 
 #[derive(Default)]
 struct ReceiverState {
     received: Vec<Received>,
     /// Statuses to answer next (then 200).
-    planned: VecDeque<(u16, String)>,
+    planned: VecDeque<Answer>,
     /// How long to wait before answering each delivery.
     delay: Duration,
 }
@@ -56,24 +66,38 @@ async fn record(
     State(state): State<Arc<Mutex<ReceiverState>>>,
     headers: HeaderMap,
     body: Bytes,
-) -> (StatusCode, String) {
+) -> (StatusCode, HeaderMap, String) {
+    let at = Instant::now();
     let envelope: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let delay = state.lock().unwrap().delay;
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
     let mut state = state.lock().unwrap();
-    let (status, answer) = state
-        .planned
-        .pop_front()
-        .unwrap_or((200, "{\"ok\":true}".to_string()));
+    let answer = state.planned.pop_front().unwrap_or(Answer {
+        status: 200,
+        body: "{\"ok\":true}".to_string(),
+        headers: Vec::new(),
+    });
     state.received.push(Received {
         headers,
         body,
         envelope,
-        status,
+        status: answer.status,
+        at,
     });
-    (StatusCode::from_u16(status).unwrap(), answer)
+    let mut answer_headers = HeaderMap::new();
+    for (name, value) in &answer.headers {
+        answer_headers.insert(
+            axum::http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            value.parse().unwrap(),
+        );
+    }
+    (
+        StatusCode::from_u16(answer.status).unwrap(),
+        answer_headers,
+        answer.body,
+    )
 }
 
 impl Receiver {
@@ -90,11 +114,21 @@ impl Receiver {
 
     /// The next delivery is answered with `status` and `body`.
     pub fn answer_next(&self, status: u16, body: &str) {
-        self.state
-            .lock()
-            .unwrap()
-            .planned
-            .push_back((status, body.to_string()));
+        self.answer_next_with(status, body, &[]);
+    }
+
+    /// The next delivery is answered with `status`, `body` and these headers.
+    pub fn answer_next_with(&self, status: u16, body: &str, headers: &[(&str, &str)]) {
+        let headers = headers
+            .iter()
+            .map(|(name, value)| (name.to_string(), value.to_string()))
+            .collect();
+        let answer = Answer {
+            status,
+            body: body.to_string(),
+            headers,
+        };
+        self.state.lock().unwrap().planned.push_back(answer);
     }
 
     /// Every later delivery is answered after `delay`.

@@ -156,7 +156,10 @@ async fn a_sink_answering_500_fails_the_tick_and_the_next_tick_redelivers_the_sa
     let orders = Orders::create(directory.path()).await;
     orders.insert(1..=250, 1).await;
     let receiver = Receiver::start().await;
-    let app = AppRoot::write(directory.path(), AppRoot::orders_poller(100));
+    let mut poller = AppRoot::orders_poller(100);
+    // No retries within the tick: the failure must reach the host.
+    poller["sink"]["maxRetries"] = json!(0);
+    let app = AppRoot::write(directory.path(), poller);
     let handler = Handler::start(&app, &app.settings(&orders, &receiver)).await;
 
     // First tick: batch 1 lands, batch 2 gets a 500.

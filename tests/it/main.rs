@@ -5,3 +5,4 @@ mod harness;
 mod host;
 mod store;
 mod tick;
+mod webhook;

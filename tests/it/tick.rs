@@ -317,7 +317,11 @@ struct FailSecond {
 
 #[async_trait]
 impl Sink for FailSecond {
-    async fn deliver(&self, batch: &Batch) -> Result<(), SinkError> {
+    async fn deliver(
+        &self,
+        batch: &Batch,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), SinkError> {
         let call = {
             let mut calls = self.calls.lock().unwrap();
             *calls += 1;
@@ -330,7 +334,7 @@ impl Sink for FailSecond {
                 reason: "HTTP 503".into(),
             });
         }
-        self.inner.deliver(batch).await
+        self.inner.deliver(batch, deadline).await
     }
 
     fn describe(&self) -> String {
@@ -413,14 +417,18 @@ struct SlowSink {
 
 #[async_trait]
 impl Sink for SlowSink {
-    async fn deliver(&self, batch: &Batch) -> Result<(), SinkError> {
+    async fn deliver(
+        &self,
+        batch: &Batch,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), SinkError> {
         tokio::time::sleep(self.delay / 2).await;
         let action = self.during_first.lock().unwrap().take();
         if let Some(action) = action {
             action();
         }
         tokio::time::sleep(self.delay / 2).await;
-        self.inner.deliver(batch).await
+        self.inner.deliver(batch, deadline).await
     }
 
     fn describe(&self) -> String {

@@ -1,0 +1,201 @@
+//! The webhook sink against a real HTTP receiver on loopback: signatures, retries, rejections,
+//! timeouts and body splitting.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use dbtrigger::config::{PollerConfig, Settings};
+use dbtrigger::sink::Sink;
+use dbtrigger::store::memory::MemoryStore;
+use dbtrigger::tick::{Poller, SystemClock, TickError, TickOutcome};
+use hmac::{Hmac, Mac};
+use serde_json::{Value, json};
+use sha2::Sha256;
+
+use crate::harness::{AppRoot, Orders, Receiver};
+
+const SECRET: &str = "whsec_c2VjcmV0LWtleS1mb3ItdGhlLXRlc3RzLTEyMzQ=";
+
+struct Setup {
+    _directory: tempfile::TempDir,
+    receiver: Receiver,
+    poller: Poller,
+}
+
+async fn setup(rows: i64, sink: Value) -> Setup {
+    let directory = tempfile::tempdir().unwrap();
+    let orders = Orders::create(directory.path()).await;
+    orders.insert(1..=rows, 1).await;
+    let receiver = Receiver::start().await;
+    let mut poller_json = AppRoot::orders_poller(100);
+    for (key, value) in sink.as_object().unwrap() {
+        poller_json["sink"][key] = value.clone();
+    }
+    let app = AppRoot::write(directory.path(), poller_json);
+    let settings = Settings::from_pairs([
+        ("ORDERS_DB".to_string(), orders.url()),
+        ("ORDERS_WEBHOOK".to_string(), receiver.url.clone()),
+        ("ORDERS_STATE".to_string(), "file:unused".to_string()),
+        ("ORDERS_SECRET".to_string(), SECRET.to_string()),
+    ]);
+    let config = PollerConfig::load(&app.root, "orders", &settings, None).unwrap();
+    let source = dbtrigger::source::open(&config.source).unwrap();
+    let sink: Arc<dyn Sink> = dbtrigger::sink::open(&config.sink).unwrap();
+    let poller = Poller::new(
+        config,
+        source,
+        sink,
+        Arc::new(MemoryStore::new()),
+        Arc::new(SystemClock),
+        "a".into(),
+    );
+    Setup {
+        _directory: directory,
+        receiver,
+        poller,
+    }
+}
+
+#[tokio::test]
+async fn signed_deliveries_verify_with_an_independent_hmac() {
+    let setup = setup(3, json!({"secret": "ORDERS_SECRET"})).await;
+    setup.poller.tick().await.unwrap();
+    let received = &setup.receiver.all()[0];
+    let header = |name: &str| received.headers[name].to_str().unwrap().to_string();
+    let id = header("webhook-id");
+    let timestamp = header("webhook-timestamp");
+    assert_eq!(id, received.envelope["batch_id"].as_str().unwrap());
+    assert!((chrono::Utc::now().timestamp() - timestamp.parse::<i64>().unwrap()).abs() < 60);
+    // Verify the way a receiver's Standard Webhooks library does.
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(SECRET.trim_start_matches("whsec_"))
+        .unwrap();
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key).unwrap();
+    mac.update(format!("{id}.{timestamp}.").as_bytes());
+    mac.update(&received.body);
+    let expected = format!(
+        "v1,{}",
+        base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+    );
+    assert_eq!(header("webhook-signature"), expected);
+    assert_eq!(
+        header("user-agent"),
+        format!("dbtrigger/{}", env!("CARGO_PKG_VERSION"))
+    );
+    assert_eq!(header("x-dbtrigger-poller"), "orders");
+    assert_eq!(
+        received.envelope["generation"],
+        received.envelope["fencing_token"]
+    );
+    assert!(
+        received.envelope["sent_at"]
+            .as_str()
+            .unwrap()
+            .ends_with('Z')
+    );
+}
+
+#[tokio::test]
+async fn a_503_is_retried_and_the_batch_delivered_once_more() {
+    let setup = setup(3, json!({"maxRetries": 3})).await;
+    setup.receiver.answer_next(503, "busy");
+    let outcome = setup.poller.tick().await.unwrap();
+    assert!(
+        matches!(outcome, TickOutcome::Delivered { rows: 3, .. }),
+        "{outcome:?}"
+    );
+    let all = setup.receiver.all();
+    assert_eq!(
+        all.iter()
+            .map(|received| received.status)
+            .collect::<Vec<_>>(),
+        vec![503, 200]
+    );
+    assert_eq!(all[0].envelope["batch_id"], all[1].envelope["batch_id"]);
+    assert_eq!(all[0].envelope["events"], all[1].envelope["events"]);
+}
+
+#[tokio::test]
+async fn a_429_with_retry_after_waits_as_asked() {
+    let setup = setup(3, json!({"maxRetries": 3})).await;
+    setup
+        .receiver
+        .answer_next_with(429, "slow down", &[("retry-after", "1")]);
+    setup.poller.tick().await.unwrap();
+    let all = setup.receiver.all();
+    assert_eq!(all.len(), 2);
+    let waited = all[1].at - all[0].at;
+    assert!(
+        waited >= Duration::from_millis(950),
+        "waited only {waited:?}"
+    );
+    assert!(waited < Duration::from_secs(3), "waited {waited:?}");
+}
+
+#[tokio::test]
+async fn a_400_is_a_permanent_rejection_with_the_body_in_the_error() {
+    let setup = setup(3, json!({"maxRetries": 3})).await;
+    setup
+        .receiver
+        .answer_next(400, "{\"error\": \"field total is required\"}");
+    let error = setup.poller.tick().await.unwrap_err();
+    let message = error.to_string();
+    assert!(matches!(error, TickError::Delivery { .. }), "{error:?}");
+    assert!(
+        message.contains("HTTP 400") && message.contains("field total is required"),
+        "{message}"
+    );
+    assert_eq!(
+        setup.receiver.all().len(),
+        1,
+        "a permanent rejection is not retried"
+    );
+}
+
+#[tokio::test]
+async fn a_receiver_that_hangs_times_out_as_a_transient_failure() {
+    let setup = setup(3, json!({"maxRetries": 0, "timeoutSeconds": 1})).await;
+    setup.receiver.set_delay(Duration::from_secs(5));
+    let started = std::time::Instant::now();
+    let error = setup.poller.tick().await.unwrap_err();
+    let message = error.to_string();
+    assert!(message.contains("timed out"), "{message}");
+    assert!(matches!(
+        error,
+        TickError::Delivery {
+            error: dbtrigger::sink::SinkError::Transient { .. },
+            ..
+        }
+    ));
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "the timeout cut the hang short"
+    );
+}
+
+#[tokio::test]
+async fn a_batch_over_the_body_limit_is_split_into_ordered_parts() {
+    let setup = setup(60, json!({"maxBodyBytes": 2048})).await;
+    setup.poller.tick().await.unwrap();
+    let all = setup.receiver.all();
+    assert!(
+        all.len() > 2,
+        "split into several requests, got {}",
+        all.len()
+    );
+    for received in &all {
+        assert!(
+            received.body.len() <= 2048,
+            "a part of {} bytes",
+            received.body.len()
+        );
+        let id = received.envelope["batch_id"].as_str().unwrap();
+        assert_eq!(received.headers["idempotency-key"].to_str().unwrap(), id);
+        assert!(id.contains(&format!("of{}", all.len())), "{id}");
+    }
+    assert_eq!(
+        setup.receiver.acknowledged_ids(),
+        (1..=60).collect::<Vec<i64>>()
+    );
+}
