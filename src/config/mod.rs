@@ -195,6 +195,8 @@ pub struct SourceConfig {
     pub where_clause: Option<String>,
     /// Timestamp cursors only read rows older than the database's `now - settle`.
     pub settle: Duration,
+    /// The zone naive timestamp cursors are written in (for `settle` only): `UTC` by default.
+    pub cursor_time_zone: String,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -280,6 +282,7 @@ struct RawSource {
     #[serde(rename = "where")]
     where_clause: Option<String>,
     settle_seconds: Option<u64>,
+    cursor_time_zone: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -331,6 +334,9 @@ pub mod defaults {
     pub const TICK_BUDGET_SECONDS: u64 = 240;
     pub const WEBHOOK_TIMEOUT_SECONDS: u64 = 30;
     pub const WEBHOOK_MAX_RETRIES: u32 = 3;
+    /// Timestamp cursors hold back rows younger than this, so that a transaction that commits late
+    /// with an older timestamp is still read (the classic keyset-polling loss).
+    pub const SETTLE_SECONDS: u64 = 2;
     pub const WEBHOOK_MAX_BODY_BYTES: usize = 1024 * 1024;
     pub const LEASE_TTL_SECONDS: u64 = 60;
     pub const LEASE_HEARTBEAT_SECONDS: u64 = 15;
@@ -533,6 +539,30 @@ pub fn validate_identifier(value: &str) -> Result<(), String> {
         Err(format!(
             "{value:?} is not a valid identifier: use letters, digits, '_' and '$', starting with a letter or '_', at most 63 characters"
         ))
+    }
+}
+
+/// Zones are inlined into the settle predicate, so they are restricted to a safe alphabet; MySQL
+/// only knows named zones when its time zone tables are loaded, so it gets offsets only.
+fn validate_time_zone(engine: Engine, zone: &str) -> Result<(), String> {
+    if zone == "UTC" {
+        return Ok(());
+    }
+    let is_offset = zone.len() == 6
+        && (zone.starts_with('+') || zone.starts_with('-'))
+        && zone[1..3].chars().all(|character| character.is_ascii_digit())
+        && &zone[3..4] == ":"
+        && zone[4..6].chars().all(|character| character.is_ascii_digit());
+    match engine {
+        Engine::Sqlite => Err("SQLite timestamps are read as UTC: only \"UTC\" is supported".to_string()),
+        Engine::MySql if !is_offset => Err(format!("{zone:?}: MySQL takes \"UTC\" or an offset like \"+02:00\"")),
+        Engine::MySql => Ok(()),
+        Engine::Postgres => {
+            let safe = !zone.is_empty()
+                && zone.len() <= 64
+                && zone.chars().all(|character| character.is_ascii_alphanumeric() || "_/+-:".contains(character));
+            if safe { Ok(()) } else { Err(format!("{zone:?} is not a time zone name like \"Europe/Paris\" or an offset like \"+02:00\"")) }
+        }
     }
 }
 
@@ -850,6 +880,9 @@ fn build_source(
         validate_fragment(where_clause)
             .map_err(|reason| at.error("poller.source.where", reason))?;
     }
+    let cursor_time_zone = raw.cursor_time_zone.clone().unwrap_or_else(|| "UTC".to_string());
+    validate_time_zone(identity.engine, &cursor_time_zone)
+        .map_err(|reason| at.error("poller.source.cursorTimeZone", reason))?;
     let target_text = match &target {
         SourceTarget::Table {
             schema: Some(schema),
@@ -879,7 +912,8 @@ fn build_source(
         pk: raw.pk,
         columns: raw.columns,
         where_clause: raw.where_clause,
-        settle: Duration::from_secs(raw.settle_seconds.unwrap_or(0)),
+        settle: Duration::from_secs(raw.settle_seconds.unwrap_or(defaults::SETTLE_SECONDS)),
+        cursor_time_zone,
     };
     Ok((source, fingerprint))
 }

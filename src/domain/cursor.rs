@@ -6,7 +6,7 @@
 
 use std::cmp::Ordering;
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, NaiveDateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -22,7 +22,13 @@ pub enum CursorValue {
         at: DateTime<Utc>,
         source_text: Option<String>,
     },
+    /// A timestamp without time zone, kept exactly as the database holds it and bound back as
+    /// such: the database compares it natively, whatever zone its values mean.
+    NaiveTimestamp(NaiveDateTime),
 }
+
+/// The text form of a naive timestamp in the state document and in events.
+const NAIVE_FORMAT: &str = "%Y-%m-%dT%H:%M:%S%.f";
 
 impl CursorValue {
     /// The name stored as `checkpoint.cursor.kind`.
@@ -30,6 +36,7 @@ impl CursorValue {
         match self {
             CursorValue::Integer(_) => "integer",
             CursorValue::Timestamp { .. } => "timestamp",
+            CursorValue::NaiveTimestamp(_) => "timestamp_naive",
         }
     }
 
@@ -40,6 +47,7 @@ impl CursorValue {
             CursorValue::Timestamp { at, .. } => {
                 Value::from(at.to_rfc3339_opts(SecondsFormat::AutoSi, true))
             }
+            CursorValue::NaiveTimestamp(at) => Value::from(at.format(NAIVE_FORMAT).to_string()),
         }
     }
 
@@ -50,6 +58,7 @@ impl CursorValue {
             (CursorValue::Timestamp { at: left, .. }, CursorValue::Timestamp { at: right, .. }) => {
                 Some(left.cmp(right))
             }
+            (CursorValue::NaiveTimestamp(left), CursorValue::NaiveTimestamp(right)) => Some(left.cmp(right)),
             _ => None,
         }
     }
@@ -169,7 +178,7 @@ impl From<&Position> for CursorJson {
     fn from(position: &Position) -> Self {
         let source_text = match &position.cursor {
             CursorValue::Timestamp { source_text, .. } => source_text.clone(),
-            CursorValue::Integer(_) => None,
+            CursorValue::Integer(_) | CursorValue::NaiveTimestamp(_) => None,
         };
         CursorJson {
             kind: position.cursor.kind().to_string(),
@@ -205,6 +214,14 @@ impl TryFrom<&CursorJson> for Position {
                     at,
                     source_text: json.source_text.clone(),
                 }
+            }
+            "timestamp_naive" => {
+                let text = json.value.as_str().ok_or_else(|| {
+                    format!("naive timestamp cursor value {} is not a string", json.value)
+                })?;
+                let at = NaiveDateTime::parse_from_str(text, NAIVE_FORMAT)
+                    .map_err(|error| format!("naive timestamp cursor value {text:?}: {error}"))?;
+                CursorValue::NaiveTimestamp(at)
             }
             other => return Err(format!("unknown cursor kind {other:?}")),
         };

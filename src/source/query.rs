@@ -1,5 +1,10 @@
 //! The keyset query, built as text from validated identifiers. Pure, so every dialect's SQL is
 //! unit-tested.
+//!
+//! PostgreSQL and SQLite get a row-value seek, `(c, pk1, pk2) > (?, ?, ?)`, which both turn into
+//! one index range. MySQL/MariaDB get the expanded form `c >= ? AND (c > ? OR (c = ? AND pk > ?))`,
+//! whose ranges their optimizer does seek on. Either way the cost of a batch does not grow with the
+//! depth of the checkpoint.
 
 use crate::config::{Engine, SourceConfig, SourceTarget};
 
@@ -11,88 +16,164 @@ pub fn quote_identifier(engine: Engine, identifier: &str) -> String {
     }
 }
 
-fn placeholder(engine: Engine, index: usize) -> String {
-    match engine {
-        Engine::Postgres => format!("${index}"),
-        Engine::Sqlite | Engine::MySql => "?".to_string(),
-    }
+/// What a placeholder of the seek binds: the cursor, or the n-th key column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slot {
+    Cursor,
+    Key(usize),
 }
 
-/// The SQL of one seek, and how many parameters it binds before the limit.
+/// What the cursor column holds, learnt from the database before the first seek.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CursorType {
+    Integer,
+    /// timestamp with time zone (PostgreSQL timestamptz, MySQL TIMESTAMP).
+    Timestamp,
+    /// timestamp without time zone (PostgreSQL timestamp, MySQL DATETIME).
+    NaiveTimestamp,
+    /// SQLite: the storage class decides per value (integers, or timestamps as text).
+    Dynamic,
+}
+
+/// What the pre-flight learnt, shaping the SQL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeekPlan {
+    pub cursor_type: CursorType,
+    /// PostgreSQL: the type of the cursor and of each key column, to cast placeholders to (a text
+    /// key bound to a uuid column needs it).
+    pub placeholder_types: Option<Vec<String>>,
+}
+
+/// The SQL of one seek.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SeekQuery {
-    /// `SELECT ... WHERE (c, pk) > (?, ?) ... ORDER BY c, pk LIMIT ?` (after a checkpoint).
+    /// After a checkpoint: binds `after_slots` then the limit.
     pub after: String,
-    /// The same without the seek predicate: the first batch ever.
+    pub after_slots: Vec<Slot>,
+    /// The first batch ever: binds the limit only.
     pub from_start: String,
 }
 
+/// The settle predicate: only rows older than the database's own `now - settle`.
+fn settle_predicate(config: &SourceConfig, cursor_type: CursorType, cursor: &str) -> Option<String> {
+    let seconds = config.settle.as_secs();
+    if seconds == 0 {
+        return None;
+    }
+    let zone = &config.cursor_time_zone;
+    match (config.engine, cursor_type) {
+        (_, CursorType::Integer) => None,
+        (Engine::Postgres, CursorType::Timestamp) => Some(format!("{cursor} <= now() - make_interval(secs => {seconds})")),
+        (Engine::Postgres, _) => {
+            Some(format!("{cursor} <= (now() AT TIME ZONE '{zone}') - make_interval(secs => {seconds})"))
+        }
+        (Engine::MySql, CursorType::Timestamp) => Some(format!("{cursor} <= NOW(6) - INTERVAL {seconds} SECOND")),
+        (Engine::MySql, _) if zone == "UTC" => Some(format!("{cursor} <= UTC_TIMESTAMP(6) - INTERVAL {seconds} SECOND")),
+        (Engine::MySql, _) => Some(format!(
+            "{cursor} <= CONVERT_TZ(UTC_TIMESTAMP(6), '+00:00', '{zone}') - INTERVAL {seconds} SECOND"
+        )),
+        // SQLite stores timestamps as text in any layout: julianday() reads them all. Integer
+        // values are not timestamps and are not held back.
+        (Engine::Sqlite, _) => Some(format!(
+            "(typeof({cursor}) <> 'text' OR julianday({cursor}) <= julianday('now') - {seconds} / 86400.0)"
+        )),
+    }
+}
+
 /// Builds both forms of the seek for a source.
-pub fn build_seek(config: &SourceConfig) -> SeekQuery {
+pub fn build_seek(config: &SourceConfig, plan: &SeekPlan) -> SeekQuery {
     let engine = config.engine;
     let quote = |identifier: &str| quote_identifier(engine, identifier);
-    let mut selected: Vec<String> = Vec::new();
     let projection = match &config.columns {
         None => "*".to_string(),
         Some(columns) => {
-            for column in columns
-                .iter()
-                .chain(std::iter::once(&config.cursor))
-                .chain(config.pk.iter())
-            {
-                if !selected.contains(column) {
-                    selected.push(column.clone());
+            let mut selected: Vec<&String> = Vec::new();
+            for column in columns.iter().chain(std::iter::once(&config.cursor)).chain(config.pk.iter()) {
+                if !selected.contains(&column) {
+                    selected.push(column);
                 }
             }
-            selected
-                .iter()
-                .map(|column| quote(column))
-                .collect::<Vec<_>>()
-                .join(", ")
+            selected.iter().map(|column| quote(column)).collect::<Vec<_>>().join(", ")
         }
     };
     let from = match &config.target {
-        SourceTarget::Table {
-            schema: Some(schema),
-            name,
-        } => format!("{}.{}", quote(schema), quote(name)),
+        SourceTarget::Table { schema: Some(schema), name } => format!("{}.{}", quote(schema), quote(name)),
         SourceTarget::Table { schema: None, name } => quote(name),
         SourceTarget::Query(query) => format!("({query}) AS dbtrigger_source"),
     };
-    let mut key_columns = vec![quote(&config.cursor)];
-    key_columns.extend(config.pk.iter().map(|column| quote(column)));
+    let cursor = quote(&config.cursor);
+    let keys: Vec<String> = config.pk.iter().map(|column| quote(column)).collect();
+    let mut key_columns = vec![cursor.clone()];
+    key_columns.extend(keys.iter().cloned());
     let order_by = key_columns.join(", ");
-    let filter = config
-        .where_clause
-        .as_ref()
-        .map(|clause| format!("({clause})"));
 
-    let seek_placeholders: Vec<String> = (1..=key_columns.len())
-        .map(|index| placeholder(engine, index))
-        .collect();
-    let seek = format!(
-        "({}) > ({})",
-        key_columns.join(", "),
-        seek_placeholders.join(", ")
-    );
+    let mut filters = Vec::new();
+    if let Some(clause) = &config.where_clause {
+        filters.push(format!("({clause})"));
+    }
+    if let Some(settle) = settle_predicate(config, plan.cursor_type, &cursor) {
+        filters.push(settle);
+    }
 
-    let compose = |predicates: Vec<String>, limit_index: usize| {
-        let where_part = if predicates.is_empty() {
-            String::new()
-        } else {
-            format!(" WHERE {}", predicates.join(" AND "))
-        };
-        format!(
-            "SELECT {projection} FROM {from}{where_part} ORDER BY {order_by} LIMIT {}",
-            placeholder(engine, limit_index)
-        )
+    let mut placeholder_count = 0usize;
+    let mut slots = Vec::new();
+    let mut next_placeholder = |slot: Slot, slots: &mut Vec<Slot>| {
+        placeholder_count += 1;
+        slots.push(slot);
+        let cast = match (&plan.placeholder_types, slot) {
+            (Some(types), Slot::Cursor) => types.first().map(|name| format!("::{name}")),
+            (Some(types), Slot::Key(index)) => types.get(index + 1).map(|name| format!("::{name}")),
+            (None, _) => None,
+        }
+        .unwrap_or_default();
+        match engine {
+            Engine::Postgres => format!("${placeholder_count}{cast}"),
+            Engine::Sqlite | Engine::MySql => "?".to_string(),
+        }
+    };
+
+    let seek = match engine {
+        Engine::Postgres | Engine::Sqlite => {
+            let mut values = vec![next_placeholder(Slot::Cursor, &mut slots)];
+            for index in 0..keys.len() {
+                values.push(next_placeholder(Slot::Key(index), &mut slots));
+            }
+            format!("({}) > ({})", key_columns.join(", "), values.join(", "))
+        }
+        Engine::MySql => {
+            // c >= ? AND (c > ? OR (c = ? AND k1 > ?) OR (c = ? AND k1 = ? AND k2 > ?) ...)
+            let lower_bound = format!("{cursor} >= {}", next_placeholder(Slot::Cursor, &mut slots));
+            let mut alternatives = vec![format!("{cursor} > {}", next_placeholder(Slot::Cursor, &mut slots))];
+            for depth in 0..keys.len() {
+                let mut terms = vec![format!("{cursor} = {}", next_placeholder(Slot::Cursor, &mut slots))];
+                for (index, key) in keys.iter().enumerate().take(depth) {
+                    terms.push(format!("{key} = {}", next_placeholder(Slot::Key(index), &mut slots)));
+                }
+                terms.push(format!("{} > {}", keys[depth], next_placeholder(Slot::Key(depth), &mut slots)));
+                alternatives.push(format!("({})", terms.join(" AND ")));
+            }
+            format!("{lower_bound} AND ({})", alternatives.join(" OR "))
+        }
+    };
+    let limit_after = match engine {
+        Engine::Postgres => format!("${}", placeholder_count + 1),
+        Engine::Sqlite | Engine::MySql => "?".to_string(),
+    };
+    let limit_start = match engine {
+        Engine::Postgres => "$1".to_string(),
+        Engine::Sqlite | Engine::MySql => "?".to_string(),
+    };
+
+    let compose = |predicates: &[String], limit: &str| {
+        let where_part = if predicates.is_empty() { String::new() } else { format!(" WHERE {}", predicates.join(" AND ")) };
+        format!("SELECT {projection} FROM {from}{where_part} ORDER BY {order_by} LIMIT {limit}")
     };
     let mut after_predicates = vec![seek];
-    after_predicates.extend(filter.clone());
-    let start_predicates: Vec<String> = filter.into_iter().collect();
+    after_predicates.extend(filters.iter().cloned());
     SeekQuery {
-        after: compose(after_predicates, key_columns.len() + 1),
-        from_start: compose(start_predicates, 1),
+        after: compose(&after_predicates, &limit_after),
+        after_slots: slots,
+        from_start: compose(&filters, &limit_start),
     }
 }
 
@@ -102,34 +183,33 @@ mod tests {
     use crate::config::Secret;
     use std::time::Duration;
 
-    fn config(
-        engine: Engine,
-        columns: Option<Vec<&str>>,
-        where_clause: Option<&str>,
-    ) -> SourceConfig {
+    fn config(engine: Engine, columns: Option<Vec<&str>>, where_clause: Option<&str>) -> SourceConfig {
         SourceConfig {
             connection: "DB".into(),
             engine,
             url: Secret::new("x"),
-            target: SourceTarget::Table {
-                schema: Some("public".into()),
-                name: "orders".into(),
-            },
+            target: SourceTarget::Table { schema: Some("public".into()), name: "orders".into() },
             cursor: "updated_at".into(),
             pk: vec!["tenant".into(), "id".into()],
             columns: columns.map(|list| list.into_iter().map(str::to_string).collect()),
             where_clause: where_clause.map(str::to_string),
             settle: Duration::ZERO,
+            cursor_time_zone: "UTC".into(),
         }
+    }
+
+    fn plan(cursor_type: CursorType) -> SeekPlan {
+        SeekPlan { cursor_type, placeholder_types: None }
     }
 
     #[test]
     fn sqlite_seek_is_a_row_value_comparison() {
-        let query = build_seek(&config(Engine::Sqlite, None, None));
+        let query = build_seek(&config(Engine::Sqlite, None, None), &plan(CursorType::Dynamic));
         assert_eq!(
             query.after,
             "SELECT * FROM \"public\".\"orders\" WHERE (\"updated_at\", \"tenant\", \"id\") > (?, ?, ?) ORDER BY \"updated_at\", \"tenant\", \"id\" LIMIT ?"
         );
+        assert_eq!(query.after_slots, vec![Slot::Cursor, Slot::Key(0), Slot::Key(1)]);
         assert_eq!(
             query.from_start,
             "SELECT * FROM \"public\".\"orders\" ORDER BY \"updated_at\", \"tenant\", \"id\" LIMIT ?"
@@ -137,38 +217,52 @@ mod tests {
     }
 
     #[test]
-    fn postgres_numbers_its_placeholders_and_keeps_the_filter() {
-        let query = build_seek(&config(
-            Engine::Postgres,
-            Some(vec!["status"]),
-            Some("tenant = 7"),
-        ));
+    fn postgres_numbers_and_casts_its_placeholders_and_keeps_the_filter() {
+        let plan = SeekPlan {
+            cursor_type: CursorType::Timestamp,
+            placeholder_types: Some(vec!["TIMESTAMPTZ".into(), "INT4".into(), "UUID".into()]),
+        };
+        let query = build_seek(&config(Engine::Postgres, Some(vec!["status"]), Some("tenant = 7")), &plan);
         assert_eq!(
             query.after,
-            "SELECT \"status\", \"updated_at\", \"tenant\", \"id\" FROM \"public\".\"orders\" WHERE (\"updated_at\", \"tenant\", \"id\") > ($1, $2, $3) AND (tenant = 7) ORDER BY \"updated_at\", \"tenant\", \"id\" LIMIT $4"
+            "SELECT \"status\", \"updated_at\", \"tenant\", \"id\" FROM \"public\".\"orders\" WHERE (\"updated_at\", \"tenant\", \"id\") > ($1::TIMESTAMPTZ, $2::INT4, $3::UUID) AND (tenant = 7) ORDER BY \"updated_at\", \"tenant\", \"id\" LIMIT $4"
         );
-        assert!(
-            query.from_start.ends_with(
-                "WHERE (tenant = 7) ORDER BY \"updated_at\", \"tenant\", \"id\" LIMIT $1"
-            )
+        assert!(query.from_start.ends_with("WHERE (tenant = 7) ORDER BY \"updated_at\", \"tenant\", \"id\" LIMIT $1"));
+    }
+
+    #[test]
+    fn mysql_expands_the_seek_into_index_ranges() {
+        let query = build_seek(&config(Engine::MySql, None, None), &plan(CursorType::Timestamp));
+        assert_eq!(
+            query.after,
+            "SELECT * FROM `public`.`orders` WHERE `updated_at` >= ? AND (`updated_at` > ? OR (`updated_at` = ? AND `tenant` > ?) OR (`updated_at` = ? AND `tenant` = ? AND `id` > ?)) ORDER BY `updated_at`, `tenant`, `id` LIMIT ?"
+        );
+        assert_eq!(
+            query.after_slots,
+            vec![Slot::Cursor, Slot::Cursor, Slot::Cursor, Slot::Key(0), Slot::Cursor, Slot::Key(0), Slot::Key(1)]
         );
     }
 
     #[test]
-    fn mysql_quotes_with_backticks() {
-        let query = build_seek(&config(Engine::MySql, None, None));
-        assert!(query.after.starts_with(
-            "SELECT * FROM `public`.`orders` WHERE (`updated_at`, `tenant`, `id`) > (?, ?, ?)"
-        ));
+    fn settle_uses_the_database_clock_for_timestamps_only() {
+        let mut source = config(Engine::Postgres, None, None);
+        source.settle = Duration::from_secs(5);
+        let query = build_seek(&source, &plan(CursorType::Timestamp));
+        assert!(query.from_start.contains("WHERE \"updated_at\" <= now() - make_interval(secs => 5) ORDER BY"), "{}", query.from_start);
+        let naive = build_seek(&source, &plan(CursorType::NaiveTimestamp));
+        assert!(naive.after.contains("(now() AT TIME ZONE 'UTC') - make_interval(secs => 5)"));
+        assert!(!build_seek(&source, &plan(CursorType::Integer)).after.contains("now()"));
+        source.engine = Engine::MySql;
+        assert!(build_seek(&source, &plan(CursorType::NaiveTimestamp)).after.contains("<= UTC_TIMESTAMP(6) - INTERVAL 5 SECOND"));
+        source.engine = Engine::Sqlite;
+        assert!(build_seek(&source, &plan(CursorType::Dynamic)).after.contains("julianday('now') - 5 / 86400.0"));
     }
 
     #[test]
     fn a_query_source_is_wrapped_as_a_subquery() {
         let mut source = config(Engine::Sqlite, None, None);
         source.target = SourceTarget::Query("SELECT * FROM orders WHERE total > 0".into());
-        let query = build_seek(&source);
-        assert!(query.from_start.starts_with(
-            "SELECT * FROM (SELECT * FROM orders WHERE total > 0) AS dbtrigger_source ORDER BY"
-        ));
+        let query = build_seek(&source, &plan(CursorType::Dynamic));
+        assert!(query.from_start.starts_with("SELECT * FROM (SELECT * FROM orders WHERE total > 0) AS dbtrigger_source ORDER BY"));
     }
 }

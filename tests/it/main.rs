@@ -2,6 +2,8 @@
 //! HTTP receivers on loopback, the real `dbtrigger` binary spoken to over the host's protocol.
 
 mod harness;
+mod services;
+mod sources;
 mod host;
 mod store;
 mod tick;

@@ -1,0 +1,178 @@
+//! MySQL and MariaDB through sqlx. The session runs in UTC (sqlx sets `time_zone='+00:00'`), so a
+//! TIMESTAMP column reads as a point in time and a DATETIME as a naive timestamp, each bound back
+//! as its own type.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use base64::Engine as _;
+use chrono::{DateTime, NaiveDate, NaiveDateTime, NaiveTime, Utc};
+use serde_json::Value;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
+use sqlx::{Column, Executor, Row, SqlSafeStr, Statement, TypeInfo, ValueRef};
+use tokio::sync::OnceCell;
+use tracing::warn;
+
+use super::query::{CursorType, SeekPlan, SeekQuery, build_seek};
+use super::{Decoded, RowBuilder, Source, SourceError, SourceRow, bind_position, classify, redacted_location};
+use crate::config::{SourceConfig, SourceTarget};
+use crate::domain::Position;
+
+pub struct MySqlSource {
+    pool: MySqlPool,
+    config: SourceConfig,
+    location: String,
+    query: OnceCell<SeekQuery>,
+}
+
+impl MySqlSource {
+    pub fn open(config: &SourceConfig) -> Result<Self, SourceError> {
+        let location = redacted_location(config.url.expose());
+        let options = MySqlConnectOptions::from_str(config.url.expose())
+            .map_err(|error| SourceError::Unreachable { location: location.clone(), reason: error.to_string() })?
+            .timezone(Some("+00:00".to_string()));
+        let pool = MySqlPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_lazy_with(options);
+        Ok(MySqlSource { pool, config: config.clone(), location, query: OnceCell::new() })
+    }
+
+    async fn seek(&self) -> Result<&SeekQuery, SourceError> {
+        self.query.get_or_try_init(|| self.preflight()).await
+    }
+
+    async fn preflight(&self) -> Result<SeekQuery, SourceError> {
+        let probe = build_seek(&self.config, &SeekPlan { cursor_type: CursorType::Integer, placeholder_types: None });
+        let statement = self
+            .pool
+            .prepare(sqlx::AssertSqlSafe(probe.from_start).into_sql_str())
+            .await
+            .map_err(|error| classify(&self.location, error))?;
+        let cursor_type_name = statement
+            .columns()
+            .iter()
+            .find(|candidate| candidate.name() == self.config.cursor)
+            .map(|found| found.type_info().name().to_string())
+            .ok_or_else(|| {
+                SourceError::Position(format!("column {:?} is not in the result of the source query", self.config.cursor))
+            })?;
+        let cursor_type = match cursor_type_name.as_str() {
+            "TIMESTAMP" => CursorType::Timestamp,
+            "DATETIME" => CursorType::NaiveTimestamp,
+            name if name.contains("INT") => CursorType::Integer,
+            other => {
+                return Err(SourceError::Position(format!(
+                    "cursor column {:?} has type {other}: use an integer or a timestamp column",
+                    self.config.cursor
+                )));
+            }
+        };
+        if let SourceTarget::Table { schema, name } = &self.config.target {
+            let indexed: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.statistics \
+                 WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ? AND seq_in_index = 1 AND column_name = ?",
+            )
+            .bind(schema.as_deref())
+            .bind(name)
+            .bind(&self.config.cursor)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|error| classify(&self.location, error))?;
+            if indexed == 0 {
+                warn!(
+                    source = %self.location,
+                    table = %name,
+                    "no index starts with the cursor column {:?}: each batch scans the table; create one on ({}, {})",
+                    self.config.cursor,
+                    self.config.cursor,
+                    self.config.pk.join(", ")
+                );
+            }
+        }
+        Ok(build_seek(&self.config, &SeekPlan { cursor_type, placeholder_types: None }))
+    }
+
+    fn decode(&self, row: &MySqlRow) -> Result<SourceRow, SourceError> {
+        let mut builder = RowBuilder::new(&self.config);
+        for (index, column) in row.columns().iter().enumerate() {
+            let name = column.name();
+            let type_name = column.type_info().name().to_string();
+            let decoded = decode_value(row, index, name, &type_name)?;
+            builder.push(name, &type_name, decoded)?;
+        }
+        builder.finish()
+    }
+}
+
+fn decode_value(row: &MySqlRow, index: usize, name: &str, type_name: &str) -> Result<Decoded, SourceError> {
+    let raw = row.try_get_raw(index).map_err(|error| SourceError::Position(format!("column {name:?}: {error}")))?;
+    if raw.is_null() {
+        return Ok(Decoded::plain(Value::Null));
+    }
+    let failed = |error: sqlx::Error| SourceError::UnsupportedType {
+        column: name.to_string(),
+        type_name: format!("{type_name} ({error})"),
+    };
+    let decoded = match type_name {
+        "BOOLEAN" => Decoded::plain(Value::from(row.try_get_unchecked::<i8, _>(index).map_err(failed)? != 0)),
+        "TINYINT" | "SMALLINT" | "INT" | "MEDIUMINT" | "BIGINT" => {
+            Decoded::integer(row.try_get_unchecked::<i64, _>(index).map_err(failed)?)
+        }
+        "TINYINT UNSIGNED" | "SMALLINT UNSIGNED" | "INT UNSIGNED" | "MEDIUMINT UNSIGNED" | "BIGINT UNSIGNED" | "YEAR" => {
+            let number = row.try_get_unchecked::<u64, _>(index).map_err(failed)?;
+            match i64::try_from(number) {
+                Ok(signed) => Decoded::integer(signed),
+                Err(_) => Decoded::plain(Value::from(number)),
+            }
+        }
+        "FLOAT" => float(f64::from(row.try_get_unchecked::<f32, _>(index).map_err(failed)?)),
+        "DOUBLE" => float(row.try_get_unchecked::<f64, _>(index).map_err(failed)?),
+        // As a string: no precision is lost.
+        "DECIMAL" => Decoded::plain(Value::from(
+            row.try_get_unchecked::<sqlx::types::BigDecimal, _>(index).map_err(failed)?.to_string(),
+        )),
+        "CHAR" | "VARCHAR" | "TEXT" | "TINYTEXT" | "MEDIUMTEXT" | "LONGTEXT" | "ENUM" | "SET" => {
+            Decoded::text(row.try_get_unchecked::<String, _>(index).map_err(failed)?)
+        }
+        "JSON" => Decoded::plain(row.try_get_unchecked::<Value, _>(index).map_err(failed)?),
+        "BINARY" | "VARBINARY" | "TINYBLOB" | "BLOB" | "MEDIUMBLOB" | "LONGBLOB" | "BIT" => Decoded::plain(Value::from(
+            base64::engine::general_purpose::STANDARD.encode(row.try_get_unchecked::<Vec<u8>, _>(index).map_err(failed)?),
+        )),
+        "DATE" => Decoded::plain(Value::from(row.try_get_unchecked::<NaiveDate, _>(index).map_err(failed)?.to_string())),
+        "TIME" => Decoded::plain(Value::from(row.try_get_unchecked::<NaiveTime, _>(index).map_err(failed)?.to_string())),
+        "DATETIME" => Decoded::naive_timestamp(row.try_get_unchecked::<NaiveDateTime, _>(index).map_err(failed)?),
+        "TIMESTAMP" => Decoded::timestamp(row.try_get_unchecked::<DateTime<Utc>, _>(index).map_err(failed)?),
+        other => return Err(SourceError::UnsupportedType { column: name.to_string(), type_name: other.to_string() }),
+    };
+    Ok(decoded)
+}
+
+fn float(number: f64) -> Decoded {
+    Decoded::plain(serde_json::Number::from_f64(number).map(Value::Number).unwrap_or(Value::Null))
+}
+
+#[async_trait]
+impl Source for MySqlSource {
+    async fn fetch_after(&self, after: Option<&Position>, limit: usize) -> Result<Vec<SourceRow>, SourceError> {
+        let seek = self.seek().await?;
+        let rows = match after {
+            None => sqlx::query(sqlx::AssertSqlSafe(seek.from_start.as_str())).bind(limit as i64).fetch_all(&self.pool).await,
+            Some(position) => {
+                let query = bind_position(sqlx::query(sqlx::AssertSqlSafe(seek.after.as_str())), &seek.after_slots, position);
+                query.bind(limit as i64).fetch_all(&self.pool).await
+            }
+        };
+        let rows = rows.map_err(|error| classify(&self.location, error))?;
+        let mut decoded = Vec::with_capacity(rows.len());
+        for row in &rows {
+            decoded.push(self.decode(row)?);
+        }
+        Ok(decoded)
+    }
+
+    fn describe(&self) -> String {
+        self.location.clone()
+    }
+}

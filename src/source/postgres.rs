@@ -1,0 +1,179 @@
+//! PostgreSQL through sqlx. Values are decoded by their column type; timestamps keep their kind
+//! (timestamptz, or timestamp without time zone) and are bound back as that type.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use base64::Engine as _;
+use chrono::{DateTime, NaiveDate, NaiveDateTime, NaiveTime, Utc};
+use serde_json::Value;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::{Column, Executor, Row, SqlSafeStr, Statement, TypeInfo, ValueRef};
+use tokio::sync::OnceCell;
+use tracing::warn;
+
+use super::query::{CursorType, SeekPlan, SeekQuery, build_seek};
+use super::{Decoded, RowBuilder, Source, SourceError, SourceRow, bind_position, classify, redacted_location};
+use crate::config::{SourceConfig, SourceTarget};
+use crate::domain::Position;
+
+pub struct PostgresSource {
+    pool: PgPool,
+    config: SourceConfig,
+    location: String,
+    query: OnceCell<SeekQuery>,
+}
+
+impl PostgresSource {
+    pub fn open(config: &SourceConfig) -> Result<Self, SourceError> {
+        let location = redacted_location(config.url.expose());
+        let options = PgConnectOptions::from_str(config.url.expose())
+            .map_err(|error| SourceError::Unreachable { location: location.clone(), reason: error.to_string() })?
+            .application_name("dbtrigger");
+        let pool = PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_lazy_with(options);
+        Ok(PostgresSource { pool, config: config.clone(), location, query: OnceCell::new() })
+    }
+
+    async fn seek(&self) -> Result<&SeekQuery, SourceError> {
+        self.query.get_or_try_init(|| self.preflight()).await
+    }
+
+    /// Learns the types of the cursor and key columns (to shape the SQL) and warns once when no
+    /// index starts with the cursor.
+    async fn preflight(&self) -> Result<SeekQuery, SourceError> {
+        let probe = build_seek(&self.config, &SeekPlan { cursor_type: CursorType::Integer, placeholder_types: None });
+        let statement = self
+            .pool
+            .prepare(sqlx::AssertSqlSafe(probe.from_start).into_sql_str())
+            .await
+            .map_err(|error| classify(&self.location, error))?;
+        let type_of = |column: &str| -> Result<String, SourceError> {
+            statement
+                .columns()
+                .iter()
+                .find(|candidate| candidate.name() == column)
+                .map(|found| found.type_info().name().to_string())
+                .ok_or_else(|| SourceError::Position(format!("column {column:?} is not in the result of the source query")))
+        };
+        let cursor_type_name = type_of(&self.config.cursor)?;
+        let cursor_type = match cursor_type_name.as_str() {
+            "INT2" | "INT4" | "INT8" => CursorType::Integer,
+            "TIMESTAMPTZ" => CursorType::Timestamp,
+            "TIMESTAMP" => CursorType::NaiveTimestamp,
+            other => {
+                return Err(SourceError::Position(format!(
+                    "cursor column {:?} has type {other}: use an integer or a timestamp column",
+                    self.config.cursor
+                )));
+            }
+        };
+        let mut placeholder_types = vec![cursor_type_name];
+        for key in &self.config.pk {
+            placeholder_types.push(type_of(key)?);
+        }
+        if let SourceTarget::Table { schema, name } = &self.config.target {
+            let qualified = match schema {
+                Some(schema) => format!("\"{schema}\".\"{name}\""),
+                None => format!("\"{name}\""),
+            };
+            let indexed: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
+                 WHERE i.indrelid = to_regclass($1) AND a.attname = $2",
+            )
+            .bind(&qualified)
+            .bind(&self.config.cursor)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|error| classify(&self.location, error))?;
+            if indexed == 0 {
+                warn!(
+                    source = %self.location,
+                    table = %qualified,
+                    "no index starts with the cursor column {:?}: each batch scans the table; create one on ({}, {})",
+                    self.config.cursor,
+                    self.config.cursor,
+                    self.config.pk.join(", ")
+                );
+            }
+        }
+        Ok(build_seek(&self.config, &SeekPlan { cursor_type, placeholder_types: Some(placeholder_types) }))
+    }
+
+    fn decode(&self, row: &PgRow) -> Result<SourceRow, SourceError> {
+        let mut builder = RowBuilder::new(&self.config);
+        for (index, column) in row.columns().iter().enumerate() {
+            let name = column.name();
+            let type_name = column.type_info().name().to_string();
+            let decoded = decode_value(row, index, name, &type_name)?;
+            builder.push(name, &type_name, decoded)?;
+        }
+        builder.finish()
+    }
+}
+
+fn decode_value(row: &PgRow, index: usize, name: &str, type_name: &str) -> Result<Decoded, SourceError> {
+    let raw = row.try_get_raw(index).map_err(|error| SourceError::Position(format!("column {name:?}: {error}")))?;
+    if raw.is_null() {
+        return Ok(Decoded::plain(Value::Null));
+    }
+    let failed = |error: sqlx::Error| SourceError::UnsupportedType {
+        column: name.to_string(),
+        type_name: format!("{type_name} ({error})"),
+    };
+    let decoded = match type_name {
+        "BOOL" => Decoded::plain(Value::from(row.try_get::<bool, _>(index).map_err(failed)?)),
+        "INT2" => Decoded::integer(i64::from(row.try_get::<i16, _>(index).map_err(failed)?)),
+        "INT4" => Decoded::integer(i64::from(row.try_get::<i32, _>(index).map_err(failed)?)),
+        "INT8" => Decoded::integer(row.try_get::<i64, _>(index).map_err(failed)?),
+        "FLOAT4" => float(f64::from(row.try_get::<f32, _>(index).map_err(failed)?)),
+        "FLOAT8" => float(row.try_get::<f64, _>(index).map_err(failed)?),
+        // As a string: no precision is lost.
+        "NUMERIC" => Decoded::plain(Value::from(
+            row.try_get::<sqlx::types::BigDecimal, _>(index).map_err(failed)?.to_string(),
+        )),
+        "TEXT" | "VARCHAR" | "BPCHAR" | "NAME" | "CHAR" | "CITEXT" => Decoded::text(row.try_get_unchecked::<String, _>(index).map_err(failed)?),
+        "UUID" => Decoded::text(row.try_get::<sqlx::types::Uuid, _>(index).map_err(failed)?.to_string()),
+        "JSON" | "JSONB" => Decoded::plain(row.try_get::<Value, _>(index).map_err(failed)?),
+        "BYTEA" => Decoded::plain(Value::from(
+            base64::engine::general_purpose::STANDARD.encode(row.try_get::<Vec<u8>, _>(index).map_err(failed)?),
+        )),
+        "DATE" => Decoded::plain(Value::from(row.try_get::<NaiveDate, _>(index).map_err(failed)?.to_string())),
+        "TIME" => Decoded::plain(Value::from(row.try_get::<NaiveTime, _>(index).map_err(failed)?.to_string())),
+        "TIMESTAMP" => Decoded::naive_timestamp(row.try_get::<NaiveDateTime, _>(index).map_err(failed)?),
+        "TIMESTAMPTZ" => Decoded::timestamp(row.try_get::<DateTime<Utc>, _>(index).map_err(failed)?),
+        other => return Err(SourceError::UnsupportedType { column: name.to_string(), type_name: other.to_string() }),
+    };
+    Ok(decoded)
+}
+
+fn float(number: f64) -> Decoded {
+    Decoded::plain(serde_json::Number::from_f64(number).map(Value::Number).unwrap_or(Value::Null))
+}
+
+#[async_trait]
+impl Source for PostgresSource {
+    async fn fetch_after(&self, after: Option<&Position>, limit: usize) -> Result<Vec<SourceRow>, SourceError> {
+        let seek = self.seek().await?;
+        let rows = match after {
+            None => sqlx::query(sqlx::AssertSqlSafe(seek.from_start.as_str())).bind(limit as i64).fetch_all(&self.pool).await,
+            Some(position) => {
+                let query = bind_position(sqlx::query(sqlx::AssertSqlSafe(seek.after.as_str())), &seek.after_slots, position);
+                query.bind(limit as i64).fetch_all(&self.pool).await
+            }
+        };
+        let rows = rows.map_err(|error| classify(&self.location, error))?;
+        let mut decoded = Vec::with_capacity(rows.len());
+        for row in &rows {
+            decoded.push(self.decode(row)?);
+        }
+        Ok(decoded)
+    }
+
+    fn describe(&self) -> String {
+        self.location.clone()
+    }
+}

@@ -1,0 +1,232 @@
+//! Real database servers for the tests: PostgreSQL and MariaDB, each started once per test binary
+//! on a free loopback port under a temporary directory, and stopped when the binary exits. Each
+//! test gets a fresh database. A missing server is an error that says how to install it, never a
+//! skipped test.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::harness::free_port;
+
+/// Commands to run when the test binary exits (stopping servers).
+static AT_EXIT: Mutex<Vec<Box<dyn FnOnce() + Send>>> = Mutex::new(Vec::new());
+
+extern "C" fn run_at_exit() {
+    let actions: Vec<_> = std::mem::take(&mut *AT_EXIT.lock().unwrap_or_else(|poison| poison.into_inner()));
+    for action in actions {
+        action();
+    }
+}
+
+fn at_exit(action: impl FnOnce() + Send + 'static) {
+    static REGISTERED: OnceLock<()> = OnceLock::new();
+    REGISTERED.get_or_init(|| unsafe {
+        libc::atexit(run_at_exit);
+    });
+    AT_EXIT.lock().unwrap().push(Box::new(action));
+}
+
+fn is_root() -> bool {
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Finds a server program on PATH or in Debian's versioned directories.
+fn find_program(name: &str, debian_dirs: &[&str]) -> Option<PathBuf> {
+    if let Ok(path) = std::env::var("PATH") {
+        for directory in std::env::split_paths(&path) {
+            let candidate = directory.join(name);
+            if candidate.is_file() {
+                return Some(candidate);
+            }
+        }
+    }
+    for pattern in debian_dirs {
+        let Ok(entries) = std::fs::read_dir(pattern) else { continue };
+        let mut versions: Vec<PathBuf> = entries.flatten().map(|entry| entry.path()).collect();
+        versions.sort();
+        for version in versions.iter().rev() {
+            let candidate = version.join("bin").join(name);
+            if candidate.is_file() {
+                return Some(candidate);
+            }
+        }
+    }
+    None
+}
+
+fn run(command: &mut Command, what: &str) {
+    let output = command.output().unwrap_or_else(|error| panic!("{what}: cannot run: {error}"));
+    assert!(
+        output.status.success(),
+        "{what} failed: {}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+fn wait_for_port(port: u16, what: &str, log: &Path) {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(60) {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{what} did not listen on port {port} within 60 s; log:\n{}", std::fs::read_to_string(log).unwrap_or_default());
+}
+
+pub struct Postgres {
+    pub port: u16,
+    directory: PathBuf,
+}
+
+/// The shared PostgreSQL server, started on first use.
+pub fn postgres() -> &'static Postgres {
+    static SERVER: OnceLock<Postgres> = OnceLock::new();
+    SERVER.get_or_init(start_postgres)
+}
+
+fn start_postgres() -> Postgres {
+    let initdb = find_program("initdb", &["/usr/lib/postgresql"])
+        .expect("PostgreSQL is not installed (initdb not found): run scripts/test, which installs it");
+    let pg_ctl = initdb.with_file_name("pg_ctl");
+    let directory = std::env::temp_dir().join(format!("dbtrigger-pg-{}", uuid::Uuid::new_v4().simple()));
+    let data = directory.join("data");
+    std::fs::create_dir_all(&directory).unwrap();
+    let port = free_port();
+    let log = directory.join("server.log");
+    // initdb refuses to run as root: run the server as the `postgres` user then.
+    let as_server_user = |program: &Path, arguments: &str| -> Command {
+        if is_root() {
+            let mut command = Command::new("su");
+            command.args(["postgres", "-s", "/bin/sh", "-c", &format!("{} {arguments}", program.display())]);
+            command
+        } else {
+            let mut command = Command::new("/bin/sh");
+            command.args(["-c", &format!("{} {arguments}", program.display())]);
+            command
+        }
+    };
+    if is_root() {
+        run(Command::new("chown").args(["-R", "postgres"]).arg(&directory), "chown for postgres");
+    }
+    run(
+        &mut as_server_user(&initdb, &format!("-D {} -U postgres -A trust --no-sync -E UTF8", data.display())),
+        "initdb",
+    );
+    run(
+        &mut as_server_user(
+            &pg_ctl,
+            &format!(
+                "-D {} -l {} -w -t 60 -o \"-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200\" start",
+                data.display(),
+                log.display(),
+                directory.display()
+            ),
+        ),
+        "pg_ctl start",
+    );
+    wait_for_port(port, "PostgreSQL", &log);
+    let stop_command = as_server_user(&pg_ctl, &format!("-D {} -m immediate stop", data.display()));
+    let stop_directory = directory.clone();
+    let stop = Mutex::new(stop_command);
+    at_exit(move || {
+        let _ = stop.lock().unwrap().stdout(Stdio::null()).stderr(Stdio::null()).status();
+        let _ = std::fs::remove_dir_all(&stop_directory);
+    });
+    Postgres { port, directory }
+}
+
+impl Postgres {
+    pub fn url(&self, database: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
+    }
+
+    /// A new, empty database for one test.
+    pub async fn fresh_database(&self) -> String {
+        let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+        let pool = sqlx::PgPool::connect(&self.url("postgres")).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&pool).await.unwrap();
+        pool.close().await;
+        self.url(&name)
+    }
+}
+
+pub struct MariaDb {
+    pub port: u16,
+    directory: PathBuf,
+}
+
+/// The shared MariaDB server, started on first use.
+pub fn mariadb() -> &'static MariaDb {
+    static SERVER: OnceLock<MariaDb> = OnceLock::new();
+    SERVER.get_or_init(start_mariadb)
+}
+
+fn start_mariadb() -> MariaDb {
+    let install = find_program("mariadb-install-db", &[])
+        .expect("MariaDB is not installed (mariadb-install-db not found): run scripts/test, which installs it");
+    let server = find_program("mariadbd", &[])
+        .or_else(|| Some(PathBuf::from("/usr/sbin/mariadbd")).filter(|path| path.is_file()))
+        .expect("MariaDB is not installed (mariadbd not found): run scripts/test, which installs it");
+    let directory = std::env::temp_dir().join(format!("dbtrigger-maria-{}", uuid::Uuid::new_v4().simple()));
+    let data = directory.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let port = free_port();
+    let log = directory.join("server.log");
+    let mut install_command = Command::new(&install);
+    install_command
+        .arg(format!("--datadir={}", data.display()))
+        .arg("--auth-root-authentication-method=normal")
+        .arg("--skip-test-db");
+    if is_root() {
+        install_command.arg("--user=root");
+    }
+    run(&mut install_command, "mariadb-install-db");
+    let mut server_command = Command::new(&server);
+    server_command
+        .arg("--no-defaults")
+        .arg(format!("--datadir={}", data.display()))
+        .arg(format!("--port={port}"))
+        .arg("--bind-address=127.0.0.1")
+        .arg(format!("--socket={}", directory.join("sock").display()))
+        .arg(format!("--pid-file={}", directory.join("pid").display()))
+        .arg("--skip-name-resolve")
+        .arg("--innodb-flush-log-at-trx-commit=0")
+        .arg("--max-connections=300")
+        .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
+        .stderr(Stdio::from(std::fs::File::create(directory.join("server.err")).unwrap()));
+    if is_root() {
+        server_command.arg("--user=root");
+    }
+    let child: Child = server_command.spawn().expect("mariadbd starts");
+    wait_for_port(port, "MariaDB", &directory.join("server.err"));
+    let child = Mutex::new(child);
+    let stop_directory = directory.clone();
+    at_exit(move || {
+        let mut child = child.lock().unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = std::fs::remove_dir_all(&stop_directory);
+    });
+    MariaDb { port, directory }
+}
+
+impl MariaDb {
+    pub fn url(&self, database: &str) -> String {
+        format!("mysql://root@127.0.0.1:{}/{database}", self.port)
+    }
+
+    /// A new, empty database for one test.
+    pub async fn fresh_database(&self) -> String {
+        let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+        let pool = sqlx::MySqlPool::connect(&self.url("mysql")).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&pool).await.unwrap();
+        pool.close().await;
+        self.url(&name)
+    }
+}
