@@ -550,18 +550,34 @@ fn validate_time_zone(engine: Engine, zone: &str) -> Result<(), String> {
     }
     let is_offset = zone.len() == 6
         && (zone.starts_with('+') || zone.starts_with('-'))
-        && zone[1..3].chars().all(|character| character.is_ascii_digit())
+        && zone[1..3]
+            .chars()
+            .all(|character| character.is_ascii_digit())
         && &zone[3..4] == ":"
-        && zone[4..6].chars().all(|character| character.is_ascii_digit());
+        && zone[4..6]
+            .chars()
+            .all(|character| character.is_ascii_digit());
     match engine {
-        Engine::Sqlite => Err("SQLite timestamps are read as UTC: only \"UTC\" is supported".to_string()),
-        Engine::MySql if !is_offset => Err(format!("{zone:?}: MySQL takes \"UTC\" or an offset like \"+02:00\"")),
+        Engine::Sqlite => {
+            Err("SQLite timestamps are read as UTC: only \"UTC\" is supported".to_string())
+        }
+        Engine::MySql if !is_offset => Err(format!(
+            "{zone:?}: MySQL takes \"UTC\" or an offset like \"+02:00\""
+        )),
         Engine::MySql => Ok(()),
         Engine::Postgres => {
             let safe = !zone.is_empty()
                 && zone.len() <= 64
-                && zone.chars().all(|character| character.is_ascii_alphanumeric() || "_/+-:".contains(character));
-            if safe { Ok(()) } else { Err(format!("{zone:?} is not a time zone name like \"Europe/Paris\" or an offset like \"+02:00\"")) }
+                && zone.chars().all(|character| {
+                    character.is_ascii_alphanumeric() || "_/+-:".contains(character)
+                });
+            if safe {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{zone:?} is not a time zone name like \"Europe/Paris\" or an offset like \"+02:00\""
+                ))
+            }
         }
     }
 }
@@ -880,7 +896,10 @@ fn build_source(
         validate_fragment(where_clause)
             .map_err(|reason| at.error("poller.source.where", reason))?;
     }
-    let cursor_time_zone = raw.cursor_time_zone.clone().unwrap_or_else(|| "UTC".to_string());
+    let cursor_time_zone = raw
+        .cursor_time_zone
+        .clone()
+        .unwrap_or_else(|| "UTC".to_string());
     validate_time_zone(identity.engine, &cursor_time_zone)
         .map_err(|reason| at.error("poller.source.cursorTimeZone", reason))?;
     let target_text = match &target {

@@ -58,7 +58,9 @@ impl CursorValue {
             (CursorValue::Timestamp { at: left, .. }, CursorValue::Timestamp { at: right, .. }) => {
                 Some(left.cmp(right))
             }
-            (CursorValue::NaiveTimestamp(left), CursorValue::NaiveTimestamp(right)) => Some(left.cmp(right)),
+            (CursorValue::NaiveTimestamp(left), CursorValue::NaiveTimestamp(right)) => {
+                Some(left.cmp(right))
+            }
             _ => None,
         }
     }
@@ -217,7 +219,10 @@ impl TryFrom<&CursorJson> for Position {
             }
             "timestamp_naive" => {
                 let text = json.value.as_str().ok_or_else(|| {
-                    format!("naive timestamp cursor value {} is not a string", json.value)
+                    format!(
+                        "naive timestamp cursor value {} is not a string",
+                        json.value
+                    )
                 })?;
                 let at = NaiveDateTime::parse_from_str(text, NAIVE_FORMAT)
                     .map_err(|error| format!("naive timestamp cursor value {text:?}: {error}"))?;

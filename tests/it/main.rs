@@ -2,9 +2,9 @@
 //! HTTP receivers on loopback, the real `dbtrigger` binary spoken to over the host's protocol.
 
 mod harness;
+mod host;
 mod services;
 mod sources;
-mod host;
 mod store;
 mod tick;
 mod webhook;

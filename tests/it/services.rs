@@ -16,7 +16,8 @@ use crate::harness::free_port;
 static AT_EXIT: Mutex<Vec<Box<dyn FnOnce() + Send>>> = Mutex::new(Vec::new());
 
 extern "C" fn run_at_exit() {
-    let actions: Vec<_> = std::mem::take(&mut *AT_EXIT.lock().unwrap_or_else(|poison| poison.into_inner()));
+    let actions: Vec<_> =
+        std::mem::take(&mut *AT_EXIT.lock().unwrap_or_else(|poison| poison.into_inner()));
     for action in actions {
         action();
     }
@@ -45,7 +46,9 @@ fn find_program(name: &str, debian_dirs: &[&str]) -> Option<PathBuf> {
         }
     }
     for pattern in debian_dirs {
-        let Ok(entries) = std::fs::read_dir(pattern) else { continue };
+        let Ok(entries) = std::fs::read_dir(pattern) else {
+            continue;
+        };
         let mut versions: Vec<PathBuf> = entries.flatten().map(|entry| entry.path()).collect();
         versions.sort();
         for version in versions.iter().rev() {
@@ -59,7 +62,9 @@ fn find_program(name: &str, debian_dirs: &[&str]) -> Option<PathBuf> {
 }
 
 fn run(command: &mut Command, what: &str) {
-    let output = command.output().unwrap_or_else(|error| panic!("{what}: cannot run: {error}"));
+    let output = command
+        .output()
+        .unwrap_or_else(|error| panic!("{what}: cannot run: {error}"));
     assert!(
         output.status.success(),
         "{what} failed: {}\n{}",
@@ -76,7 +81,10 @@ fn wait_for_port(port: u16, what: &str, log: &Path) {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    panic!("{what} did not listen on port {port} within 60 s; log:\n{}", std::fs::read_to_string(log).unwrap_or_default());
+    panic!(
+        "{what} did not listen on port {port} within 60 s; log:\n{}",
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
 }
 
 pub struct Postgres {
@@ -91,10 +99,12 @@ pub fn postgres() -> &'static Postgres {
 }
 
 fn start_postgres() -> Postgres {
-    let initdb = find_program("initdb", &["/usr/lib/postgresql"])
-        .expect("PostgreSQL is not installed (initdb not found): run scripts/test, which installs it");
+    let initdb = find_program("initdb", &["/usr/lib/postgresql"]).expect(
+        "PostgreSQL is not installed (initdb not found): run scripts/test, which installs it",
+    );
     let pg_ctl = initdb.with_file_name("pg_ctl");
-    let directory = std::env::temp_dir().join(format!("dbtrigger-pg-{}", uuid::Uuid::new_v4().simple()));
+    let directory =
+        std::env::temp_dir().join(format!("dbtrigger-pg-{}", uuid::Uuid::new_v4().simple()));
     let data = directory.join("data");
     std::fs::create_dir_all(&directory).unwrap();
     let port = free_port();
@@ -103,7 +113,13 @@ fn start_postgres() -> Postgres {
     let as_server_user = |program: &Path, arguments: &str| -> Command {
         if is_root() {
             let mut command = Command::new("su");
-            command.args(["postgres", "-s", "/bin/sh", "-c", &format!("{} {arguments}", program.display())]);
+            command.args([
+                "postgres",
+                "-s",
+                "/bin/sh",
+                "-c",
+                &format!("{} {arguments}", program.display()),
+            ]);
             command
         } else {
             let mut command = Command::new("/bin/sh");
@@ -112,10 +128,21 @@ fn start_postgres() -> Postgres {
         }
     };
     if is_root() {
-        run(Command::new("chown").args(["-R", "postgres"]).arg(&directory), "chown for postgres");
+        run(
+            Command::new("chown")
+                .args(["-R", "postgres"])
+                .arg(&directory),
+            "chown for postgres",
+        );
     }
     run(
-        &mut as_server_user(&initdb, &format!("-D {} -U postgres -A trust --no-sync -E UTF8", data.display())),
+        &mut as_server_user(
+            &initdb,
+            &format!(
+                "-D {} -U postgres -A trust --no-sync -E UTF8",
+                data.display()
+            ),
+        ),
         "initdb",
     );
     run(
@@ -135,7 +162,12 @@ fn start_postgres() -> Postgres {
     let stop_directory = directory.clone();
     let stop = Mutex::new(stop_command);
     at_exit(move || {
-        let _ = stop.lock().unwrap().stdout(Stdio::null()).stderr(Stdio::null()).status();
+        let _ = stop
+            .lock()
+            .unwrap()
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
         let _ = std::fs::remove_dir_all(&stop_directory);
     });
     Postgres { port, directory }
@@ -150,7 +182,10 @@ impl Postgres {
     pub async fn fresh_database(&self) -> String {
         let name = format!("t_{}", uuid::Uuid::new_v4().simple());
         let pool = sqlx::PgPool::connect(&self.url("postgres")).await.unwrap();
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&pool).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&pool)
+            .await
+            .unwrap();
         pool.close().await;
         self.url(&name)
     }
@@ -172,8 +207,11 @@ fn start_mariadb() -> MariaDb {
         .expect("MariaDB is not installed (mariadb-install-db not found): run scripts/test, which installs it");
     let server = find_program("mariadbd", &[])
         .or_else(|| Some(PathBuf::from("/usr/sbin/mariadbd")).filter(|path| path.is_file()))
-        .expect("MariaDB is not installed (mariadbd not found): run scripts/test, which installs it");
-    let directory = std::env::temp_dir().join(format!("dbtrigger-maria-{}", uuid::Uuid::new_v4().simple()));
+        .expect(
+            "MariaDB is not installed (mariadbd not found): run scripts/test, which installs it",
+        );
+    let directory =
+        std::env::temp_dir().join(format!("dbtrigger-maria-{}", uuid::Uuid::new_v4().simple()));
     let data = directory.join("data");
     std::fs::create_dir_all(&data).unwrap();
     let port = free_port();
@@ -199,7 +237,9 @@ fn start_mariadb() -> MariaDb {
         .arg("--innodb-flush-log-at-trx-commit=0")
         .arg("--max-connections=300")
         .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
-        .stderr(Stdio::from(std::fs::File::create(directory.join("server.err")).unwrap()));
+        .stderr(Stdio::from(
+            std::fs::File::create(directory.join("server.err")).unwrap(),
+        ));
     if is_root() {
         server_command.arg("--user=root");
     }
@@ -225,7 +265,10 @@ impl MariaDb {
     pub async fn fresh_database(&self) -> String {
         let name = format!("t_{}", uuid::Uuid::new_v4().simple());
         let pool = sqlx::MySqlPool::connect(&self.url("mysql")).await.unwrap();
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&pool).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&pool)
+            .await
+            .unwrap();
         pool.close().await;
         self.url(&name)
     }

@@ -41,31 +41,52 @@ async fn database(engine: Engine) -> Database {
             let directory = tempfile::tempdir().unwrap();
             let path = directory.path().join("items.db");
             std::fs::File::create(&path).unwrap();
-            Database { url: format!("sqlite://{}", path.display()), _directory: Some(directory) }
+            Database {
+                url: format!("sqlite://{}", path.display()),
+                _directory: Some(directory),
+            }
         }
-        Engine::Postgres => Database { url: postgres().fresh_database().await, _directory: None },
-        Engine::MariaDb => Database { url: mariadb().fresh_database().await, _directory: None },
+        Engine::Postgres => Database {
+            url: postgres().fresh_database().await,
+            _directory: None,
+        },
+        Engine::MariaDb => Database {
+            url: mariadb().fresh_database().await,
+            _directory: None,
+        },
     }
 }
 
 async fn execute(url: &str, sql: &str) {
-    let statements: Vec<&str> = sql.split(";\n").filter(|statement| !statement.trim().is_empty()).collect();
+    let statements: Vec<&str> = sql
+        .split(";\n")
+        .filter(|statement| !statement.trim().is_empty())
+        .collect();
     if url.starts_with("postgres") {
         let pool = sqlx::PgPool::connect(url).await.unwrap();
         for statement in statements {
-            sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_string())).execute(&pool).await.unwrap();
+            sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_string()))
+                .execute(&pool)
+                .await
+                .unwrap();
         }
         pool.close().await;
     } else if url.starts_with("mysql") {
         let pool = sqlx::MySqlPool::connect(url).await.unwrap();
         for statement in statements {
-            sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_string())).execute(&pool).await.unwrap();
+            sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_string()))
+                .execute(&pool)
+                .await
+                .unwrap();
         }
         pool.close().await;
     } else {
         let pool = sqlx::SqlitePool::connect(url).await.unwrap();
         for statement in statements {
-            sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_string())).execute(&pool).await.unwrap();
+            sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_string()))
+                .execute(&pool)
+                .await
+                .unwrap();
         }
         pool.close().await;
     }
@@ -83,9 +104,16 @@ fn cursor_type(engine: Engine, kind: Kind) -> &'static str {
 }
 
 fn create_table(engine: Engine, kind: Kind) -> String {
-    let text = if engine == Engine::MariaDb { "VARCHAR(20)" } else { "TEXT" };
+    let text = if engine == Engine::MariaDb {
+        "VARCHAR(20)"
+    } else {
+        "TEXT"
+    };
     let (columns, key) = match kind {
-        Kind::CompositeKey => (format!("tenant {text} NOT NULL, id BIGINT NOT NULL"), "tenant, id"),
+        Kind::CompositeKey => (
+            format!("tenant {text} NOT NULL, id BIGINT NOT NULL"),
+            "tenant, id",
+        ),
         _ => ("id BIGINT NOT NULL".to_string(), "id"),
     };
     format!(
@@ -99,7 +127,10 @@ fn cursor_literal(kind: Kind, step: i64) -> String {
     match kind {
         Kind::Integer | Kind::CompositeKey => step.to_string(),
         Kind::Timestamptz | Kind::Naive => {
-            let at = chrono::NaiveDate::from_ymd_opt(2026, 1, 1).unwrap().and_hms_micro_opt(10, 0, 0, 0).unwrap()
+            let at = chrono::NaiveDate::from_ymd_opt(2026, 1, 1)
+                .unwrap()
+                .and_hms_micro_opt(10, 0, 0, 0)
+                .unwrap()
                 + chrono::Duration::microseconds(step * 1_250_001);
             format!("'{}'", at.format("%Y-%m-%d %H:%M:%S%.6f"))
         }
@@ -112,7 +143,10 @@ fn row(kind: Kind, n: i64) -> (Value, String) {
     match kind {
         Kind::CompositeKey => {
             let tenant = if n % 2 == 0 { "a" } else { "b" };
-            (json!({"tenant": tenant, "id": n}), format!("('{tenant}', {n}, {cursor}, 'row {n}')"))
+            (
+                json!({"tenant": tenant, "id": n}),
+                format!("('{tenant}', {n}, {cursor}, 'row {n}')"),
+            )
         }
         _ => (json!({"id": n}), format!("({n}, {cursor}, 'row {n}')")),
     }
@@ -120,11 +154,23 @@ fn row(kind: Kind, n: i64) -> (Value, String) {
 
 async fn insert(url: &str, kind: Kind, rows: std::ops::RangeInclusive<i64>) {
     let values: Vec<String> = rows.map(|n| row(kind, n).1).collect();
-    execute(url, &format!("INSERT INTO items VALUES {};\n", values.join(", "))).await;
+    execute(
+        url,
+        &format!("INSERT INTO items VALUES {};\n", values.join(", ")),
+    )
+    .await;
 }
 
-fn poller(url: &str, kind: Kind, directory: &std::path::Path) -> (Poller, Arc<RecordingSink>, Arc<MemoryStore>) {
-    let pk = if kind == Kind::CompositeKey { json!(["tenant", "id"]) } else { json!(["id"]) };
+fn poller(
+    url: &str,
+    kind: Kind,
+    directory: &std::path::Path,
+) -> (Poller, Arc<RecordingSink>, Arc<MemoryStore>) {
+    let pk = if kind == Kind::CompositeKey {
+        json!(["tenant", "id"])
+    } else {
+        json!(["id"])
+    };
     let app = AppRoot::write(
         directory,
         json!({
@@ -139,7 +185,14 @@ fn poller(url: &str, kind: Kind, directory: &std::path::Path) -> (Poller, Arc<Re
     let sink = Arc::new(RecordingSink::new());
     let store = Arc::new(MemoryStore::new());
     let source = dbtrigger::source::open(&config.source).unwrap();
-    let poller = Poller::new(config, source, sink.clone(), store.clone(), Arc::new(SystemClock), "it".into());
+    let poller = Poller::new(
+        config,
+        source,
+        sink.clone(),
+        store.clone(),
+        Arc::new(SystemClock),
+        "it".into(),
+    );
     (poller, sink, store)
 }
 
@@ -152,15 +205,30 @@ async fn end_to_end(engine: Engine, kind: Kind) {
     // Rows arrive between ticks; 3 rows per cursor value and batches of 7 split the ties.
     for (from, to) in [(1, 20), (21, 22), (23, 60)] {
         insert(&database.url, kind, from..=to).await;
-        let outcome = poller.tick().await.unwrap_or_else(|error| panic!("{engine:?} {kind:?}: {error}"));
-        assert!(matches!(outcome, TickOutcome::Delivered { .. }), "{engine:?} {kind:?}: {outcome:?}");
+        let outcome = poller
+            .tick()
+            .await
+            .unwrap_or_else(|error| panic!("{engine:?} {kind:?}: {error}"));
+        assert!(
+            matches!(outcome, TickOutcome::Delivered { .. }),
+            "{engine:?} {kind:?}: {outcome:?}"
+        );
     }
-    assert_eq!(poller.tick().await.unwrap(), TickOutcome::Idle, "{engine:?} {kind:?}");
+    assert_eq!(
+        poller.tick().await.unwrap(),
+        TickOutcome::Idle,
+        "{engine:?} {kind:?}"
+    );
 
     let delivered: Vec<Value> = sink
         .batches()
         .iter()
-        .flat_map(|batch| batch.events.iter().map(|event| Value::Object(event.pk.clone())))
+        .flat_map(|batch| {
+            batch
+                .events
+                .iter()
+                .map(|event| Value::Object(event.pk.clone()))
+        })
         .collect();
     // Expected: (cursor, pk) order. Cursor steps are n / 3; within a step, the key order.
     let mut expected: Vec<(i64, String, i64, Value)> = (1..=60)
@@ -172,9 +240,13 @@ async fn end_to_end(engine: Engine, kind: Kind) {
         .collect();
     expected.sort_by(|left, right| (left.0, &left.1, left.2).cmp(&(right.0, &right.1, right.2)));
     let expected: Vec<Value> = expected.into_iter().map(|(_, _, _, key)| key).collect();
-    assert_eq!(delivered, expected, "{engine:?} {kind:?}: every row once, in (cursor, pk) order");
+    assert_eq!(
+        delivered, expected,
+        "{engine:?} {kind:?}: every row once, in (cursor, pk) order"
+    );
 
-    let document = StateDocument::parse(&store.raw(&StateKey::new("local", "orders")).unwrap()).unwrap();
+    let document =
+        StateDocument::parse(&store.raw(&StateKey::new("local", "orders")).unwrap()).unwrap();
     let cursor = document.checkpoint.unwrap().cursor;
     let expected_kind = match (engine, kind) {
         (_, Kind::Integer | Kind::CompositeKey) => "integer",
@@ -184,7 +256,11 @@ async fn end_to_end(engine: Engine, kind: Kind) {
     assert_eq!(cursor.kind, expected_kind, "{engine:?} {kind:?}");
     // The row's values arrive typed.
     let first = &sink.batches()[0].events[0];
-    assert_eq!(first.row["note"], json!(format!("row {}", first.pk["id"])), "{engine:?} {kind:?}");
+    assert_eq!(
+        first.row["note"],
+        json!(format!("row {}", first.pk["id"])),
+        "{engine:?} {kind:?}"
+    );
 }
 
 macro_rules! end_to_end_tests {
@@ -210,4 +286,175 @@ end_to_end_tests! {
     mariadb_timestamp_cursor: Engine::MariaDb, Kind::Timestamptz;
     mariadb_datetime_cursor: Engine::MariaDb, Kind::Naive;
     mariadb_composite_key: Engine::MariaDb, Kind::CompositeKey;
+}
+
+/// A poller on table `items` (cursor `c`, pk `id`) of `url`, with extra `source` fields.
+fn items_poller(url: &str, source_extra: Value) -> (Poller, Arc<RecordingSink>, tempfile::TempDir) {
+    let directory = tempfile::tempdir().unwrap();
+    let mut source =
+        json!({"connection": "ITEMS_DB", "table": "items", "cursor": "c", "pk": ["id"]});
+    for (key, value) in source_extra.as_object().unwrap() {
+        source[key] = value.clone();
+    }
+    let app = AppRoot::write(
+        directory.path(),
+        json!({
+            "source": source,
+            "batch": {"size": 100},
+            "sink": {"type": "webhook", "url": "http://127.0.0.1:9/unused"},
+            "state": {"connection": "STATE"}
+        }),
+    );
+    let settings = Settings::from_pairs([("ITEMS_DB", url), ("STATE", "file:unused")]);
+    let config = PollerConfig::load(&app.root, "orders", &settings, None).unwrap();
+    let sink = Arc::new(RecordingSink::new());
+    let source = dbtrigger::source::open(&config.source).unwrap();
+    let poller = Poller::new(
+        config,
+        source,
+        sink.clone(),
+        Arc::new(MemoryStore::new()),
+        Arc::new(SystemClock),
+        "it".into(),
+    );
+    (poller, sink, directory)
+}
+
+/// The classic keyset-polling loss, and what `settleSeconds` does about it. Transaction A takes
+/// its timestamp first but commits after transaction B. Without settle, the poller reads B,
+/// moves the checkpoint past A's timestamp, and A is never delivered. With settle, B is too
+/// young to read at first; when it is read, A is there too, and both arrive.
+async fn late_commit(settle_seconds: u64) -> Vec<i64> {
+    let url = postgres().fresh_database().await;
+    execute(
+        &url,
+        "CREATE TABLE items (id BIGINT PRIMARY KEY, c TIMESTAMPTZ NOT NULL, note TEXT);\n",
+    )
+    .await;
+    let (poller, sink, _directory) = items_poller(&url, json!({"settleSeconds": settle_seconds}));
+
+    // A is 1 s older than B, but B commits first and a tick runs in between.
+    execute(
+        &url,
+        "INSERT INTO items VALUES (2, now(), 'B commits first');\n",
+    )
+    .await;
+    poller.tick().await.unwrap();
+    execute(
+        &url,
+        "INSERT INTO items VALUES (1, now() - interval '1 second', 'A commits late');\n",
+    )
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(
+        settle_seconds * 1000 + 500,
+    ))
+    .await;
+    poller.tick().await.unwrap();
+    sink.batches()
+        .iter()
+        .flat_map(|batch| {
+            batch
+                .events
+                .iter()
+                .map(|event| event.pk["id"].as_i64().unwrap())
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_settle_a_late_commit_is_lost() {
+    assert_eq!(
+        late_commit(0).await,
+        vec![2],
+        "A was skipped: this is the loss settle prevents"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_settle_a_late_commit_is_delivered() {
+    assert_eq!(late_commit(2).await, vec![1, 2]);
+}
+
+async fn first_row(
+    url: &str,
+    table_sql: &str,
+    insert_sql: &str,
+) -> Result<serde_json::Map<String, Value>, String> {
+    execute(url, table_sql).await;
+    execute(url, insert_sql).await;
+    let (poller, sink, _directory) = items_poller(url, json!({}));
+    poller.tick().await.map_err(|error| error.to_string())?;
+    Ok(sink.batches()[0].events[0].row.clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_values_become_json_without_losing_precision() {
+    let url = postgres().fresh_database().await;
+    let row = first_row(
+        &url,
+        "CREATE TABLE items (id INT PRIMARY KEY, c BIGINT NOT NULL, amount NUMERIC(30, 10), ratio DOUBLE PRECISION, \
+         small SMALLINT, flag BOOLEAN, name VARCHAR(20), tag UUID, doc JSONB, raw BYTEA, day DATE, at TIMESTAMPTZ, \
+         local TIMESTAMP, nothing TEXT);\n",
+        "INSERT INTO items VALUES (1, 5, 12345678901234567890.0123456789, 0.5, -3, true, 'Zoë', \
+         'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '{\"k\": [1, 2]}', '\\x0102ff', '2026-03-04', \
+         '2026-03-04 05:06:07.123456+02', '2026-03-04 05:06:07.5', NULL);\n",
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        Value::Object(row),
+        json!({
+            "id": 1, "c": 5, "amount": "12345678901234567890.0123456789", "ratio": 0.5, "small": -3,
+            "flag": true, "name": "Zoë", "tag": "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", "doc": {"k": [1, 2]},
+            "raw": "AQL/", "day": "2026-03-04", "at": "2026-03-04T03:06:07.123456Z",
+            "local": "2026-03-04T05:06:07.500", "nothing": null
+        })
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_values_become_json_without_losing_precision() {
+    let url = mariadb().fresh_database().await;
+    let row = first_row(
+        &url,
+        "CREATE TABLE items (id INT PRIMARY KEY, c BIGINT NOT NULL, amount DECIMAL(30, 10), ratio DOUBLE, \
+         flag BOOLEAN, name VARCHAR(20), raw VARBINARY(8), day DATE, at TIMESTAMP(6) NULL, local DATETIME(3), nothing TEXT);\n",
+        "INSERT INTO items VALUES (1, 5, 12345678901234567890.0123456789, 0.5, true, 'Zoë', x'0102ff', '2026-03-04', \
+         '2026-03-04 05:06:07.123456', '2026-03-04 05:06:07.5', NULL);\n",
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        Value::Object(row),
+        json!({
+            "id": 1, "c": 5, "amount": "12345678901234567890.0123456789", "ratio": 0.5, "flag": true,
+            "name": "Zoë", "raw": "AQL/", "day": "2026-03-04", "at": "2026-03-04T05:06:07.123456Z",
+            "local": "2026-03-04T05:06:07.500", "nothing": null
+        })
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsupported_column_type_is_named_in_the_error() {
+    let url = postgres().fresh_database().await;
+    let error = first_row(
+        &url,
+        "CREATE TABLE items (id INT PRIMARY KEY, c BIGINT NOT NULL, spot POINT);\n",
+        "INSERT INTO items VALUES (1, 1, point(1, 2));\n",
+    )
+    .await
+    .unwrap_err();
+    assert!(error.contains("column \"spot\" has type POINT"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_database_is_a_clear_error_without_the_password() {
+    let port = crate::harness::free_port();
+    let url = format!("postgres://reader:s3cret-pw@127.0.0.1:{port}/shop");
+    let (poller, _sink, _directory) = items_poller(&url, json!({}));
+    let error = poller.tick().await.unwrap_err();
+    let message = error.to_string();
+    assert!(message.contains("cannot reach the database"), "{message}");
+    assert!(message.contains(&format!("127.0.0.1:{port}")), "{message}");
+    assert!(!message.contains("s3cret-pw"), "{message}");
 }
