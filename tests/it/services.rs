@@ -5,12 +5,17 @@
 
 #![allow(dead_code)]
 
+// Shared with benches/seek.rs, so it depends on nothing else in tests/.
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::harness::free_port;
+/// A free TCP port on loopback (bound, read, released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
 
 /// Commands to run when the test binary exits (stopping servers).
 static AT_EXIT: Mutex<Vec<Box<dyn FnOnce() + Send>>> = Mutex::new(Vec::new());
