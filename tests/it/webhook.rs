@@ -15,6 +15,7 @@ use sha2::Sha256;
 
 use crate::harness::{AppRoot, Orders, Receiver};
 
+
 const SECRET: &str = "whsec_c2VjcmV0LWtleS1mb3ItdGhlLXRlc3RzLTEyMzQ=";
 
 struct Setup {
@@ -198,4 +199,74 @@ async fn a_batch_over_the_body_limit_is_split_into_ordered_parts() {
         setup.receiver.acknowledged_ids(),
         (1..=60).collect::<Vec<i64>>()
     );
+}
+
+/// The example receiver of docs/receivers.md (standard-library Python), run against the real sink.
+struct PythonReceiver {
+    child: std::process::Child,
+    url: String,
+}
+
+impl PythonReceiver {
+    fn start(secret: &str) -> PythonReceiver {
+        let port = crate::harness::free_port();
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/examples/receiver.py");
+        let mut child = std::process::Command::new("python3")
+            .args([script, "--port", &port.to_string(), "--secret", secret])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 runs the example receiver");
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.as_mut().unwrap()), &mut line).unwrap();
+        assert!(line.starts_with("listening"), "{line}");
+        PythonReceiver { child, url: format!("http://127.0.0.1:{port}/") }
+    }
+}
+
+impl Drop for PythonReceiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn poller_for(url: &str, orders: &Orders, directory: &std::path::Path, secret: &str) -> Poller {
+    let app = AppRoot::write(
+        directory,
+        json!({
+            "source": {"connection": "ORDERS_DB", "table": "orders", "cursor": "version", "pk": ["id"]},
+            "batch": {"size": 10},
+            "sink": {"type": "webhook", "url": url, "secret": "ORDERS_SECRET", "maxRetries": 0},
+            "state": {"connection": "ORDERS_STATE"}
+        }),
+    );
+    let settings = Settings::from_pairs([
+        ("ORDERS_DB".to_string(), orders.url()),
+        ("ORDERS_STATE".to_string(), "file:unused".to_string()),
+        ("ORDERS_SECRET".to_string(), secret.to_string()),
+    ]);
+    let config = PollerConfig::load(&app.root, "orders", &settings, None).unwrap();
+    let source = dbtrigger::source::open(&config.source).unwrap();
+    let sink = dbtrigger::sink::open(&config.sink).unwrap();
+    Poller::new(config, source, sink, Arc::new(MemoryStore::new()), Arc::new(SystemClock), "a".into())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_example_receiver_verifies_and_deduplicates() {
+    let directory = tempfile::tempdir().unwrap();
+    let orders = Orders::create(directory.path()).await;
+    orders.insert(1..=25, 2).await;
+    let receiver = PythonReceiver::start(SECRET);
+
+    // Delivered once, then all again (a fresh state store: everything is redelivered).
+    poller_for(&receiver.url, &orders, directory.path(), SECRET).tick().await.unwrap();
+    poller_for(&receiver.url, &orders, directory.path(), SECRET).tick().await.unwrap();
+    let stats: Value = reqwest::get(&receiver.url).await.unwrap().json().await.unwrap();
+    let applied: Vec<i64> = stats["applied"].as_array().unwrap().iter().map(|pk| pk["id"].as_i64().unwrap()).collect();
+    assert_eq!(applied, (1..=25).collect::<Vec<i64>>(), "each row applied once");
+    assert_eq!(stats["duplicates"], json!(25), "the redelivery was recognised");
+
+    // A sender with the wrong key is refused, permanently.
+    let error = poller_for(&receiver.url, &orders, directory.path(), "whsec_d3Jvbmcta2V5").tick().await.unwrap_err();
+    assert!(error.to_string().contains("HTTP 401") && error.to_string().contains("bad signature"), "{error}");
 }
