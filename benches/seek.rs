@@ -72,7 +72,9 @@ struct Figures {
 
 async fn measure_seek(source: &dyn Source) -> (Duration, Duration) {
     let first = median(|| async { source.fetch_after(Some(&position(10)), BATCH).await.unwrap().len() }).await;
-    let last = median(|| async { source.fetch_after(Some(&position(ROWS - 2 * BATCH as i64)), BATCH).await.unwrap().len() }).await;
+    let last =
+        median(|| async { source.fetch_after(Some(&position(ROWS - 2 * BATCH as i64)), BATCH).await.unwrap().len() })
+            .await;
     (first, last)
 }
 
@@ -155,7 +157,11 @@ fn milliseconds(duration: Duration) -> f64 {
 async fn main() {
     let mut figures = Vec::new();
     for engine in std::env::args().skip(1).filter(|argument| !argument.starts_with('-')).chain(
-        if std::env::args().skip(1).any(|argument| !argument.starts_with('-')) { vec![] } else { vec!["sqlite".into(), "postgresql".into(), "mariadb".into()] },
+        if std::env::args().skip(1).any(|argument| !argument.starts_with('-')) {
+            vec![]
+        } else {
+            vec!["sqlite".into(), "postgresql".into(), "mariadb".into()]
+        },
     ) {
         let started = Instant::now();
         let result = match engine.as_str() {

@@ -52,10 +52,7 @@ impl App {
             }
             pollers.insert(name, opened);
         }
-        App {
-            app_name: config.app_name,
-            pollers,
-        }
+        App { app_name: config.app_name, pollers }
     }
 
     pub fn lookup(&self, name: &str) -> Lookup<'_> {
@@ -77,26 +74,12 @@ impl App {
     }
 }
 
-fn open_poller(
-    config: PollerConfig,
-    clock: Arc<dyn Clock>,
-    owner_id: &str,
-) -> Result<Arc<Poller>, String> {
+fn open_poller(config: PollerConfig, clock: Arc<dyn Clock>, owner_id: &str) -> Result<Arc<Poller>, String> {
     let file = config.file.display().to_string();
-    let source = crate::source::open(&config.source)
-        .map_err(|error| format!("{file}: poller.source: {error}"))?;
-    let sink =
-        crate::sink::open(&config.sink).map_err(|error| format!("{file}: poller.sink: {error}"))?;
-    let store = crate::store::open(&config.state)
-        .map_err(|error| format!("{file}: poller.state: {error}"))?;
-    Ok(Arc::new(Poller::new(
-        config,
-        source,
-        sink,
-        store,
-        clock,
-        owner_id.to_string(),
-    )))
+    let source = crate::source::open(&config.source).map_err(|error| format!("{file}: poller.source: {error}"))?;
+    let sink = crate::sink::open(&config.sink).map_err(|error| format!("{file}: poller.sink: {error}"))?;
+    let store = crate::store::open(&config.state).map_err(|error| format!("{file}: poller.state: {error}"))?;
+    Ok(Arc::new(Poller::new(config, source, sink, store, clock, owner_id.to_string())))
 }
 
 /// `{instance}/{pid}-{random}`: unique per process, readable in the state document.
@@ -104,11 +87,7 @@ fn owner_id(settings: &Settings) -> String {
     let instance = settings
         .get("WEBSITE_INSTANCE_ID")
         .map(|id| id.chars().take(16).collect::<String>())
-        .or_else(|| {
-            std::fs::read_to_string("/etc/hostname")
-                .ok()
-                .map(|name| name.trim().to_string())
-        })
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|name| name.trim().to_string()))
         .filter(|name| !name.is_empty())
         .unwrap_or_else(|| "local".to_string());
     let random = uuid::Uuid::new_v4().simple().to_string();

@@ -29,5 +29,6 @@ pub mod handler;
 pub mod logging;
 pub mod sink;
 pub mod source;
+pub mod storage;
 pub mod store;
 pub mod tick;

@@ -7,8 +7,7 @@ use tracing_subscriber::EnvFilter;
 
 /// Installs the subscriber. `RUST_LOG` overrides `default_level`.
 pub fn init(default_level: &str) {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stdout)

@@ -9,11 +9,7 @@ use dbtrigger::cli::{Cli, Command};
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     // The demo prints its own story; its library logs would drown it.
-    let default_level = if matches!(cli.command, Command::Demo { .. }) {
-        "warn"
-    } else {
-        "info"
-    };
+    let default_level = if matches!(cli.command, Command::Demo { .. }) { "warn" } else { "info" };
     dbtrigger::logging::init(default_level);
     match dbtrigger::cli::run(cli).await {
         Ok(code) => code,

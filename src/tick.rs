@@ -64,17 +64,9 @@ pub enum TickOutcome {
     /// Nothing after the checkpoint: one read, no write.
     Idle,
     /// Batches delivered and committed.
-    Delivered {
-        rows: u64,
-        batches: u64,
-        checkpoint: String,
-        stop: StopReason,
-    },
+    Delivered { rows: u64, batches: u64, checkpoint: String, stop: StopReason },
     /// Another instance holds a live lease.
-    LeaseHeld {
-        owner_id: String,
-        expires_at: Option<DateTime<Utc>>,
-    },
+    LeaseHeld { owner_id: String, expires_at: Option<DateTime<Utc>> },
     /// The lease was lost mid-tick (someone else wrote the document); nothing more was committed.
     LeaseLost { rows: u64, batches: u64 },
     /// A tick of this poller is already running in this process.
@@ -92,14 +84,8 @@ impl TickOutcome {
     pub fn kind(&self) -> &'static str {
         match self {
             TickOutcome::Idle => "idle",
-            TickOutcome::Delivered {
-                stop: StopReason::CaughtUp,
-                ..
-            } => "caught-up",
-            TickOutcome::Delivered {
-                stop: StopReason::BudgetExhausted,
-                ..
-            } => "budget-exhausted",
+            TickOutcome::Delivered { stop: StopReason::CaughtUp, .. } => "caught-up",
+            TickOutcome::Delivered { stop: StopReason::BudgetExhausted, .. } => "budget-exhausted",
             TickOutcome::LeaseHeld { .. } => "lease-held",
             TickOutcome::LeaseLost { .. } => "lease-lost",
             TickOutcome::Busy => "busy",
@@ -111,36 +97,20 @@ impl fmt::Display for TickOutcome {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             TickOutcome::Idle => write!(formatter, "nothing new"),
-            TickOutcome::Delivered {
-                rows,
-                batches,
-                checkpoint,
-                stop,
-            } => {
+            TickOutcome::Delivered { rows, batches, checkpoint, stop } => {
                 let how = match stop {
                     StopReason::CaughtUp => "caught up",
                     StopReason::BudgetExhausted => "tick budget used up, more to deliver",
                 };
-                write!(
-                    formatter,
-                    "delivered {batches} batches, {rows} rows; {how}; checkpoint {checkpoint}"
-                )
+                write!(formatter, "delivered {batches} batches, {rows} rows; {how}; checkpoint {checkpoint}")
             }
-            TickOutcome::LeaseHeld {
-                owner_id,
-                expires_at,
-            } => match expires_at {
-                Some(at) => write!(
-                    formatter,
-                    "lease held by {owner_id} until {}",
-                    at.to_rfc3339()
-                ),
+            TickOutcome::LeaseHeld { owner_id, expires_at } => match expires_at {
+                Some(at) => write!(formatter, "lease held by {owner_id} until {}", at.to_rfc3339()),
                 None => write!(formatter, "lease held by {owner_id}"),
             },
-            TickOutcome::LeaseLost { rows, batches } => write!(
-                formatter,
-                "lease lost after {batches} batches, {rows} rows; the new owner continues"
-            ),
+            TickOutcome::LeaseLost { rows, batches } => {
+                write!(formatter, "lease lost after {batches} batches, {rows} rows; the new owner continues")
+            }
             TickOutcome::Busy => write!(formatter, "a tick of this poller is already running here"),
         }
     }
@@ -155,10 +125,7 @@ pub enum TickError {
     #[error(
         "{error}; the checkpoint did not move ({rows_committed} rows committed before it), the batch is retried next tick"
     )]
-    Delivery {
-        error: SinkError,
-        rows_committed: u64,
-    },
+    Delivery { error: SinkError, rows_committed: u64 },
     #[error(
         "the source definition changed: the state document was written for fingerprint {stored}, the configuration now gives {current}. \
          The checkpoint may not mean the same rows any more: reset the poller or use a new poller name"
@@ -193,15 +160,7 @@ impl Poller {
         clock: Arc<dyn Clock>,
         owner_id: String,
     ) -> Self {
-        Poller {
-            config,
-            source,
-            sink,
-            store,
-            clock,
-            owner_id,
-            running: tokio::sync::Mutex::new(()),
-        }
+        Poller { config, source, sink, store, clock, owner_id, running: tokio::sync::Mutex::new(()) }
     }
 
     pub fn key(&self) -> StateKey {
@@ -220,10 +179,7 @@ impl Poller {
         // 1. One read.
         let (mut document, mut etag) = match self.store.read(&key).await? {
             Some(versioned) => (versioned.document, Some(versioned.etag)),
-            None => (
-                StateDocument::new(&self.config.poller_name, &self.config.fingerprint),
-                None,
-            ),
+            None => (StateDocument::new(&self.config.poller_name, &self.config.fingerprint), None),
         };
         if document.source_fingerprint != self.config.fingerprint {
             return Err(TickError::FingerprintMismatch {
@@ -232,15 +188,10 @@ impl Poller {
             });
         }
         let now = self.clock.now();
-        if let LeaseStatus::HeldByOther {
-            owner_id,
-            expires_at,
-        } = lease::status(document.lease.as_ref(), &self.owner_id, now, &terms)
+        if let LeaseStatus::HeldByOther { owner_id, expires_at } =
+            lease::status(document.lease.as_ref(), &self.owner_id, now, &terms)
         {
-            return Ok(TickOutcome::LeaseHeld {
-                owner_id,
-                expires_at,
-            });
+            return Ok(TickOutcome::LeaseHeld { owner_id, expires_at });
         }
 
         // 2. Anything to do?
@@ -255,10 +206,7 @@ impl Poller {
         let acquired = match lease::acquire(document.lease.as_ref(), &self.owner_id, now, &terms) {
             Ok(acquired) => acquired,
             Err(held) => {
-                return Ok(TickOutcome::LeaseHeld {
-                    owner_id: held.owner_id,
-                    expires_at: held.expires_at,
-                });
+                return Ok(TickOutcome::LeaseHeld { owner_id: held.owner_id, expires_at: held.expires_at });
             }
         };
         let fencing_token = acquired.fencing_token;
@@ -277,50 +225,22 @@ impl Poller {
         let mut delivered_rows: u64 = 0;
         let mut delivered_batches: u64 = 0;
         loop {
-            let first = rows
-                .first()
-                .expect("a batch is never empty")
-                .position
-                .clone();
-            let last = rows
-                .last()
-                .expect("a batch is never empty")
-                .position
-                .clone();
-            let id = batch_id(
-                &self.config.poller_name,
-                &self.config.fingerprint,
-                &first,
-                &last,
-                rows.len(),
-            );
-            let batch = Batch::new(
-                &self.config.poller_name,
-                &self.config.fingerprint,
-                id.clone(),
-                fencing_token,
-                &rows,
-            );
+            let first = rows.first().expect("a batch is never empty").position.clone();
+            let last = rows.last().expect("a batch is never empty").position.clone();
+            let id = batch_id(&self.config.poller_name, &self.config.fingerprint, &first, &last, rows.len());
+            let batch =
+                Batch::new(&self.config.poller_name, &self.config.fingerprint, id.clone(), fencing_token, &rows);
             // A short batch means the source had no more rows when it was read: no need to ask again.
             let fetch_next = async {
-                if rows.len() < size {
-                    Ok(Vec::new())
-                } else {
-                    self.source.fetch_after(Some(&last), size).await
-                }
+                if rows.len() < size { Ok(Vec::new()) } else { self.source.fetch_after(Some(&last), size).await }
             };
-            let (delivery, next) = tokio::join!(
-                self.deliver_fenced(&batch, deadline, &key, &mut document, &mut etag),
-                fetch_next
-            );
+            let (delivery, next) =
+                tokio::join!(self.deliver_fenced(&batch, deadline, &key, &mut document, &mut etag), fetch_next);
             match delivery {
                 Ok(()) => {}
                 Err(DeliveryFailure::LeaseLost) => {
                     warn!(poller = %self.config.poller_name, batch = %id, "lease lost during delivery; not committing");
-                    return Ok(TickOutcome::LeaseLost {
-                        rows: delivered_rows,
-                        batches: delivered_batches,
-                    });
+                    return Ok(TickOutcome::LeaseLost { rows: delivered_rows, batches: delivered_batches });
                 }
                 Err(DeliveryFailure::Store(error)) => {
                     self.release_after_failure(&key, &mut document, etag).await;
@@ -329,10 +249,7 @@ impl Poller {
                 Err(DeliveryFailure::Sink(error)) => {
                     warn!(poller = %self.config.poller_name, batch = %id, error = %error, "delivery failed; checkpoint unchanged");
                     self.release_after_failure(&key, &mut document, etag).await;
-                    return Err(TickError::Delivery {
-                        error,
-                        rows_committed: delivered_rows,
-                    });
+                    return Err(TickError::Delivery { error, rows_committed: delivered_rows });
                 }
             }
 
@@ -340,13 +257,7 @@ impl Poller {
             let now = self.clock.now();
             let out_of_budget = Instant::now() >= deadline;
             let is_last = out_of_budget || !matches!(&next, Ok(next_rows) if !next_rows.is_empty());
-            document.checkpoint = Some(advance_checkpoint(
-                document.checkpoint.as_ref(),
-                &last,
-                &id,
-                rows.len(),
-                now,
-            )?);
+            document.checkpoint = Some(advance_checkpoint(document.checkpoint.as_ref(), &last, &id, rows.len(), now)?);
             document.stats.rows_delivered += rows.len() as u64;
             document.stats.batches_delivered += 1;
             document.stats.last_tick_at = Some(now);
@@ -357,23 +268,14 @@ impl Poller {
                 lease::renew(&current_lease, &self.owner_id, now, &terms)
             };
             let Ok(next_lease) = next_lease else {
-                return Ok(TickOutcome::LeaseLost {
-                    rows: delivered_rows,
-                    batches: delivered_batches,
-                });
+                return Ok(TickOutcome::LeaseLost { rows: delivered_rows, batches: delivered_batches });
             };
             document.lease = Some(next_lease);
-            etag = match self
-                .write_state(&key, &mut document, WriteCondition::Matches(etag))
-                .await
-            {
+            etag = match self.write_state(&key, &mut document, WriteCondition::Matches(etag)).await {
                 Ok(new_etag) => new_etag,
                 Err(WriteFailure::Conflict(_)) => {
                     warn!(poller = %self.config.poller_name, batch = %id, "commit refused: the lease was taken over; the batch will be delivered again by the new owner");
-                    return Ok(TickOutcome::LeaseLost {
-                        rows: delivered_rows,
-                        batches: delivered_batches,
-                    });
+                    return Ok(TickOutcome::LeaseLost { rows: delivered_rows, batches: delivered_batches });
                 }
                 Err(WriteFailure::Store(error)) => return Err(error.into()),
             };
@@ -390,11 +292,7 @@ impl Poller {
 
             let next_rows = next?;
             if next_rows.is_empty() || out_of_budget {
-                let stop = if next_rows.is_empty() {
-                    StopReason::CaughtUp
-                } else {
-                    StopReason::BudgetExhausted
-                };
+                let stop = if next_rows.is_empty() { StopReason::CaughtUp } else { StopReason::BudgetExhausted };
                 return Ok(TickOutcome::Delivered {
                     rows: delivered_rows,
                     batches: delivered_batches,
@@ -419,10 +317,7 @@ impl Poller {
         let terms = self.config.lease;
         let mut delivery = pin!(self.sink.deliver(batch, deadline));
         loop {
-            let current = document
-                .lease
-                .clone()
-                .expect("the lease is held while delivering");
+            let current = document.lease.clone().expect("the lease is held while delivering");
             let now = self.clock.now();
             if !lease::holder_may_act(&current, &self.owner_id, now, &terms) {
                 return Err(DeliveryFailure::LeaseLost);
@@ -467,31 +362,18 @@ impl Poller {
         document.write_id = Some(write_id.clone());
         match self.store.write(key, document, condition).await {
             Ok(etag) => Ok(etag),
-            Err(StoreError::Conflict { .. } | StoreError::AlreadyExists { .. }) => {
-                match self.store.read(key).await {
-                    Ok(Some(stored))
-                        if stored.document.write_id.as_deref() == Some(write_id.as_str()) =>
-                    {
-                        Ok(stored.etag)
-                    }
-                    Ok(stored) => Err(WriteFailure::Conflict(
-                        stored.map(|versioned| Box::new(versioned.document)),
-                    )),
-                    Err(error) => Err(WriteFailure::Store(error)),
-                }
-            }
+            Err(StoreError::Conflict { .. } | StoreError::AlreadyExists { .. }) => match self.store.read(key).await {
+                Ok(Some(stored)) if stored.document.write_id.as_deref() == Some(write_id.as_str()) => Ok(stored.etag),
+                Ok(stored) => Err(WriteFailure::Conflict(stored.map(|versioned| Box::new(versioned.document)))),
+                Err(error) => Err(WriteFailure::Store(error)),
+            },
             Err(error) => Err(WriteFailure::Store(error)),
         }
     }
 
     /// After a failed delivery: give the lease back (checkpoint unchanged) so that the retry, on any
     /// instance, need not wait for expiry. Best effort: if it fails, the lease simply expires.
-    async fn release_after_failure(
-        &self,
-        key: &StateKey,
-        document: &mut StateDocument,
-        etag: ETag,
-    ) {
+    async fn release_after_failure(&self, key: &StateKey, document: &mut StateDocument, etag: ETag) {
         let Some(current) = document.lease.clone() else {
             return;
         };
@@ -499,23 +381,14 @@ impl Poller {
             return;
         };
         document.lease = Some(released);
-        if let Err(WriteFailure::Store(error)) = self
-            .write_state(key, document, WriteCondition::Matches(etag))
-            .await
-        {
+        if let Err(WriteFailure::Store(error)) = self.write_state(key, document, WriteCondition::Matches(etag)).await {
             warn!(poller = %self.config.poller_name, error = %error, "could not release the lease after a failure; it will expire");
         }
     }
 }
 
 fn error_is_retryable(error: &StoreError) -> bool {
-    matches!(
-        error,
-        StoreError::Unavailable {
-            retryable: true,
-            ..
-        }
-    )
+    matches!(error, StoreError::Unavailable { retryable: true, .. })
 }
 
 fn held_by_whoever_wrote(current: Option<Box<StateDocument>>) -> TickOutcome {
@@ -525,9 +398,6 @@ fn held_by_whoever_wrote(current: Option<Box<StateDocument>>) -> TickOutcome {
             owner_id: lease.owner_id.unwrap_or_else(|| "(released)".to_string()),
             expires_at: lease.expires_at,
         },
-        None => TickOutcome::LeaseHeld {
-            owner_id: "(unknown)".to_string(),
-            expires_at: None,
-        },
+        None => TickOutcome::LeaseHeld { owner_id: "(unknown)".to_string(), expires_at: None },
     }
 }

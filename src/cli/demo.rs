@@ -28,10 +28,7 @@ struct Received {
     batches: u64,
 }
 
-async fn receive(
-    State(received): State<Arc<Mutex<Received>>>,
-    Json(envelope): Json<Value>,
-) -> Json<Value> {
+async fn receive(State(received): State<Arc<Mutex<Received>>>, Json(envelope): Json<Value>) -> Json<Value> {
     let events = envelope["events"].as_array().cloned().unwrap_or_default();
     let mut state = received.lock().unwrap();
     state.batches += 1;
@@ -41,18 +38,9 @@ async fn receive(
             state.duplicates += 1;
         }
     }
-    let first = events
-        .first()
-        .map(|event| event["pk"]["id"].clone())
-        .unwrap_or(Value::Null);
-    let last = events
-        .last()
-        .map(|event| event["pk"]["id"].clone())
-        .unwrap_or(Value::Null);
-    let cursor = events
-        .last()
-        .map(|event| event["cursor"].clone())
-        .unwrap_or(Value::Null);
+    let first = events.first().map(|event| event["pk"]["id"].clone()).unwrap_or(Value::Null);
+    let last = events.last().map(|event| event["pk"]["id"].clone()).unwrap_or(Value::Null);
+    let cursor = events.last().map(|event| event["cursor"].clone()).unwrap_or(Value::Null);
     println!(
         "  receiver: batch {:>3}  {:>4} rows  ids {first}..{last}  up to {cursor}  fencing token {}",
         state.batches,
@@ -69,16 +57,14 @@ async fn insert_orders(pool: &sqlx::SqlitePool, from_id: u32, count: u32) -> any
     for id in from_id..from_id + count {
         // Four rows share each timestamp: batches split equal cursors, the pk breaks the tie.
         let updated_at = base + chrono::Duration::milliseconds(i64::from(id / 4) * 250);
-        sqlx::query(
-            "INSERT INTO orders (id, customer, status, total, updated_at) VALUES (?, ?, ?, ?, ?)",
-        )
-        .bind(i64::from(id))
-        .bind(format!("customer-{}", id % 97))
-        .bind(statuses[(id % 5) as usize])
-        .bind(f64::from(id % 1000) + 0.99)
-        .bind(updated_at.format("%Y-%m-%d %H:%M:%S%.3f").to_string())
-        .execute(&mut *transaction)
-        .await?;
+        sqlx::query("INSERT INTO orders (id, customer, status, total, updated_at) VALUES (?, ?, ?, ?, ?)")
+            .bind(i64::from(id))
+            .bind(format!("customer-{}", id % 97))
+            .bind(statuses[(id % 5) as usize])
+            .bind(f64::from(id % 1000) + 0.99)
+            .bind(updated_at.format("%Y-%m-%d %H:%M:%S%.3f").to_string())
+            .execute(&mut *transaction)
+            .await?;
     }
     transaction.commit().await?;
     Ok(())
@@ -90,10 +76,7 @@ async fn tick_until_idle(client: &reqwest::Client, handler_url: &str) -> anyhow:
         let response = client
             .post(format!("{handler_url}/orders"))
             .header("content-type", "application/json")
-            .header(
-                "x-azure-functions-invocationid",
-                uuid::Uuid::new_v4().to_string(),
-            )
+            .header("x-azure-functions-invocationid", uuid::Uuid::new_v4().to_string())
             .body(TIMER_PAYLOAD)
             .send()
             .await
@@ -105,17 +88,11 @@ async fn tick_until_idle(client: &reqwest::Client, handler_url: &str) -> anyhow:
             .and_then(|value| value.to_str().ok())
             .unwrap_or("")
             .to_string();
-        let body: Value = response
-            .json()
-            .await
-            .context("reading the handler's answer")?;
+        let body: Value = response.json().await.context("reading the handler's answer")?;
         if !status.is_success() {
             bail!("the handler answered {status}: {}", body["error"]);
         }
-        println!(
-            "  handler:  tick {tick}: {}",
-            body["Logs"][0].as_str().unwrap_or("")
-        );
+        println!("  handler:  tick {tick}: {}", body["Logs"][0].as_str().unwrap_or(""));
         if outcome == "idle" {
             return Ok(tick);
         }
@@ -125,9 +102,7 @@ async fn tick_until_idle(client: &reqwest::Client, handler_url: &str) -> anyhow:
 
 pub async fn run(rows: u32, keep: bool) -> anyhow::Result<ExitCode> {
     println!("{}\n", super::DISCLOSURE);
-    let directory = tempfile::Builder::new()
-        .prefix("dbtrigger-demo-")
-        .tempdir()?;
+    let directory = tempfile::Builder::new().prefix("dbtrigger-demo-").tempdir()?;
     let root = directory.path().to_path_buf();
     println!("demo directory: {}", root.display());
 
@@ -135,11 +110,7 @@ pub async fn run(rows: u32, keep: bool) -> anyhow::Result<ExitCode> {
     let database = root.join("orders.db");
     let pool = SqlitePoolOptions::new()
         .max_connections(1)
-        .connect_with(
-            SqliteConnectOptions::new()
-                .filename(&database)
-                .create_if_missing(true),
-        )
+        .connect_with(SqliteConnectOptions::new().filename(&database).create_if_missing(true))
         .await?;
     sqlx::query(
         "CREATE TABLE orders (id INTEGER PRIMARY KEY, customer TEXT NOT NULL, status TEXT NOT NULL, \
@@ -147,20 +118,13 @@ pub async fn run(rows: u32, keep: bool) -> anyhow::Result<ExitCode> {
     )
     .execute(&pool)
     .await?;
-    sqlx::query("CREATE INDEX orders_seek ON orders (updated_at, id)")
-        .execute(&pool)
-        .await?;
+    sqlx::query("CREATE INDEX orders_seek ON orders (updated_at, id)").execute(&pool).await?;
     insert_orders(&pool, 1, rows).await?;
-    println!(
-        "created {} with {rows} orders (cursor updated_at, tiebreaker id)",
-        database.display()
-    );
+    println!("created {} with {rows} orders (cursor updated_at, tiebreaker id)", database.display());
 
     // The receiver.
     let received = Arc::new(Mutex::new(Received::default()));
-    let receiver = axum::Router::new()
-        .route("/hook", post(receive))
-        .with_state(received.clone());
+    let receiver = axum::Router::new().route("/hook", post(receive)).with_state(received.clone());
     let receiver_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let receiver_url = format!("http://{}/hook", receiver_listener.local_addr()?);
     tokio::spawn(async move { axum::serve(receiver_listener, receiver).await });
@@ -180,17 +144,11 @@ pub async fn run(rows: u32, keep: bool) -> anyhow::Result<ExitCode> {
             "state": {"connection": "DEMO_STATE"}
         }
     });
-    std::fs::write(
-        root.join("app/orders/function.json"),
-        serde_json::to_vec_pretty(&function)?,
-    )?;
+    std::fs::write(root.join("app/orders/function.json"), serde_json::to_vec_pretty(&function)?)?;
     let settings = Settings::from_env()
         .with("DEMO_DB", &format!("sqlite://{}", database.display()))
         .with("DEMO_WEBHOOK_URL", &receiver_url)
-        .with(
-            "DEMO_STATE",
-            &format!("file:{}", root.join("state").display()),
-        )
+        .with("DEMO_STATE", &format!("file:{}", root.join("state").display()))
         .with("DEMO_SCHEDULE", "*/10 * * * * *")
         .with("DBTRIGGER_APP_NAME", "demo");
     let config = AppConfig::load(&root.join("app"), &settings)?;
@@ -199,17 +157,9 @@ pub async fn run(rows: u32, keep: bool) -> anyhow::Result<ExitCode> {
     // The handler, on loopback, as the host would start it.
     let handler_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let handler_url = format!("http://{}", handler_listener.local_addr()?);
-    tokio::spawn(crate::handler::serve(
-        handler_listener,
-        app,
-        std::future::pending(),
-    ));
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(300))
-        .build()?;
-    println!(
-        "handler listening on {handler_url}; invoking /orders with the host's timer payload\n"
-    );
+    tokio::spawn(crate::handler::serve(handler_listener, app, std::future::pending()));
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(300)).build()?;
+    println!("handler listening on {handler_url}; invoking /orders with the host's timer payload\n");
 
     let started = Instant::now();
     let ticks = tick_until_idle(&client, &handler_url).await?;
@@ -225,11 +175,7 @@ pub async fn run(rows: u32, keep: bool) -> anyhow::Result<ExitCode> {
         elapsed.as_secs_f64(),
         delivered as f64 / elapsed.as_secs_f64().max(1e-9)
     );
-    println!(
-        "checkpoint ({}):\n{}\n",
-        state_file.display(),
-        serde_json::to_string_pretty(&state["checkpoint"])?
-    );
+    println!("checkpoint ({}):\n{}\n", state_file.display(), serde_json::to_string_pretty(&state["checkpoint"])?);
 
     let more = 250;
     insert_orders(&pool, rows + 1, more).await?;

@@ -75,17 +75,12 @@ impl AppRoot {
 
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Serve {
-            app_root,
-            port,
-            bind,
-        } => {
+        Command::Serve { app_root, port, bind } => {
             let root = app_root.resolve()?;
             let app = Arc::new(App::load(&root, &Settings::from_env())?);
             let address = SocketAddr::new(bind, port);
-            let listener = tokio::net::TcpListener::bind(address)
-                .await
-                .with_context(|| format!("cannot listen on {address}"))?;
+            let listener =
+                tokio::net::TcpListener::bind(address).await.with_context(|| format!("cannot listen on {address}"))?;
             tracing::info!(%address, app_root = %root.display(), functions = ?app.function_names(), "dbtrigger handler listening");
             crate::handler::serve(listener, app, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
@@ -121,14 +116,13 @@ async fn shutdown_signal() {
     let interrupt = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut terminate =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(signal) => signal,
-                Err(_) => {
-                    let _ = interrupt.await;
-                    return;
-                }
-            };
+        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(_) => {
+                let _ = interrupt.await;
+                return;
+            }
+        };
         tokio::select! {
             _ = interrupt => {}
             _ = terminate.recv() => {}

@@ -19,6 +19,7 @@ pub use settings::{Secret, Settings};
 use crate::domain::LeaseTerms;
 use crate::domain::ids::{FingerprintInput, source_fingerprint};
 use crate::sink::signing::SigningKey;
+use crate::storage::StorageConnection;
 
 /// A configuration problem, located precisely.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -55,31 +56,21 @@ impl AppConfig {
             if !folder.is_dir() || !function_json.is_file() {
                 continue;
             }
-            let Some(function_name) = folder
-                .file_name()
-                .and_then(|name| name.to_str())
-                .map(str::to_string)
-            else {
+            let Some(function_name) = folder.file_name().and_then(|name| name.to_str()).map(str::to_string) else {
                 continue;
             };
             let parsed = PollerConfig::load(app_root, &function_name, settings, function_timeout);
             functions.insert(function_name, parsed);
         }
-        Ok(AppConfig {
-            app_root: app_root.to_path_buf(),
-            app_name: settings.app_name(),
-            functions,
-        })
+        Ok(AppConfig { app_root: app_root.to_path_buf(), app_name: settings.app_name(), functions })
     }
 
     /// Finds a function by name: exact first, then ignoring case (the host keeps the folder's case,
     /// people often do not).
     pub fn find(&self, name: &str) -> Option<(&String, &Result<PollerConfig, ConfigError>)> {
-        self.functions.get_key_value(name).or_else(|| {
-            self.functions
-                .iter()
-                .find(|(function_name, _)| function_name.eq_ignore_ascii_case(name))
-        })
+        self.functions
+            .get_key_value(name)
+            .or_else(|| self.functions.iter().find(|(function_name, _)| function_name.eq_ignore_ascii_case(name)))
     }
 }
 
@@ -89,11 +80,7 @@ fn read_function_timeout(app_root: &Path) -> Result<Option<Duration>, ConfigErro
     let Ok(text) = std::fs::read_to_string(&path) else {
         return Ok(None);
     };
-    let error = |reason: String| ConfigError {
-        file: path.clone(),
-        field: "functionTimeout".to_string(),
-        reason,
-    };
+    let error = |reason: String| ConfigError { file: path.clone(), field: "functionTimeout".to_string(), reason };
     let value: Value = serde_json::from_str(&text).map_err(|parse_error| ConfigError {
         file: path.clone(),
         field: "(document)".to_string(),
@@ -102,15 +89,11 @@ fn read_function_timeout(app_root: &Path) -> Result<Option<Duration>, ConfigErro
     let Some(timeout) = value.get("functionTimeout") else {
         return Ok(None);
     };
-    let text = timeout
-        .as_str()
-        .ok_or_else(|| error("expected a string like \"00:10:00\"".to_string()))?;
+    let text = timeout.as_str().ok_or_else(|| error("expected a string like \"00:10:00\"".to_string()))?;
     if text == "-1" {
         return Ok(None);
     }
-    parse_timespan(text)
-        .map(Some)
-        .ok_or_else(|| error(format!("{text:?} is not a time span like \"00:10:00\"")))
+    parse_timespan(text).map(Some).ok_or_else(|| error(format!("{text:?} is not a time span like \"00:10:00\"")))
 }
 
 /// `[d.]hh:mm:ss[.fff]`, the .NET TimeSpan form host.json uses.
@@ -239,15 +222,8 @@ pub struct StateConfig {
 pub enum StateLocation {
     /// `file:<dir>`: documents at `<dir>/state/{app}/{poller}.json`.
     File(PathBuf),
-    /// A Storage connection string (`UseDevelopmentStorage=true` or with an account key).
-    StorageConnectionString(Secret),
-    /// No value under the setting's own name: an identity-based connection, whose settings are
-    /// `<NAME>__blobServiceUri` / `<NAME>__accountName` / `<NAME>__clientId`.
-    Identity {
-        blob_service_uri: Option<String>,
-        account_name: Option<String>,
-        client_id: Option<String>,
-    },
+    /// Azure Blob Storage: a connection string or an identity-based connection.
+    AzureBlob(Box<StorageConnection>),
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -354,11 +330,7 @@ struct Located<'a> {
 
 impl Located<'_> {
     fn error(&self, field: &str, reason: impl Into<String>) -> ConfigError {
-        ConfigError {
-            file: self.file.to_path_buf(),
-            field: field.to_string(),
-            reason: reason.into(),
-        }
+        ConfigError { file: self.file.to_path_buf(), field: field.to_string(), reason: reason.into() }
     }
 }
 
@@ -378,45 +350,25 @@ impl PollerConfig {
                 format!("{function_name:?} is not a valid function name: letters, digits, '_' and '-', starting with a letter, at most 128"),
             ));
         }
-        let text = std::fs::read_to_string(&file)
-            .map_err(|error| at.error("(file)", format!("cannot read: {error}")))?;
+        let text =
+            std::fs::read_to_string(&file).map_err(|error| at.error("(file)", format!("cannot read: {error}")))?;
         let document: Value = serde_json::from_str(&text).map_err(|error| {
-            at.error(
-                "(document)",
-                format!(
-                    "invalid JSON at line {} column {}: {error}",
-                    error.line(),
-                    error.column()
-                ),
-            )
+            at.error("(document)", format!("invalid JSON at line {} column {}: {error}", error.line(), error.column()))
         })?;
         let schedule = timer_schedule(&document, &at, settings)?;
         let Some(poller) = document.get("poller") else {
-            return Err(at.error(
-                "poller",
-                "missing: this function has no `poller` section, so dbtrigger cannot run it",
-            ));
+            return Err(
+                at.error("poller", "missing: this function has no `poller` section, so dbtrigger cannot run it")
+            );
         };
         let mut poller = poller.clone();
         substitute_settings(&mut poller, "poller", settings, &at)?;
         let raw: RawPoller = serde_path_to_error::deserialize(&poller).map_err(|error| {
             let path = error.path().to_string();
-            let field = if path == "." {
-                "poller".to_string()
-            } else {
-                format!("poller.{path}")
-            };
+            let field = if path == "." { "poller".to_string() } else { format!("poller.{path}") };
             at.error(&field, error.into_inner().to_string())
         })?;
-        build(
-            raw,
-            function_name,
-            schedule,
-            settings,
-            app_root,
-            function_timeout,
-            &at,
-        )
+        build(raw, function_name, schedule, settings, app_root, function_timeout, &at)
     }
 }
 
@@ -427,17 +379,11 @@ fn is_valid_function_name(name: &str) -> bool {
     };
     first.is_ascii_alphabetic()
         && name.len() <= 128
-        && characters.all(|character| {
-            character.is_ascii_alphanumeric() || character == '_' || character == '-'
-        })
+        && characters.all(|character| character.is_ascii_alphanumeric() || character == '_' || character == '-')
         && !name.eq_ignore_ascii_case("host")
 }
 
-fn timer_schedule(
-    document: &Value,
-    at: &Located<'_>,
-    settings: &Settings,
-) -> Result<Option<String>, ConfigError> {
+fn timer_schedule(document: &Value, at: &Located<'_>, settings: &Settings) -> Result<Option<String>, ConfigError> {
     let Some(bindings) = document.get("bindings") else {
         return Err(at.error("bindings", "missing: a poller needs a timerTrigger binding"));
     };
@@ -455,18 +401,10 @@ fn timer_schedule(
             ));
         }
         let mut schedule = binding.get("schedule").cloned().unwrap_or(Value::Null);
-        substitute_settings(
-            &mut schedule,
-            &format!("bindings[{index}].schedule"),
-            settings,
-            at,
-        )?;
+        substitute_settings(&mut schedule, &format!("bindings[{index}].schedule"), settings, at)?;
         return Ok(schedule.as_str().map(str::to_string));
     }
-    Err(at.error(
-        "bindings",
-        "no timerTrigger binding: a poller runs on a timer",
-    ))
+    Err(at.error("bindings", "no timerTrigger binding: a poller runs on a timer"))
 }
 
 /// Replaces every `%NAME%` in string values by app setting NAME (the Functions convention).
@@ -479,8 +417,7 @@ fn substitute_settings(
     match value {
         Value::String(text) => {
             if text.contains('%') {
-                *text =
-                    substitute_in_text(text, settings).map_err(|reason| at.error(path, reason))?;
+                *text = substitute_in_text(text, settings).map_err(|reason| at.error(path, reason))?;
             }
             Ok(())
         }
@@ -513,9 +450,8 @@ fn substitute_in_text(text: &str, settings: &Settings) -> Result<String, String>
         if name.is_empty() {
             output.push('%');
         } else {
-            let value = settings
-                .get(name)
-                .ok_or_else(|| format!("app setting {name} (referenced as %{name}%) is not set"))?;
+            let value =
+                settings.get(name).ok_or_else(|| format!("app setting {name} (referenced as %{name}%) is not set"))?;
             output.push_str(value);
         }
         rest = &after[end + 1..];
@@ -528,11 +464,9 @@ fn substitute_in_text(text: &str, settings: &Settings) -> Result<String, String>
 /// a quote, a semicolon or a comment sequence can never reach the SQL.
 pub fn validate_identifier(value: &str) -> Result<(), String> {
     let mut characters = value.chars();
-    let valid_first = characters
-        .next()
-        .is_some_and(|character| character.is_ascii_alphabetic() || character == '_');
-    let valid_rest = characters
-        .all(|character| character.is_ascii_alphanumeric() || character == '_' || character == '$');
+    let valid_first = characters.next().is_some_and(|character| character.is_ascii_alphabetic() || character == '_');
+    let valid_rest =
+        characters.all(|character| character.is_ascii_alphanumeric() || character == '_' || character == '$');
     if valid_first && valid_rest && value.len() <= 63 {
         Ok(())
     } else {
@@ -550,33 +484,21 @@ fn validate_time_zone(engine: Engine, zone: &str) -> Result<(), String> {
     }
     let is_offset = zone.len() == 6
         && (zone.starts_with('+') || zone.starts_with('-'))
-        && zone[1..3]
-            .chars()
-            .all(|character| character.is_ascii_digit())
+        && zone[1..3].chars().all(|character| character.is_ascii_digit())
         && &zone[3..4] == ":"
-        && zone[4..6]
-            .chars()
-            .all(|character| character.is_ascii_digit());
+        && zone[4..6].chars().all(|character| character.is_ascii_digit());
     match engine {
-        Engine::Sqlite => {
-            Err("SQLite timestamps are read as UTC: only \"UTC\" is supported".to_string())
-        }
-        Engine::MySql if !is_offset => Err(format!(
-            "{zone:?}: MySQL takes \"UTC\" or an offset like \"+02:00\""
-        )),
+        Engine::Sqlite => Err("SQLite timestamps are read as UTC: only \"UTC\" is supported".to_string()),
+        Engine::MySql if !is_offset => Err(format!("{zone:?}: MySQL takes \"UTC\" or an offset like \"+02:00\"")),
         Engine::MySql => Ok(()),
         Engine::Postgres => {
             let safe = !zone.is_empty()
                 && zone.len() <= 64
-                && zone.chars().all(|character| {
-                    character.is_ascii_alphanumeric() || "_/+-:".contains(character)
-                });
+                && zone.chars().all(|character| character.is_ascii_alphanumeric() || "_/+-:".contains(character));
             if safe {
                 Ok(())
             } else {
-                Err(format!(
-                    "{zone:?} is not a time zone name like \"Europe/Paris\" or an offset like \"+02:00\""
-                ))
+                Err(format!("{zone:?} is not a time zone name like \"Europe/Paris\" or an offset like \"+02:00\""))
             }
         }
     }
@@ -606,17 +528,15 @@ fn build(
     function_timeout: Option<Duration>,
     at: &Located<'_>,
 ) -> Result<PollerConfig, ConfigError> {
-    let poller_name = raw
-        .name
-        .clone()
-        .unwrap_or_else(|| function_name.to_string());
+    let poller_name = raw.name.clone().unwrap_or_else(|| function_name.to_string());
     if !is_valid_function_name(&poller_name) {
-        return Err(at.error("poller.name", format!("{poller_name:?} is not a valid poller name: letters, digits, '_' and '-', starting with a letter")));
+        return Err(at.error(
+            "poller.name",
+            format!("{poller_name:?} is not a valid poller name: letters, digits, '_' and '-', starting with a letter"),
+        ));
     }
     let app_name = settings.app_name();
-    if !app_name
-        .chars()
-        .all(|character| character.is_ascii_alphanumeric() || matches!(character, '-' | '_' | '.'))
+    if !app_name.chars().all(|character| character.is_ascii_alphanumeric() || matches!(character, '-' | '_' | '.'))
         || app_name.starts_with('.')
     {
         return Err(at.error("(app name)", format!("app name {app_name:?} (WEBSITE_SITE_NAME / DBTRIGGER_APP_NAME) may hold only letters, digits, '-', '_' and '.'")));
@@ -626,17 +546,11 @@ fn build(
 
     let size = raw.batch.size.unwrap_or(defaults::BATCH_SIZE);
     if size == 0 || size > defaults::MAX_BATCH_SIZE {
-        return Err(at.error(
-            "poller.batch.size",
-            format!("{size} is out of range 1..={}", defaults::MAX_BATCH_SIZE),
-        ));
+        return Err(at.error("poller.batch.size", format!("{size} is out of range 1..={}", defaults::MAX_BATCH_SIZE)));
     }
     let max_in_flight = raw.batch.max_in_flight.unwrap_or(defaults::MAX_IN_FLIGHT);
     if max_in_flight == 0 || max_in_flight > 64 {
-        return Err(at.error(
-            "poller.batch.maxInFlight",
-            format!("{max_in_flight} is out of range 1..=64"),
-        ));
+        return Err(at.error("poller.batch.maxInFlight", format!("{max_in_flight} is out of range 1..=64")));
     }
     let tick_budget = seconds(raw.batch.tick_budget_seconds, defaults::TICK_BUDGET_SECONDS);
     if tick_budget.is_zero() {
@@ -656,23 +570,13 @@ fn build(
             ));
         }
     }
-    let batch = BatchConfig {
-        size,
-        max_in_flight,
-        tick_budget,
-    };
+    let batch = BatchConfig { size, max_in_flight, tick_budget };
 
     let sink = build_sink(raw.sink, settings, at)?;
 
     let ttl = raw.lease.ttl_seconds.unwrap_or(defaults::LEASE_TTL_SECONDS);
-    let heartbeat = raw
-        .lease
-        .heartbeat_seconds
-        .unwrap_or(defaults::LEASE_HEARTBEAT_SECONDS);
-    let skew = raw
-        .lease
-        .clock_skew_seconds
-        .unwrap_or(defaults::LEASE_CLOCK_SKEW_SECONDS);
+    let heartbeat = raw.lease.heartbeat_seconds.unwrap_or(defaults::LEASE_HEARTBEAT_SECONDS);
+    let skew = raw.lease.clock_skew_seconds.unwrap_or(defaults::LEASE_CLOCK_SKEW_SECONDS);
     if heartbeat == 0 {
         return Err(at.error("poller.lease.heartbeatSeconds", "must be at least 1"));
     }
@@ -694,10 +598,7 @@ fn build(
         clock_skew: chrono::Duration::seconds(skew as i64),
     };
 
-    let max_attempts = raw
-        .poison
-        .max_attempts
-        .unwrap_or(defaults::POISON_MAX_ATTEMPTS);
+    let max_attempts = raw.poison.max_attempts.unwrap_or(defaults::POISON_MAX_ATTEMPTS);
     if max_attempts == 0 {
         return Err(at.error("poller.poison.maxAttempts", "must be at least 1"));
     }
@@ -730,11 +631,7 @@ struct UrlIdentity {
 }
 
 fn parse_source_url(url: &str, app_root: &Path) -> Result<(UrlIdentity, String), String> {
-    let scheme = url
-        .split(':')
-        .next()
-        .unwrap_or_default()
-        .to_ascii_lowercase();
+    let scheme = url.split(':').next().unwrap_or_default().to_ascii_lowercase();
     match scheme.as_str() {
         "sqlite" => {
             let rest = url["sqlite:".len()..].trim_start_matches("//");
@@ -764,13 +661,8 @@ fn parse_source_url(url: &str, app_root: &Path) -> Result<(UrlIdentity, String),
             Ok((identity, resolved))
         }
         "postgres" | "postgresql" | "mysql" | "mariadb" => {
-            let parsed =
-                url::Url::parse(url).map_err(|error| format!("not a valid URL: {error}"))?;
-            let engine = if scheme.starts_with("postgres") {
-                Engine::Postgres
-            } else {
-                Engine::MySql
-            };
+            let parsed = url::Url::parse(url).map_err(|error| format!("not a valid URL: {error}"))?;
+            let engine = if scheme.starts_with("postgres") { Engine::Postgres } else { Engine::MySql };
             let identity = UrlIdentity {
                 engine,
                 host: parsed.host_str().unwrap_or_default().to_string(),
@@ -778,16 +670,10 @@ fn parse_source_url(url: &str, app_root: &Path) -> Result<(UrlIdentity, String),
                 database: parsed.path().trim_start_matches('/').to_string(),
                 user: parsed.username().to_string(),
             };
-            let resolved = if scheme == "mariadb" {
-                url.replacen("mariadb", "mysql", 1)
-            } else {
-                url.to_string()
-            };
+            let resolved = if scheme == "mariadb" { url.replacen("mariadb", "mysql", 1) } else { url.to_string() };
             Ok((identity, resolved))
         }
-        _ => Err(format!(
-            "unsupported database URL scheme {scheme:?}: expected postgres://, mysql:// or sqlite://"
-        )),
+        _ => Err(format!("unsupported database URL scheme {scheme:?}: expected postgres://, mysql:// or sqlite://")),
     }
 }
 
@@ -800,19 +686,12 @@ fn build_source(
     let url_value = settings.get(&raw.connection).ok_or_else(|| {
         at.error(
             "poller.source.connection",
-            format!(
-                "app setting {} is not set (it must hold the database URL)",
-                raw.connection
-            ),
+            format!("app setting {} is not set (it must hold the database URL)", raw.connection),
         )
     })?;
     // The reason never quotes the URL: it may hold a password.
-    let (identity, resolved_url) = parse_source_url(url_value, app_root).map_err(|reason| {
-        at.error(
-            "poller.source.connection",
-            format!("app setting {}: {reason}", raw.connection),
-        )
-    })?;
+    let (identity, resolved_url) = parse_source_url(url_value, app_root)
+        .map_err(|reason| at.error("poller.source.connection", format!("app setting {}: {reason}", raw.connection)))?;
 
     let target = match (raw.table, raw.query) {
         (Some(_), Some(_)) => {
@@ -822,70 +701,47 @@ fn build_source(
         (Some(table), None) => {
             let parts: Vec<&str> = table.split('.').collect();
             if parts.len() > 2 {
-                return Err(at.error(
-                    "poller.source.table",
-                    format!("{table:?} has more than two parts: use schema.table"),
-                ));
+                return Err(
+                    at.error("poller.source.table", format!("{table:?} has more than two parts: use schema.table"))
+                );
             }
             for part in &parts {
-                validate_identifier(part)
-                    .map_err(|reason| at.error("poller.source.table", reason))?;
+                validate_identifier(part).map_err(|reason| at.error("poller.source.table", reason))?;
             }
             match parts.as_slice() {
-                [name] => SourceTarget::Table {
-                    schema: None,
-                    name: name.to_string(),
-                },
-                [schema, name] => SourceTarget::Table {
-                    schema: Some(schema.to_string()),
-                    name: name.to_string(),
-                },
+                [name] => SourceTarget::Table { schema: None, name: name.to_string() },
+                [schema, name] => SourceTarget::Table { schema: Some(schema.to_string()), name: name.to_string() },
                 _ => unreachable!("checked above"),
             }
         }
         (None, Some(query)) => {
             let trimmed = query.trim().trim_end_matches(';').trim().to_string();
-            validate_fragment(&trimmed)
-                .map_err(|reason| at.error("poller.source.query", reason))?;
+            validate_fragment(&trimmed).map_err(|reason| at.error("poller.source.query", reason))?;
             let lowered = trimmed.to_ascii_lowercase();
             if !(lowered.starts_with("select") || lowered.starts_with("with")) {
-                return Err(at.error(
-                    "poller.source.query",
-                    "must be a SELECT (or WITH ... SELECT) statement",
-                ));
+                return Err(at.error("poller.source.query", "must be a SELECT (or WITH ... SELECT) statement"));
             }
             SourceTarget::Query(trimmed)
         }
     };
     validate_identifier(&raw.cursor).map_err(|reason| at.error("poller.source.cursor", reason))?;
     if raw.pk.is_empty() {
-        return Err(at.error(
-            "poller.source.pk",
-            "give at least one primary key column: the tiebreaker between equal cursors",
-        ));
+        return Err(
+            at.error("poller.source.pk", "give at least one primary key column: the tiebreaker between equal cursors")
+        );
     }
     for (index, column) in raw.pk.iter().enumerate() {
-        validate_identifier(column)
-            .map_err(|reason| at.error(&format!("poller.source.pk[{index}]"), reason))?;
+        validate_identifier(column).map_err(|reason| at.error(&format!("poller.source.pk[{index}]"), reason))?;
         if raw.pk[..index].contains(column) {
-            return Err(at.error(
-                &format!("poller.source.pk[{index}]"),
-                format!("{column:?} is listed twice"),
-            ));
+            return Err(at.error(&format!("poller.source.pk[{index}]"), format!("{column:?} is listed twice")));
         }
     }
     if raw.pk.contains(&raw.cursor) {
-        return Err(at.error(
-            "poller.source.pk",
-            "the cursor column cannot also be a primary key column",
-        ));
+        return Err(at.error("poller.source.pk", "the cursor column cannot also be a primary key column"));
     }
     if let Some(columns) = &raw.columns {
         if columns.is_empty() {
-            return Err(at.error(
-                "poller.source.columns",
-                "is empty: leave it out to select every column",
-            ));
+            return Err(at.error("poller.source.columns", "is empty: leave it out to select every column"));
         }
         for (index, column) in columns.iter().enumerate() {
             validate_identifier(column)
@@ -893,20 +749,13 @@ fn build_source(
         }
     }
     if let Some(where_clause) = &raw.where_clause {
-        validate_fragment(where_clause)
-            .map_err(|reason| at.error("poller.source.where", reason))?;
+        validate_fragment(where_clause).map_err(|reason| at.error("poller.source.where", reason))?;
     }
-    let cursor_time_zone = raw
-        .cursor_time_zone
-        .clone()
-        .unwrap_or_else(|| "UTC".to_string());
+    let cursor_time_zone = raw.cursor_time_zone.clone().unwrap_or_else(|| "UTC".to_string());
     validate_time_zone(identity.engine, &cursor_time_zone)
         .map_err(|reason| at.error("poller.source.cursorTimeZone", reason))?;
     let target_text = match &target {
-        SourceTarget::Table {
-            schema: Some(schema),
-            name,
-        } => format!("table:{schema}.{name}"),
+        SourceTarget::Table { schema: Some(schema), name } => format!("table:{schema}.{name}"),
         SourceTarget::Table { schema: None, name } => format!("table:{name}"),
         SourceTarget::Query(query) => format!("query:{query}"),
     };
@@ -937,24 +786,14 @@ fn build_source(
     Ok((source, fingerprint))
 }
 
-fn build_sink(
-    raw: RawSink,
-    settings: &Settings,
-    at: &Located<'_>,
-) -> Result<SinkConfig, ConfigError> {
+fn build_sink(raw: RawSink, settings: &Settings, at: &Located<'_>) -> Result<SinkConfig, ConfigError> {
     match raw.kind.as_str() {
         "webhook" => {
-            let url_text = raw.url.ok_or_else(|| {
-                at.error("poller.sink.url", "missing: a webhook sink needs a url")
-            })?;
-            let url = url::Url::parse(&url_text).map_err(|error| {
-                at.error("poller.sink.url", format!("not a valid URL: {error}"))
-            })?;
+            let url_text = raw.url.ok_or_else(|| at.error("poller.sink.url", "missing: a webhook sink needs a url"))?;
+            let url = url::Url::parse(&url_text)
+                .map_err(|error| at.error("poller.sink.url", format!("not a valid URL: {error}")))?;
             if !matches!(url.scheme(), "http" | "https") {
-                return Err(at.error(
-                    "poller.sink.url",
-                    format!("scheme {:?} is not http or https", url.scheme()),
-                ));
+                return Err(at.error("poller.sink.url", format!("scheme {:?} is not http or https", url.scheme())));
             }
             let secret = match raw.secret {
                 None => None,
@@ -962,22 +801,14 @@ fn build_sink(
                     let value = settings.get(&name).ok_or_else(|| {
                         at.error(
                             "poller.sink.secret",
-                            format!(
-                                "app setting {name} is not set (it must hold the signing secret)"
-                            ),
+                            format!("app setting {name} is not set (it must hold the signing secret)"),
                         )
                     })?;
                     if value.is_empty() {
-                        return Err(
-                            at.error("poller.sink.secret", format!("app setting {name} is empty"))
-                        );
+                        return Err(at.error("poller.sink.secret", format!("app setting {name} is empty")));
                     }
-                    let key = SigningKey::from_secret(value).map_err(|reason| {
-                        at.error(
-                            "poller.sink.secret",
-                            format!("app setting {name}: {reason}"),
-                        )
-                    })?;
+                    let key = SigningKey::from_secret(value)
+                        .map_err(|reason| at.error("poller.sink.secret", format!("app setting {name}: {reason}")))?;
                     Some(key)
                 }
             };
@@ -987,32 +818,17 @@ fn build_sink(
             }
             let max_retries = raw.max_retries.unwrap_or(defaults::WEBHOOK_MAX_RETRIES);
             if max_retries > 20 {
-                return Err(at.error(
-                    "poller.sink.maxRetries",
-                    format!("{max_retries} is out of range 0..=20"),
-                ));
+                return Err(at.error("poller.sink.maxRetries", format!("{max_retries} is out of range 0..=20")));
             }
-            let max_body_bytes = raw
-                .max_body_bytes
-                .unwrap_or(defaults::WEBHOOK_MAX_BODY_BYTES);
+            let max_body_bytes = raw.max_body_bytes.unwrap_or(defaults::WEBHOOK_MAX_BODY_BYTES);
             if max_body_bytes < 1024 {
-                return Err(at.error(
-                    "poller.sink.maxBodyBytes",
-                    format!("{max_body_bytes} is below the minimum of 1024"),
-                ));
+                return Err(
+                    at.error("poller.sink.maxBodyBytes", format!("{max_body_bytes} is below the minimum of 1024"))
+                );
             }
-            Ok(SinkConfig::Webhook(WebhookConfig {
-                url,
-                signing_key: secret,
-                timeout,
-                max_retries,
-                max_body_bytes,
-            }))
+            Ok(SinkConfig::Webhook(WebhookConfig { url, signing_key: secret, timeout, max_retries, max_body_bytes }))
         }
-        other => Err(at.error(
-            "poller.sink.type",
-            format!("unknown sink type {other:?}: expected \"webhook\""),
-        )),
+        other => Err(at.error("poller.sink.type", format!("unknown sink type {other:?}: expected \"webhook\""))),
     }
 }
 
@@ -1022,12 +838,8 @@ fn build_state(
     app_root: &Path,
     at: &Located<'_>,
 ) -> Result<StateConfig, ConfigError> {
-    let connection = raw
-        .connection
-        .unwrap_or_else(|| defaults::STATE_CONNECTION.to_string());
-    let container = raw
-        .container
-        .unwrap_or_else(|| defaults::STATE_CONTAINER.to_string());
+    let connection = raw.connection.unwrap_or_else(|| defaults::STATE_CONNECTION.to_string());
+    let container = raw.container.unwrap_or_else(|| defaults::STATE_CONTAINER.to_string());
     if !is_valid_container_name(&container) {
         return Err(at.error(
             "poller.state.container",
@@ -1038,57 +850,27 @@ fn build_state(
         Some(value) if value.starts_with("file:") => {
             let directory = value["file:".len()..].trim();
             if directory.is_empty() {
-                return Err(at.error(
-                    "poller.state.connection",
-                    format!("app setting {connection}: `file:` needs a directory"),
-                ));
+                return Err(
+                    at.error("poller.state.connection", format!("app setting {connection}: `file:` needs a directory"))
+                );
             }
             let path = PathBuf::from(directory);
-            StateLocation::File(if path.is_absolute() {
-                path
-            } else {
-                app_root.join(path)
-            })
-        }
-        Some(value) if !value.trim().is_empty() => {
-            StateLocation::StorageConnectionString(Secret::new(value))
+            StateLocation::File(if path.is_absolute() { path } else { app_root.join(path) })
         }
         _ => {
-            let blob_service_uri = settings
-                .get(&format!("{connection}__blobServiceUri"))
-                .map(str::to_string);
-            let account_name = settings
-                .get(&format!("{connection}__accountName"))
-                .map(str::to_string);
-            if blob_service_uri.is_none() && account_name.is_none() {
-                return Err(at.error(
-                    "poller.state.connection",
-                    format!(
-                        "app setting {connection} is not set: give a Storage connection string, `file:<dir>`, or {connection}__blobServiceUri / {connection}__accountName for an identity-based connection"
-                    ),
-                ));
-            }
-            StateLocation::Identity {
-                blob_service_uri,
-                account_name,
-                client_id: settings
-                    .get(&format!("{connection}__clientId"))
-                    .map(str::to_string),
-            }
+            let connection_value = StorageConnection::from_settings(&connection, settings)
+                .map_err(|reason| at.error("poller.state.connection", reason))?;
+            StateLocation::AzureBlob(Box::new(connection_value))
         }
     };
-    Ok(StateConfig {
-        connection,
-        container,
-        location,
-    })
+    Ok(StateConfig { connection, container, location })
 }
 
 fn is_valid_container_name(name: &str) -> bool {
     (3..=63).contains(&name.len())
-        && name.chars().all(|character| {
-            character.is_ascii_lowercase() || character.is_ascii_digit() || character == '-'
-        })
+        && name
+            .chars()
+            .all(|character| character.is_ascii_lowercase() || character.is_ascii_digit() || character == '-')
         && !name.starts_with('-')
         && !name.ends_with('-')
         && !name.contains("--")
@@ -1097,10 +879,7 @@ fn is_valid_container_name(name: &str) -> bool {
 impl fmt::Display for SourceTarget {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            SourceTarget::Table {
-                schema: Some(schema),
-                name,
-            } => write!(formatter, "{schema}.{name}"),
+            SourceTarget::Table { schema: Some(schema), name } => write!(formatter, "{schema}.{name}"),
             SourceTarget::Table { schema: None, name } => formatter.write_str(name),
             SourceTarget::Query(_) => formatter.write_str("(query)"),
         }

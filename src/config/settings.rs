@@ -12,9 +12,7 @@ pub struct Settings {
 
 impl Settings {
     pub fn from_env() -> Self {
-        Settings {
-            values: std::env::vars().collect(),
-        }
+        Settings { values: std::env::vars().collect() }
     }
 
     pub fn from_pairs<I, K, V>(pairs: I) -> Self
@@ -23,12 +21,7 @@ impl Settings {
         K: Into<String>,
         V: Into<String>,
     {
-        Settings {
-            values: pairs
-                .into_iter()
-                .map(|(key, value)| (key.into(), value.into()))
-                .collect(),
-        }
+        Settings { values: pairs.into_iter().map(|(key, value)| (key.into(), value.into())).collect() }
     }
 
     pub fn with(mut self, key: &str, value: &str) -> Self {
@@ -42,10 +35,7 @@ impl Settings {
             return Some(value.as_str());
         }
         if name.contains(':') {
-            return self
-                .values
-                .get(&name.replace(':', "__"))
-                .map(String::as_str);
+            return self.values.get(&name.replace(':', "__")).map(String::as_str);
         }
         None
     }
@@ -63,10 +53,7 @@ impl Settings {
 /// Settings hold secrets: never print their values.
 impl fmt::Debug for Settings {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        formatter
-            .debug_struct("Settings")
-            .field("names", &self.values.keys().collect::<Vec<_>>())
-            .finish()
+        formatter.debug_struct("Settings").field("names", &self.values.keys().collect::<Vec<_>>()).finish()
     }
 }
 
@@ -106,9 +93,6 @@ mod tests {
         assert_eq!(Settings::default().app_name(), "local");
         let settings = Settings::default().with("DBTRIGGER_APP_NAME", "mine");
         assert_eq!(settings.app_name(), "mine");
-        assert_eq!(
-            settings.with("WEBSITE_SITE_NAME", "site").app_name(),
-            "site"
-        );
+        assert_eq!(settings.with("WEBSITE_SITE_NAME", "site").app_name(), "site");
     }
 }

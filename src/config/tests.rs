@@ -25,17 +25,10 @@ fn valid_poller() -> serde_json::Value {
     })
 }
 
-fn load(
-    document: &serde_json::Value,
-    settings: &Settings,
-) -> (tempfile::TempDir, Result<PollerConfig, ConfigError>) {
+fn load(document: &serde_json::Value, settings: &Settings) -> (tempfile::TempDir, Result<PollerConfig, ConfigError>) {
     let root = tempfile::tempdir().unwrap();
     std::fs::create_dir(root.path().join("orders")).unwrap();
-    std::fs::write(
-        root.path().join("orders/function.json"),
-        serde_json::to_vec(document).unwrap(),
-    )
-    .unwrap();
+    std::fs::write(root.path().join("orders/function.json"), serde_json::to_vec(document).unwrap()).unwrap();
     let result = PollerConfig::load(root.path(), "orders", settings, None);
     (root, result)
 }
@@ -53,13 +46,7 @@ fn a_valid_poller_gets_its_defaults_and_settings() {
     assert_eq!(config.batch.size, 500);
     assert_eq!(config.lease.ttl, chrono::Duration::seconds(60));
     assert_eq!(config.source.engine, Engine::Sqlite);
-    assert_eq!(
-        config.source.target,
-        SourceTarget::Table {
-            schema: Some("main".into()),
-            name: "orders".into()
-        }
-    );
+    assert_eq!(config.source.target, SourceTarget::Table { schema: Some("main".into()), name: "orders".into() });
     let SinkConfig::Webhook(webhook) = &config.sink;
     assert_eq!(webhook.url.as_str(), "http://127.0.0.1:9/hook");
     match &config.state.location {
@@ -67,13 +54,7 @@ fn a_valid_poller_gets_its_defaults_and_settings() {
         other => panic!("expected a file store, got {other:?}"),
     }
     // A relative SQLite path is the app root's, whatever the current directory.
-    assert!(
-        config
-            .source
-            .url
-            .expose()
-            .contains(&root.path().to_string_lossy().into_owned())
-    );
+    assert!(config.source.url.expose().contains(&root.path().to_string_lossy().into_owned()));
     assert!(config.fingerprint.starts_with("sha256:"));
 }
 
@@ -88,11 +69,7 @@ fn the_fingerprint_does_not_depend_on_where_the_app_lives() {
 fn malformed_json_names_the_file_and_the_position() {
     let root = tempfile::tempdir().unwrap();
     std::fs::create_dir(root.path().join("orders")).unwrap();
-    std::fs::write(
-        root.path().join("orders/function.json"),
-        b"{\"bindings\": [,]}",
-    )
-    .unwrap();
+    std::fs::write(root.path().join("orders/function.json"), b"{\"bindings\": [,]}").unwrap();
     let error = PollerConfig::load(root.path(), "orders", &settings(), None).unwrap_err();
     let message = error.to_string();
     assert!(message.contains("orders/function.json"), "{message}");
@@ -105,11 +82,7 @@ fn a_missing_field_is_named_with_its_path() {
     poller["source"].as_object_mut().unwrap().remove("cursor");
     let error = load_error(poller);
     assert_eq!(error.field, "poller.source");
-    assert!(
-        error.reason.contains("missing field `cursor`"),
-        "{}",
-        error.reason
-    );
+    assert!(error.reason.contains("missing field `cursor`"), "{}", error.reason);
 }
 
 #[test]
@@ -118,11 +91,7 @@ fn a_misspelled_field_is_refused_not_ignored() {
     poller["batch"] = json!({"sise": 10});
     let error = load_error(poller);
     assert_eq!(error.field, "poller.batch.sise");
-    assert!(
-        error.reason.contains("unknown field `sise`"),
-        "{}",
-        error.reason
-    );
+    assert!(error.reason.contains("unknown field `sise`"), "{}", error.reason);
 }
 
 #[test]
@@ -178,16 +147,14 @@ fn a_database_password_never_appears_in_an_error() {
     let settings = settings().with("ORDERS_DB", "oracle://user:hunter2@db/orders");
     let (_root, result) = load(&function_json(valid_poller()), &settings);
     let message = result.unwrap_err().to_string();
-    assert!(
-        message.contains("unsupported database URL scheme"),
-        "{message}"
-    );
+    assert!(message.contains("unsupported database URL scheme"), "{message}");
     assert!(!message.contains("hunter2"), "{message}");
 }
 
 #[test]
 fn a_function_without_a_timer_is_refused() {
-    let document = json!({"bindings": [{"type": "httpTrigger", "name": "req", "direction": "in"}], "poller": valid_poller()});
+    let document =
+        json!({"bindings": [{"type": "httpTrigger", "name": "req", "direction": "in"}], "poller": valid_poller()});
     let (_root, result) = load(&document, &settings());
     assert_eq!(result.unwrap_err().field, "bindings");
 }
@@ -201,11 +168,7 @@ fn a_tick_budget_too_close_to_the_function_timeout_is_refused() {
         serde_json::to_vec(&function_json(valid_poller())).unwrap(),
     )
     .unwrap();
-    std::fs::write(
-        root.path().join("host.json"),
-        br#"{"version": "2.0", "functionTimeout": "00:04:00"}"#,
-    )
-    .unwrap();
+    std::fs::write(root.path().join("host.json"), br#"{"version": "2.0", "functionTimeout": "00:04:00"}"#).unwrap();
     let app = AppConfig::load(root.path(), &settings()).unwrap();
     let error = app.functions["orders"].as_ref().unwrap_err();
     assert_eq!(error.field, "poller.batch.tickBudgetSeconds");
@@ -214,32 +177,25 @@ fn a_tick_budget_too_close_to_the_function_timeout_is_refused() {
 #[test]
 fn time_spans_parse_like_host_json() {
     assert_eq!(parse_timespan("00:10:00"), Some(Duration::from_secs(600)));
-    assert_eq!(
-        parse_timespan("1.00:00:01"),
-        Some(Duration::from_secs(86_401))
-    );
+    assert_eq!(parse_timespan("1.00:00:01"), Some(Duration::from_secs(86_401)));
     assert_eq!(parse_timespan("00:61:00"), None);
     assert_eq!(parse_timespan("ten minutes"), None);
 }
 
 #[test]
 fn identity_based_state_connections_are_recognised() {
-    let settings = settings()
-        .with("Store__accountName", "myaccount")
-        .with("Store__clientId", "abc");
+    let settings = settings().with("Store__accountName", "myaccount").with("Store__clientId", "abc");
     let mut poller = valid_poller();
     poller["state"] = json!({"connection": "Store"});
     let (_root, result) = load(&function_json(poller), &settings);
     match result.unwrap().state.location {
-        StateLocation::Identity {
-            account_name,
-            client_id,
-            blob_service_uri,
-        } => {
-            assert_eq!(account_name.as_deref(), Some("myaccount"));
-            assert_eq!(client_id.as_deref(), Some("abc"));
-            assert_eq!(blob_service_uri, None);
+        StateLocation::AzureBlob(connection) => {
+            assert_eq!(connection.blob_endpoint.as_str(), "https://myaccount.blob.core.windows.net/");
+            assert_eq!(
+                connection.credential,
+                crate::storage::StorageCredential::ManagedIdentity { client_id: Some("abc".into()) }
+            );
         }
-        other => panic!("expected identity, got {other:?}"),
+        other => panic!("expected an identity-based blob store, got {other:?}"),
     }
 }

@@ -18,10 +18,7 @@ pub enum CursorValue {
     /// A point in time. `source_text` is the exact text a SQLite row stored (SQLite has no
     /// timestamp type): binding that text back makes the seek predicate agree with the database's
     /// own ORDER BY whatever text layout the column uses.
-    Timestamp {
-        at: DateTime<Utc>,
-        source_text: Option<String>,
-    },
+    Timestamp { at: DateTime<Utc>, source_text: Option<String> },
     /// A timestamp without time zone, kept exactly as the database holds it and bound back as
     /// such: the database compares it natively, whatever zone its values mean.
     NaiveTimestamp(NaiveDateTime),
@@ -44,9 +41,7 @@ impl CursorValue {
     pub fn to_json(&self) -> Value {
         match self {
             CursorValue::Integer(number) => Value::from(*number),
-            CursorValue::Timestamp { at, .. } => {
-                Value::from(at.to_rfc3339_opts(SecondsFormat::AutoSi, true))
-            }
+            CursorValue::Timestamp { at, .. } => Value::from(at.to_rfc3339_opts(SecondsFormat::AutoSi, true)),
             CursorValue::NaiveTimestamp(at) => Value::from(at.format(NAIVE_FORMAT).to_string()),
         }
     }
@@ -58,9 +53,7 @@ impl CursorValue {
             (CursorValue::Timestamp { at: left, .. }, CursorValue::Timestamp { at: right, .. }) => {
                 Some(left.cmp(right))
             }
-            (CursorValue::NaiveTimestamp(left), CursorValue::NaiveTimestamp(right)) => {
-                Some(left.cmp(right))
-            }
+            (CursorValue::NaiveTimestamp(left), CursorValue::NaiveTimestamp(right)) => Some(left.cmp(right)),
             _ => None,
         }
     }
@@ -106,16 +99,9 @@ impl Position {
     /// compared numerically, but text keys are left to the database (its collation may not be
     /// byte order), so the answer is [`PositionOrder::Undetermined`].
     pub fn order(&self, other: &Position) -> Result<PositionOrder, IncomparablePositions> {
-        let cursor_order =
-            self.cursor
-                .compare(&other.cursor)
-                .ok_or_else(|| IncomparablePositions {
-                    reason: format!(
-                        "cursor kinds differ: {} and {}",
-                        self.cursor.kind(),
-                        other.cursor.kind()
-                    ),
-                })?;
+        let cursor_order = self.cursor.compare(&other.cursor).ok_or_else(|| IncomparablePositions {
+            reason: format!("cursor kinds differ: {} and {}", self.cursor.kind(), other.cursor.kind()),
+        })?;
         match cursor_order {
             Ordering::Less => return Ok(PositionOrder::Before),
             Ordering::Greater => return Ok(PositionOrder::After),
@@ -123,11 +109,7 @@ impl Position {
         }
         if self.pk.len() != other.pk.len() {
             return Err(IncomparablePositions {
-                reason: format!(
-                    "primary keys have {} and {} columns",
-                    self.pk.len(),
-                    other.pk.len()
-                ),
+                reason: format!("primary keys have {} and {} columns", self.pk.len(), other.pk.len()),
             });
         }
         for ((left_name, left), (right_name, right)) in self.pk.iter().zip(other.pk.iter()) {
@@ -199,31 +181,24 @@ impl TryFrom<&CursorJson> for Position {
             "integer" => match json.value.as_i64() {
                 Some(number) => CursorValue::Integer(number),
                 None => {
-                    return Err(format!(
-                        "integer cursor value {} is not an integer",
-                        json.value
-                    ));
+                    return Err(format!("integer cursor value {} is not an integer", json.value));
                 }
             },
             "timestamp" => {
-                let text = json.value.as_str().ok_or_else(|| {
-                    format!("timestamp cursor value {} is not a string", json.value)
-                })?;
+                let text = json
+                    .value
+                    .as_str()
+                    .ok_or_else(|| format!("timestamp cursor value {} is not a string", json.value))?;
                 let at = DateTime::parse_from_rfc3339(text)
                     .map_err(|error| format!("timestamp cursor value {text:?}: {error}"))?
                     .with_timezone(&Utc);
-                CursorValue::Timestamp {
-                    at,
-                    source_text: json.source_text.clone(),
-                }
+                CursorValue::Timestamp { at, source_text: json.source_text.clone() }
             }
             "timestamp_naive" => {
-                let text = json.value.as_str().ok_or_else(|| {
-                    format!(
-                        "naive timestamp cursor value {} is not a string",
-                        json.value
-                    )
-                })?;
+                let text = json
+                    .value
+                    .as_str()
+                    .ok_or_else(|| format!("naive timestamp cursor value {} is not a string", json.value))?;
                 let at = NaiveDateTime::parse_from_str(text, NAIVE_FORMAT)
                     .map_err(|error| format!("naive timestamp cursor value {text:?}: {error}"))?;
                 CursorValue::NaiveTimestamp(at)
@@ -239,9 +214,7 @@ impl TryFrom<&CursorJson> for Position {
                 },
                 Value::String(text) => PkValue::Text(text.clone()),
                 other => {
-                    return Err(format!(
-                        "tiebreaker {name} = {other} is neither an integer nor text"
-                    ));
+                    return Err(format!("tiebreaker {name} = {other} is neither an integer nor text"));
                 }
             };
             pk.push((name.clone(), pk_value));
@@ -255,42 +228,23 @@ mod tests {
     use super::*;
 
     fn int_position(cursor: i64, id: i64) -> Position {
-        Position {
-            cursor: CursorValue::Integer(cursor),
-            pk: vec![("id".to_string(), PkValue::Integer(id))],
-        }
+        Position { cursor: CursorValue::Integer(cursor), pk: vec![("id".to_string(), PkValue::Integer(id))] }
     }
 
     #[test]
     fn positions_order_by_cursor_then_pk() {
-        assert_eq!(
-            int_position(1, 9).order(&int_position(2, 1)),
-            Ok(PositionOrder::Before)
-        );
-        assert_eq!(
-            int_position(2, 1).order(&int_position(2, 2)),
-            Ok(PositionOrder::Before)
-        );
-        assert_eq!(
-            int_position(2, 2).order(&int_position(2, 2)),
-            Ok(PositionOrder::Same)
-        );
-        assert_eq!(
-            int_position(3, 0).order(&int_position(2, 5)),
-            Ok(PositionOrder::After)
-        );
+        assert_eq!(int_position(1, 9).order(&int_position(2, 1)), Ok(PositionOrder::Before));
+        assert_eq!(int_position(2, 1).order(&int_position(2, 2)), Ok(PositionOrder::Before));
+        assert_eq!(int_position(2, 2).order(&int_position(2, 2)), Ok(PositionOrder::Same));
+        assert_eq!(int_position(3, 0).order(&int_position(2, 5)), Ok(PositionOrder::After));
     }
 
     #[test]
     fn text_keys_with_equal_cursors_are_left_to_the_database() {
-        let left = Position {
-            cursor: CursorValue::Integer(1),
-            pk: vec![("code".to_string(), PkValue::Text("a".into()))],
-        };
-        let right = Position {
-            cursor: CursorValue::Integer(1),
-            pk: vec![("code".to_string(), PkValue::Text("B".into()))],
-        };
+        let left =
+            Position { cursor: CursorValue::Integer(1), pk: vec![("code".to_string(), PkValue::Text("a".into()))] };
+        let right =
+            Position { cursor: CursorValue::Integer(1), pk: vec![("code".to_string(), PkValue::Text("B".into()))] };
         assert_eq!(left.order(&right), Ok(PositionOrder::Undetermined));
     }
 
@@ -298,9 +252,7 @@ mod tests {
     fn timestamp_round_trips_with_its_kind_and_source_text() {
         let position = Position {
             cursor: CursorValue::Timestamp {
-                at: DateTime::parse_from_rfc3339("2026-04-07T01:23:45.123456Z")
-                    .unwrap()
-                    .with_timezone(&Utc),
+                at: DateTime::parse_from_rfc3339("2026-04-07T01:23:45.123456Z").unwrap().with_timezone(&Utc),
                 source_text: Some("2026-04-07 01:23:45.123456".into()),
             },
             pk: vec![("id".to_string(), PkValue::Integer(12093))],
@@ -325,10 +277,7 @@ mod tests {
     #[test]
     fn mixed_kinds_are_an_error_not_an_order() {
         let timestamp = Position {
-            cursor: CursorValue::Timestamp {
-                at: Utc::now(),
-                source_text: None,
-            },
+            cursor: CursorValue::Timestamp { at: Utc::now(), source_text: None },
             pk: vec![("id".to_string(), PkValue::Integer(1))],
         };
         assert!(int_position(1, 1).order(&timestamp).is_err());

@@ -32,20 +32,8 @@ pub fn event_id(poller: &str, fingerprint: &str, position: &Position) -> String 
 }
 
 /// `bat_` + 32 hex digits of sha256(poller, fingerprint, first row, last row, row count).
-pub fn batch_id(
-    poller: &str,
-    fingerprint: &str,
-    first: &Position,
-    last: &Position,
-    rows: usize,
-) -> String {
-    let digest = sha256_hex(&[
-        poller,
-        fingerprint,
-        &position_key(first),
-        &position_key(last),
-        &rows.to_string(),
-    ]);
+pub fn batch_id(poller: &str, fingerprint: &str, first: &Position, last: &Position, rows: usize) -> String {
+    let digest = sha256_hex(&[poller, fingerprint, &position_key(first), &position_key(last), &rows.to_string()]);
     format!("bat_{}", &digest[..32])
 }
 
@@ -79,10 +67,7 @@ mod tests {
     use crate::domain::cursor::{CursorValue, PkValue};
 
     fn position(cursor: i64, id: i64) -> Position {
-        Position {
-            cursor: CursorValue::Integer(cursor),
-            pk: vec![("id".to_string(), PkValue::Integer(id))],
-        }
+        Position { cursor: CursorValue::Integer(cursor), pk: vec![("id".to_string(), PkValue::Integer(id))] }
     }
 
     #[test]

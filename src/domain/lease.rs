@@ -38,18 +38,10 @@ pub enum LeaseStatus {
     /// We hold it (perhaps from an earlier tick of this process that could not release it).
     Mine,
     /// Someone else holds it; wait.
-    HeldByOther {
-        owner_id: String,
-        expires_at: Option<DateTime<Utc>>,
-    },
+    HeldByOther { owner_id: String, expires_at: Option<DateTime<Utc>> },
 }
 
-pub fn status(
-    lease: Option<&LeaseRecord>,
-    me: &str,
-    now: DateTime<Utc>,
-    terms: &LeaseTerms,
-) -> LeaseStatus {
+pub fn status(lease: Option<&LeaseRecord>, me: &str, now: DateTime<Utc>, terms: &LeaseTerms) -> LeaseStatus {
     let Some(lease) = lease else {
         return LeaseStatus::Free;
     };
@@ -61,10 +53,7 @@ pub fn status(
     }
     match lease.expires_at {
         Some(expires_at) if now > expires_at + terms.clock_skew => LeaseStatus::Free,
-        expires_at => LeaseStatus::HeldByOther {
-            owner_id: owner_id.clone(),
-            expires_at,
-        },
+        expires_at => LeaseStatus::HeldByOther { owner_id: owner_id.clone(), expires_at },
     }
 }
 
@@ -84,13 +73,7 @@ pub fn acquire(
 ) -> Result<LeaseRecord, HeldElsewhere> {
     let previous_token = current.map(|lease| lease.fencing_token).unwrap_or(0);
     match status(current, me, now, terms) {
-        LeaseStatus::HeldByOther {
-            owner_id,
-            expires_at,
-        } => Err(HeldElsewhere {
-            owner_id,
-            expires_at,
-        }),
+        LeaseStatus::HeldByOther { owner_id, expires_at } => Err(HeldElsewhere { owner_id, expires_at }),
         LeaseStatus::Mine => {
             let acquired_at = current.and_then(|lease| lease.acquired_at).unwrap_or(now);
             Ok(LeaseRecord {
@@ -118,16 +101,9 @@ pub struct NotOwner {
 }
 
 /// Extends our lease (a heartbeat, or the lease part of a commit).
-pub fn renew(
-    current: &LeaseRecord,
-    me: &str,
-    now: DateTime<Utc>,
-    terms: &LeaseTerms,
-) -> Result<LeaseRecord, NotOwner> {
+pub fn renew(current: &LeaseRecord, me: &str, now: DateTime<Utc>, terms: &LeaseTerms) -> Result<LeaseRecord, NotOwner> {
     if current.owner_id.as_deref() != Some(me) {
-        return Err(NotOwner {
-            owner_id: current.owner_id.clone(),
-        });
+        return Err(NotOwner { owner_id: current.owner_id.clone() });
     }
     Ok(LeaseRecord {
         owner_id: current.owner_id.clone(),
@@ -139,15 +115,9 @@ pub fn renew(
 }
 
 /// Gives our lease up: the owner is cleared, the fencing token kept.
-pub fn release(
-    current: &LeaseRecord,
-    me: &str,
-    now: DateTime<Utc>,
-) -> Result<LeaseRecord, NotOwner> {
+pub fn release(current: &LeaseRecord, me: &str, now: DateTime<Utc>) -> Result<LeaseRecord, NotOwner> {
     if current.owner_id.as_deref() != Some(me) {
-        return Err(NotOwner {
-            owner_id: current.owner_id.clone(),
-        });
+        return Err(NotOwner { owner_id: current.owner_id.clone() });
     }
     Ok(LeaseRecord {
         owner_id: None,
@@ -160,12 +130,7 @@ pub fn release(
 
 /// Whether the holder may still act (deliver, commit) at `now` by its own clock: it stops a skew
 /// margin before expiry, since another instance whose clock runs ahead may take over at expiry.
-pub fn holder_may_act(
-    lease: &LeaseRecord,
-    me: &str,
-    now: DateTime<Utc>,
-    terms: &LeaseTerms,
-) -> bool {
+pub fn holder_may_act(lease: &LeaseRecord, me: &str, now: DateTime<Utc>, terms: &LeaseTerms) -> bool {
     if lease.owner_id.as_deref() != Some(me) {
         return false;
     }
@@ -186,11 +151,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn terms() -> LeaseTerms {
-        LeaseTerms {
-            ttl: Duration::seconds(60),
-            heartbeat: Duration::seconds(15),
-            clock_skew: Duration::seconds(5),
-        }
+        LeaseTerms { ttl: Duration::seconds(60), heartbeat: Duration::seconds(15), clock_skew: Duration::seconds(5) }
     }
 
     fn at(seconds: i64) -> DateTime<Utc> {
@@ -238,10 +199,7 @@ mod tests {
         let lease = acquire(None, "a", at(0), &terms()).unwrap();
         assert!(renew(&lease, "b", at(1), &terms()).is_err());
         assert!(release(&lease, "b", at(1)).is_err());
-        assert_eq!(
-            renew(&lease, "a", at(20), &terms()).unwrap().expires_at,
-            Some(at(80))
-        );
+        assert_eq!(renew(&lease, "a", at(20), &terms()).unwrap().expires_at, Some(at(80)));
     }
 
     #[test]

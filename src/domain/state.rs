@@ -87,20 +87,17 @@ impl StateDocument {
     /// Parses stored bytes, checking the version before anything else so that a document from a
     /// newer build is reported as such rather than as a shape error.
     pub fn parse(bytes: &[u8]) -> Result<Self, DocumentError> {
-        let value: Value = serde_json::from_slice(bytes)
-            .map_err(|error| DocumentError::InvalidJson(error.to_string()))?;
-        let version = value
-            .get("version")
-            .and_then(Value::as_u64)
-            .ok_or(DocumentError::MissingVersion)?;
+        let value: Value =
+            serde_json::from_slice(bytes).map_err(|error| DocumentError::InvalidJson(error.to_string()))?;
+        let version = value.get("version").and_then(Value::as_u64).ok_or(DocumentError::MissingVersion)?;
         if version > STATE_VERSION {
             return Err(DocumentError::NewerVersion { found: version });
         }
         if version != STATE_VERSION {
             return Err(DocumentError::UnsupportedVersion { found: version });
         }
-        let document: StateDocument = serde_json::from_value(value)
-            .map_err(|error| DocumentError::InvalidShape(error.to_string()))?;
+        let document: StateDocument =
+            serde_json::from_value(value).map_err(|error| DocumentError::InvalidShape(error.to_string()))?;
         if let Some(checkpoint) = &document.checkpoint {
             Position::try_from(&checkpoint.cursor).map_err(DocumentError::InvalidCursor)?;
         }
@@ -109,8 +106,7 @@ impl StateDocument {
 
     /// Pretty JSON, so that an operator reading the blob sees a readable document.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut bytes =
-            serde_json::to_vec_pretty(self).expect("a state document always serializes");
+        let mut bytes = serde_json::to_vec_pretty(self).expect("a state document always serializes");
         bytes.push(b'\n');
         bytes
     }
@@ -119,9 +115,7 @@ impl StateDocument {
     pub fn position(&self) -> Result<Option<Position>, DocumentError> {
         match &self.checkpoint {
             None => Ok(None),
-            Some(checkpoint) => Position::try_from(&checkpoint.cursor)
-                .map(Some)
-                .map_err(DocumentError::InvalidCursor),
+            Some(checkpoint) => Position::try_from(&checkpoint.cursor).map(Some).map_err(DocumentError::InvalidCursor),
         }
     }
 }
@@ -145,19 +139,16 @@ pub fn advance_checkpoint(
     now: DateTime<Utc>,
 ) -> Result<Checkpoint, CheckpointRegression> {
     if let Some(current) = current {
-        let current_position =
-            Position::try_from(&current.cursor).map_err(|reason| CheckpointRegression {
-                from: current.cursor.value.to_string(),
-                to: last.cursor.to_json().to_string(),
-                reason,
-            })?;
-        let order = last
-            .order(&current_position)
-            .map_err(|error| CheckpointRegression {
-                from: current.cursor.value.to_string(),
-                to: last.cursor.to_json().to_string(),
-                reason: error.reason,
-            })?;
+        let current_position = Position::try_from(&current.cursor).map_err(|reason| CheckpointRegression {
+            from: current.cursor.value.to_string(),
+            to: last.cursor.to_json().to_string(),
+            reason,
+        })?;
+        let order = last.order(&current_position).map_err(|error| CheckpointRegression {
+            from: current.cursor.value.to_string(),
+            to: last.cursor.to_json().to_string(),
+            reason: error.reason,
+        })?;
         if matches!(order, PositionOrder::Before | PositionOrder::Same) {
             return Err(CheckpointRegression {
                 from: describe(&current_position),
@@ -176,11 +167,7 @@ pub fn advance_checkpoint(
 
 /// A short human form of a position: `42 (id=7)`.
 pub fn describe(position: &Position) -> String {
-    let keys: Vec<String> = position
-        .pk
-        .iter()
-        .map(|(name, value)| format!("{name}={}", value.to_json()))
-        .collect();
+    let keys: Vec<String> = position.pk.iter().map(|(name, value)| format!("{name}={}", value.to_json())).collect();
     format!("{} ({})", position.cursor.to_json(), keys.join(", "))
 }
 
@@ -191,27 +178,20 @@ mod tests {
     use proptest::prelude::*;
 
     fn position(cursor: i64, id: i64) -> Position {
-        Position {
-            cursor: CursorValue::Integer(cursor),
-            pk: vec![("id".to_string(), PkValue::Integer(id))],
-        }
+        Position { cursor: CursorValue::Integer(cursor), pk: vec![("id".to_string(), PkValue::Integer(id))] }
     }
 
     #[test]
     fn a_document_round_trips() {
         let mut document = StateDocument::new("orders", "sha256:abc");
-        document.checkpoint =
-            Some(advance_checkpoint(None, &position(5, 2), "b1", 10, Utc::now()).unwrap());
+        document.checkpoint = Some(advance_checkpoint(None, &position(5, 2), "b1", 10, Utc::now()).unwrap());
         let parsed = StateDocument::parse(&document.to_bytes()).unwrap();
         assert_eq!(parsed, document);
     }
 
     #[test]
     fn invalid_json_is_reported_as_such() {
-        assert!(matches!(
-            StateDocument::parse(b"{not json"),
-            Err(DocumentError::InvalidJson(_))
-        ));
+        assert!(matches!(StateDocument::parse(b"{not json"), Err(DocumentError::InvalidJson(_))));
     }
 
     #[test]
@@ -223,24 +203,15 @@ mod tests {
 
     #[test]
     fn a_missing_version_is_refused() {
-        assert_eq!(
-            StateDocument::parse(br#"{"poller_name": "x"}"#).unwrap_err(),
-            DocumentError::MissingVersion
-        );
+        assert_eq!(StateDocument::parse(br#"{"poller_name": "x"}"#).unwrap_err(), DocumentError::MissingVersion);
     }
 
     #[test]
     fn an_unknown_cursor_kind_is_refused() {
         let mut document = StateDocument::new("orders", "sha256:abc");
-        document.checkpoint =
-            Some(advance_checkpoint(None, &position(5, 2), "b1", 10, Utc::now()).unwrap());
-        let text = String::from_utf8(document.to_bytes())
-            .unwrap()
-            .replace("\"integer\"", "\"text\"");
-        assert!(matches!(
-            StateDocument::parse(text.as_bytes()),
-            Err(DocumentError::InvalidCursor(_))
-        ));
+        document.checkpoint = Some(advance_checkpoint(None, &position(5, 2), "b1", 10, Utc::now()).unwrap());
+        let text = String::from_utf8(document.to_bytes()).unwrap().replace("\"integer\"", "\"text\"");
+        assert!(matches!(StateDocument::parse(text.as_bytes()), Err(DocumentError::InvalidCursor(_))));
     }
 
     #[test]

@@ -24,11 +24,7 @@ use payload::InvocationRequest;
 
 /// The router, with the app passed in (tests call it on a port-0 listener).
 pub fn router(app: Arc<App>) -> Router {
-    Router::new()
-        .route("/", get(ready))
-        .route("/{function}", post(invoke))
-        .fallback(not_found)
-        .with_state(app)
+    Router::new().route("/", get(ready)).route("/{function}", post(invoke)).fallback(not_found).with_state(app)
 }
 
 /// Serves until `shutdown` completes.
@@ -37,9 +33,7 @@ pub async fn serve(
     app: Arc<App>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(app))
-        .with_graceful_shutdown(shutdown)
-        .await
+    axum::serve(listener, router(app)).with_graceful_shutdown(shutdown).await
 }
 
 fn json_response(status: StatusCode, body: Value) -> Response {
@@ -54,18 +48,11 @@ fn error_response(status: StatusCode, function: Option<&str>, message: &str) -> 
 }
 
 async fn ready(State(app): State<Arc<App>>) -> Response {
-    json_response(
-        StatusCode::OK,
-        json!({"status": "ok", "functions": app.function_names()}),
-    )
+    json_response(StatusCode::OK, json!({"status": "ok", "functions": app.function_names()}))
 }
 
 async fn not_found() -> Response {
-    error_response(
-        StatusCode::NOT_FOUND,
-        None,
-        "not found: the handler serves GET / and POST /{function}",
-    )
+    error_response(StatusCode::NOT_FOUND, None, "not found: the handler serves GET / and POST /{function}")
 }
 
 async fn invoke(
@@ -74,11 +61,8 @@ async fn invoke(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let invocation_id = headers
-        .get("x-azure-functions-invocationid")
-        .and_then(|value| value.to_str().ok())
-        .unwrap_or("-")
-        .to_string();
+    let invocation_id =
+        headers.get("x-azure-functions-invocationid").and_then(|value| value.to_str().ok()).unwrap_or("-").to_string();
     let request = match InvocationRequest::parse(&body) {
         Ok(request) => request,
         Err(reason) => {
@@ -95,10 +79,8 @@ async fn invoke(
             return error_response(StatusCode::INTERNAL_SERVER_ERROR, Some(&function), &message);
         }
         Lookup::Unknown => {
-            let message = format!(
-                "{function}: no such function in this app (functions: {})",
-                app.function_names().join(", ")
-            );
+            let message =
+                format!("{function}: no such function in this app (functions: {})", app.function_names().join(", "));
             error!(function = %function, invocation = %invocation_id, "{message}");
             return error_response(StatusCode::NOT_FOUND, Some(&function), &message);
         }
@@ -110,14 +92,9 @@ async fn invoke(
         Ok(outcome) => {
             let line = format!("{}: {outcome}", poller.config.poller_name);
             info!(function = %function, invocation = %invocation_id, outcome = outcome.kind(), "{line}");
-            let mut response = json_response(
-                StatusCode::OK,
-                json!({"Outputs": {}, "Logs": [line], "ReturnValue": null}),
-            );
-            response.headers_mut().insert(
-                "x-dbtrigger-outcome",
-                HeaderValue::from_static(outcome.kind()),
-            );
+            let mut response =
+                json_response(StatusCode::OK, json!({"Outputs": {}, "Logs": [line], "ReturnValue": null}));
+            response.headers_mut().insert("x-dbtrigger-outcome", HeaderValue::from_static(outcome.kind()));
             response
         }
         Err(tick_error) => {

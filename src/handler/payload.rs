@@ -20,8 +20,7 @@ impl InvocationRequest {
         if body.iter().all(u8::is_ascii_whitespace) {
             return Ok(InvocationRequest::default());
         }
-        let value: Value =
-            serde_json::from_slice(body).map_err(|error| format!("not JSON: {error}"))?;
+        let value: Value = serde_json::from_slice(body).map_err(|error| format!("not JSON: {error}"))?;
         let Value::Object(object) = &value else {
             return Err("expected a JSON object with `Data` and `Metadata`".to_string());
         };
@@ -35,18 +34,12 @@ impl InvocationRequest {
             Some(Value::Object(data)) => data.clone(),
             _ => Map::new(),
         };
-        Ok(InvocationRequest {
-            data,
-            metadata: object.get("Metadata").cloned(),
-        })
+        Ok(InvocationRequest { data, metadata: object.get("Metadata").cloned() })
     }
 
     /// `IsPastDue` of the first timer binding, if the host sent one.
     pub fn timer_is_past_due(&self) -> bool {
-        self.data
-            .values()
-            .filter_map(|binding| binding.get("IsPastDue"))
-            .any(|flag| flag.as_bool() == Some(true))
+        self.data.values().filter_map(|binding| binding.get("IsPastDue")).any(|flag| flag.as_bool() == Some(true))
     }
 }
 
@@ -57,22 +50,10 @@ mod tests {
     #[test]
     fn the_four_host_fixtures_parse() {
         let fixtures = [
-            (
-                include_str!("../../tests/fixtures/host/timer_first_run.json"),
-                false,
-            ),
-            (
-                include_str!("../../tests/fixtures/host/timer_no_monitor.json"),
-                false,
-            ),
-            (
-                include_str!("../../tests/fixtures/host/timer_normal.json"),
-                false,
-            ),
-            (
-                include_str!("../../tests/fixtures/host/timer_past_due.json"),
-                true,
-            ),
+            (include_str!("../../tests/fixtures/host/timer_first_run.json"), false),
+            (include_str!("../../tests/fixtures/host/timer_no_monitor.json"), false),
+            (include_str!("../../tests/fixtures/host/timer_normal.json"), false),
+            (include_str!("../../tests/fixtures/host/timer_past_due.json"), true),
         ];
         for (text, past_due) in fixtures {
             let request = InvocationRequest::parse(text.as_bytes()).unwrap();
@@ -83,20 +64,8 @@ mod tests {
 
     #[test]
     fn malformed_bodies_are_refused_with_a_reason() {
-        assert!(
-            InvocationRequest::parse(b"{nope")
-                .unwrap_err()
-                .contains("not JSON")
-        );
-        assert!(
-            InvocationRequest::parse(b"[1, 2]")
-                .unwrap_err()
-                .contains("JSON object")
-        );
-        assert!(
-            InvocationRequest::parse(br#"{"Data": 3}"#)
-                .unwrap_err()
-                .contains("Data")
-        );
+        assert!(InvocationRequest::parse(b"{nope").unwrap_err().contains("not JSON"));
+        assert!(InvocationRequest::parse(b"[1, 2]").unwrap_err().contains("JSON object"));
+        assert!(InvocationRequest::parse(br#"{"Data": 3}"#).unwrap_err().contains("Data"));
     }
 }

@@ -38,13 +38,7 @@ pub struct Batch {
 }
 
 impl Batch {
-    pub fn new(
-        poller: &str,
-        fingerprint: &str,
-        batch_id: String,
-        fencing_token: u64,
-        rows: &[SourceRow],
-    ) -> Self {
+    pub fn new(poller: &str, fingerprint: &str, batch_id: String, fencing_token: u64, rows: &[SourceRow]) -> Self {
         let events = rows
             .iter()
             .map(|row| Event {
@@ -55,12 +49,7 @@ impl Batch {
                 row: row.row.clone(),
             })
             .collect();
-        Batch {
-            poller: poller.to_string(),
-            batch_id,
-            fencing_token,
-            events,
-        }
+        Batch { poller: poller.to_string(), batch_id, fencing_token, events }
     }
 }
 
@@ -69,11 +58,7 @@ pub enum SinkError {
     /// The receiver refused the batch for good (a 4xx other than 408/429): retrying the same
     /// batch will not help.
     #[error("the receiver rejected batch {batch_id}: HTTP {status}: {body}")]
-    Rejected {
-        batch_id: String,
-        status: u16,
-        body: String,
-    },
+    Rejected { batch_id: String, status: u16, body: String },
     /// A failure that may pass: a timeout, a refused connection, 408, 429, 5xx.
     #[error("delivery of batch {batch_id} failed: {reason}")]
     Transient { batch_id: String, reason: String },
@@ -83,8 +68,7 @@ pub enum SinkError {
 pub trait Sink: Send + Sync {
     /// Delivers the whole batch; `Ok` only once the receiver acknowledged it. Retries of transient
     /// failures never wait past `deadline` (the tick's budget).
-    async fn deliver(&self, batch: &Batch, deadline: tokio::time::Instant)
-    -> Result<(), SinkError>;
+    async fn deliver(&self, batch: &Batch, deadline: tokio::time::Instant) -> Result<(), SinkError>;
 
     /// Where batches go, for messages; never includes a secret.
     fn describe(&self) -> String;

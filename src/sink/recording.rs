@@ -31,11 +31,7 @@ impl RecordingSink {
 
 #[async_trait]
 impl Sink for RecordingSink {
-    async fn deliver(
-        &self,
-        batch: &Batch,
-        _deadline: tokio::time::Instant,
-    ) -> Result<(), SinkError> {
+    async fn deliver(&self, batch: &Batch, _deadline: tokio::time::Instant) -> Result<(), SinkError> {
         if let Some(error) = self.planned_failures.lock().unwrap().pop_front() {
             return Err(error);
         }

@@ -73,38 +73,17 @@ mod tests {
 
     #[test]
     fn backoff_doubles_within_its_jitter_band() {
-        assert_eq!(
-            decide(1, 5, None, 1.0, PLENTY),
-            RetryDecision::RetryAfter(Duration::from_millis(500))
-        );
-        assert_eq!(
-            decide(2, 5, None, 1.0, PLENTY),
-            RetryDecision::RetryAfter(Duration::from_millis(1000))
-        );
-        assert_eq!(
-            decide(3, 5, None, 0.0, PLENTY),
-            RetryDecision::RetryAfter(Duration::from_millis(1000))
-        );
-        assert_eq!(
-            decide(12, 20, None, 1.0, PLENTY),
-            RetryDecision::RetryAfter(MAX_DELAY)
-        );
+        assert_eq!(decide(1, 5, None, 1.0, PLENTY), RetryDecision::RetryAfter(Duration::from_millis(500)));
+        assert_eq!(decide(2, 5, None, 1.0, PLENTY), RetryDecision::RetryAfter(Duration::from_millis(1000)));
+        assert_eq!(decide(3, 5, None, 0.0, PLENTY), RetryDecision::RetryAfter(Duration::from_millis(1000)));
+        assert_eq!(decide(12, 20, None, 1.0, PLENTY), RetryDecision::RetryAfter(MAX_DELAY));
     }
 
     #[test]
     fn retries_stop_at_the_limit_and_at_the_deadline() {
-        assert_eq!(
-            decide(4, 3, None, 0.5, PLENTY),
-            RetryDecision::GiveUp(GiveUpReason::RetriesExhausted)
-        );
-        assert_eq!(
-            decide(0 + 1, 0, None, 0.5, PLENTY),
-            RetryDecision::GiveUp(GiveUpReason::RetriesExhausted)
-        );
-        assert_eq!(
-            decide(1, 3, None, 1.0, Duration::from_millis(400)),
-            RetryDecision::GiveUp(GiveUpReason::OutOfTime)
-        );
+        assert_eq!(decide(4, 3, None, 0.5, PLENTY), RetryDecision::GiveUp(GiveUpReason::RetriesExhausted));
+        assert_eq!(decide(1, 0, None, 0.5, PLENTY), RetryDecision::GiveUp(GiveUpReason::RetriesExhausted));
+        assert_eq!(decide(1, 3, None, 1.0, Duration::from_millis(400)), RetryDecision::GiveUp(GiveUpReason::OutOfTime));
     }
 
     #[test]
@@ -123,10 +102,7 @@ mod tests {
     fn retry_after_parses_seconds_and_dates() {
         let now = std::time::UNIX_EPOCH + Duration::from_secs(1_445_412_480);
         assert_eq!(parse_retry_after("7", now), Some(Duration::from_secs(7)));
-        assert_eq!(
-            parse_retry_after("Wed, 21 Oct 2015 07:28:10 GMT", now),
-            Some(Duration::from_secs(10))
-        );
+        assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:10 GMT", now), Some(Duration::from_secs(10)));
         assert_eq!(parse_retry_after("soon", now), None);
     }
 }

@@ -20,17 +20,17 @@ impl SigningKey {
     /// Decodes a secret; the error never contains the secret.
     pub fn from_secret(secret: &str) -> Result<SigningKey, String> {
         match secret.strip_prefix("whsec_") {
-            Some(encoded) => STANDARD.decode(encoded).map(SigningKey).map_err(|_| {
-                "a secret starting with `whsec_` must continue with base64".to_string()
-            }),
+            Some(encoded) => STANDARD
+                .decode(encoded)
+                .map(SigningKey)
+                .map_err(|_| "a secret starting with `whsec_` must continue with base64".to_string()),
             None => Ok(SigningKey(secret.as_bytes().to_vec())),
         }
     }
 
     /// The `webhook-signature` header value.
     pub fn sign(&self, id: &str, timestamp: i64, body: &[u8]) -> String {
-        let mut mac =
-            Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes a key of any length");
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes a key of any length");
         mac.update(id.as_bytes());
         mac.update(b".");
         mac.update(timestamp.to_string().as_bytes());

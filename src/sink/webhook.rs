@@ -44,14 +44,8 @@ struct Part<'a> {
 /// What one attempt came to.
 enum Attempt {
     Delivered,
-    Transient {
-        reason: String,
-        retry_after: Option<Duration>,
-    },
-    Rejected {
-        status: u16,
-        body: String,
-    },
+    Transient { reason: String, retry_after: Option<Duration> },
+    Rejected { status: u16, body: String },
 }
 
 impl WebhookSink {
@@ -88,10 +82,7 @@ impl WebhookSink {
         let mut pending = vec![&batch.events[..]];
         let mut parts: Vec<&'a [Event]> = Vec::new();
         while let Some(events) = pending.pop() {
-            let probe = Part {
-                id: batch.batch_id.clone(),
-                events,
-            };
+            let probe = Part { id: batch.batch_id.clone(), events };
             if events.len() <= 1 || self.body(batch, &probe).len() <= self.config.max_body_bytes {
                 parts.push(events);
             } else {
@@ -134,17 +125,9 @@ impl WebhookSink {
         let response = match request.body(body).send().await {
             Ok(response) => response,
             Err(error) => {
-                let what = if error.is_timeout() {
-                    "timed out"
-                } else {
-                    "failed"
-                };
+                let what = if error.is_timeout() { "timed out" } else { "failed" };
                 return Attempt::Transient {
-                    reason: format!(
-                        "POST {} {what}: {}",
-                        redacted_url(&self.config.url),
-                        error.without_url()
-                    ),
+                    reason: format!("POST {} {what}: {}", redacted_url(&self.config.url), error.without_url()),
                     retry_after: None,
                 };
             }
@@ -161,49 +144,25 @@ impl WebhookSink {
         let text = truncate(response.text().await.unwrap_or_default(), ERROR_BODY_LIMIT);
         let code = status.as_u16();
         if code == 408 || code == 429 || status.is_server_error() {
-            Attempt::Transient {
-                reason: format!("HTTP {code}: {text}"),
-                retry_after,
-            }
+            Attempt::Transient { reason: format!("HTTP {code}: {text}"), retry_after }
         } else {
-            Attempt::Rejected {
-                status: code,
-                body: text,
-            }
+            Attempt::Rejected { status: code, body: text }
         }
     }
 
-    async fn deliver_part(
-        &self,
-        batch: &Batch,
-        part: &Part<'_>,
-        deadline: Instant,
-    ) -> Result<(), SinkError> {
+    async fn deliver_part(&self, batch: &Batch, part: &Part<'_>, deadline: Instant) -> Result<(), SinkError> {
         let mut attempt_number: u32 = 0;
         loop {
             attempt_number += 1;
             let (reason, retry_after) = match self.attempt(batch, part).await {
                 Attempt::Delivered => return Ok(()),
                 Attempt::Rejected { status, body } => {
-                    return Err(SinkError::Rejected {
-                        batch_id: part.id.clone(),
-                        status,
-                        body,
-                    });
+                    return Err(SinkError::Rejected { batch_id: part.id.clone(), status, body });
                 }
-                Attempt::Transient {
-                    reason,
-                    retry_after,
-                } => (reason, retry_after),
+                Attempt::Transient { reason, retry_after } => (reason, retry_after),
             };
             let time_left = deadline.saturating_duration_since(Instant::now());
-            match retry::decide(
-                attempt_number,
-                self.config.max_retries,
-                retry_after,
-                fastrand::f64(),
-                time_left,
-            ) {
+            match retry::decide(attempt_number, self.config.max_retries, retry_after, fastrand::f64(), time_left) {
                 RetryDecision::RetryAfter(wait) => {
                     warn!(
                         poller = %batch.poller,
@@ -217,9 +176,7 @@ impl WebhookSink {
                 RetryDecision::GiveUp(why) => {
                     return Err(SinkError::Transient {
                         batch_id: part.id.clone(),
-                        reason: format!(
-                            "{reason} (after {attempt_number} attempts; gave up: {why:?})"
-                        ),
+                        reason: format!("{reason} (after {attempt_number} attempts; gave up: {why:?})"),
                     });
                 }
             }
@@ -240,16 +197,8 @@ fn truncate(mut text: String, limit: usize) -> String {
 
 /// The part of a URL safe to print: no user info, no query (either may hold a key).
 pub fn redacted_url(url: &url::Url) -> String {
-    let port = url
-        .port()
-        .map(|port| format!(":{port}"))
-        .unwrap_or_default();
-    format!(
-        "{}://{}{port}{}",
-        url.scheme(),
-        url.host_str().unwrap_or_default(),
-        url.path()
-    )
+    let port = url.port().map(|port| format!(":{port}")).unwrap_or_default();
+    format!("{}://{}{port}{}", url.scheme(), url.host_str().unwrap_or_default(), url.path())
 }
 
 #[async_trait]

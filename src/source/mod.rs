@@ -52,11 +52,7 @@ impl SourceError {
 pub trait Source: Send + Sync {
     /// Up to `limit` rows strictly after `after` (all rows from the start when `None`), in
     /// (cursor, pk...) order.
-    async fn fetch_after(
-        &self,
-        after: Option<&Position>,
-        limit: usize,
-    ) -> Result<Vec<SourceRow>, SourceError>;
+    async fn fetch_after(&self, after: Option<&Position>, limit: usize) -> Result<Vec<SourceRow>, SourceError>;
 
     /// Where the source is, for messages; never includes a password.
     fn describe(&self) -> String;
@@ -111,11 +107,7 @@ pub(crate) struct Decoded {
 
 impl Decoded {
     pub fn plain(json: Value) -> Self {
-        Decoded {
-            json,
-            cursor: None,
-            key: None,
-        }
+        Decoded { json, cursor: None, key: None }
     }
 
     pub fn integer(number: i64) -> Self {
@@ -127,32 +119,17 @@ impl Decoded {
     }
 
     pub fn text(text: String) -> Self {
-        Decoded {
-            json: Value::from(text.clone()),
-            cursor: None,
-            key: Some(PkValue::Text(text)),
-        }
+        Decoded { json: Value::from(text.clone()), cursor: None, key: Some(PkValue::Text(text)) }
     }
 
     pub fn timestamp(at: DateTime<Utc>) -> Self {
-        let cursor = CursorValue::Timestamp {
-            at,
-            source_text: None,
-        };
-        Decoded {
-            json: cursor.to_json(),
-            cursor: Some(cursor),
-            key: None,
-        }
+        let cursor = CursorValue::Timestamp { at, source_text: None };
+        Decoded { json: cursor.to_json(), cursor: Some(cursor), key: None }
     }
 
     pub fn naive_timestamp(at: NaiveDateTime) -> Self {
         let cursor = CursorValue::NaiveTimestamp(at);
-        Decoded {
-            json: cursor.to_json(),
-            cursor: Some(cursor),
-            key: None,
-        }
+        Decoded { json: cursor.to_json(), cursor: Some(cursor), key: None }
     }
 }
 
@@ -167,20 +144,10 @@ pub(crate) struct RowBuilder<'a> {
 
 impl<'a> RowBuilder<'a> {
     pub fn new(config: &'a SourceConfig) -> Self {
-        RowBuilder {
-            config,
-            values: Map::new(),
-            cursor: None,
-            keys: vec![None; config.pk.len()],
-        }
+        RowBuilder { config, values: Map::new(), cursor: None, keys: vec![None; config.pk.len()] }
     }
 
-    pub fn push(
-        &mut self,
-        name: &str,
-        type_name: &str,
-        decoded: Decoded,
-    ) -> Result<(), SourceError> {
+    pub fn push(&mut self, name: &str, type_name: &str, decoded: Decoded) -> Result<(), SourceError> {
         match role_of(self.config, name) {
             Role::Cursor => {
                 if decoded.json.is_null() {
@@ -212,24 +179,16 @@ impl<'a> RowBuilder<'a> {
 
     pub fn finish(self) -> Result<SourceRow, SourceError> {
         let cursor = self.cursor.ok_or_else(|| {
-            SourceError::Position(format!(
-                "the cursor column {:?} is not in the result",
-                self.config.cursor
-            ))
+            SourceError::Position(format!("the cursor column {:?} is not in the result", self.config.cursor))
         })?;
         let mut pk = Vec::with_capacity(self.keys.len());
         for (name, key) in self.config.pk.iter().zip(self.keys) {
             let key = key.ok_or_else(|| {
-                SourceError::Position(format!(
-                    "the primary key column {name:?} is not in the result"
-                ))
+                SourceError::Position(format!("the primary key column {name:?} is not in the result"))
             })?;
             pk.push((name.clone(), key));
         }
-        Ok(SourceRow {
-            position: Position { cursor, pk },
-            row: self.values,
-        })
+        Ok(SourceRow { position: Position { cursor, pk }, row: self.values })
     }
 }
 
@@ -251,14 +210,8 @@ where
             Slot::Cursor => match &position.cursor {
                 CursorValue::Integer(number) => query.bind(*number),
                 // SQLite: the exact stored text, so the seek agrees with its ORDER BY.
-                CursorValue::Timestamp {
-                    source_text: Some(text),
-                    ..
-                } => query.bind(text.clone()),
-                CursorValue::Timestamp {
-                    at,
-                    source_text: None,
-                } => query.bind(*at),
+                CursorValue::Timestamp { source_text: Some(text), .. } => query.bind(text.clone()),
+                CursorValue::Timestamp { at, source_text: None } => query.bind(*at),
                 CursorValue::NaiveTimestamp(at) => query.bind(*at),
             },
             Slot::Key(index) => match &position.pk[*index].1 {
@@ -277,10 +230,9 @@ pub(crate) fn classify(location: &str, error: sqlx::Error) -> SourceError {
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
         | sqlx::Error::Tls(_)
-        | sqlx::Error::Configuration(_) => SourceError::Unreachable {
-            location: location.to_string(),
-            reason: error.to_string(),
-        },
+        | sqlx::Error::Configuration(_) => {
+            SourceError::Unreachable { location: location.to_string(), reason: error.to_string() }
+        }
         sqlx::Error::Database(database_error) => {
             let message = database_error.message().to_string();
             let unreachable = message.contains("unable to open")
@@ -288,20 +240,11 @@ pub(crate) fn classify(location: &str, error: sqlx::Error) -> SourceError {
                 || message.contains("Access denied")
                 || message.contains("does not exist") && message.contains("database");
             if unreachable {
-                SourceError::Unreachable {
-                    location: location.to_string(),
-                    reason: message,
-                }
+                SourceError::Unreachable { location: location.to_string(), reason: message }
             } else {
-                SourceError::Query {
-                    location: location.to_string(),
-                    reason: message,
-                }
+                SourceError::Query { location: location.to_string(), reason: message }
             }
         }
-        other => SourceError::Query {
-            location: location.to_string(),
-            reason: other.to_string(),
-        },
+        other => SourceError::Query { location: location.to_string(), reason: other.to_string() },
     }
 }

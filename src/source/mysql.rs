@@ -15,9 +15,7 @@ use tokio::sync::OnceCell;
 use tracing::warn;
 
 use super::query::{CursorType, SeekPlan, SeekQuery, build_seek};
-use super::{
-    Decoded, RowBuilder, Source, SourceError, SourceRow, bind_position, classify, redacted_location,
-};
+use super::{Decoded, RowBuilder, Source, SourceError, SourceRow, bind_position, classify, redacted_location};
 use crate::config::{SourceConfig, SourceTarget};
 use crate::domain::Position;
 
@@ -32,21 +30,13 @@ impl MySqlSource {
     pub fn open(config: &SourceConfig) -> Result<Self, SourceError> {
         let location = redacted_location(config.url.expose());
         let options = MySqlConnectOptions::from_str(config.url.expose())
-            .map_err(|error| SourceError::Unreachable {
-                location: location.clone(),
-                reason: error.to_string(),
-            })?
+            .map_err(|error| SourceError::Unreachable { location: location.clone(), reason: error.to_string() })?
             .timezone(Some("+00:00".to_string()));
         let pool = MySqlPoolOptions::new()
             .max_connections(2)
             .acquire_timeout(Duration::from_secs(10))
             .connect_lazy_with(options);
-        Ok(MySqlSource {
-            pool,
-            config: config.clone(),
-            location,
-            query: OnceCell::new(),
-        })
+        Ok(MySqlSource { pool, config: config.clone(), location, query: OnceCell::new() })
     }
 
     async fn seek(&self) -> Result<&SeekQuery, SourceError> {
@@ -54,13 +44,7 @@ impl MySqlSource {
     }
 
     async fn preflight(&self) -> Result<SeekQuery, SourceError> {
-        let probe = build_seek(
-            &self.config,
-            &SeekPlan {
-                cursor_type: CursorType::Integer,
-                placeholder_types: None,
-            },
-        );
+        let probe = build_seek(&self.config, &SeekPlan { cursor_type: CursorType::Integer, placeholder_types: None });
         let statement = self
             .pool
             .prepare(sqlx::AssertSqlSafe(probe.from_start).into_sql_str())
@@ -110,13 +94,7 @@ impl MySqlSource {
                 );
             }
         }
-        Ok(build_seek(
-            &self.config,
-            &SeekPlan {
-                cursor_type,
-                placeholder_types: None,
-            },
-        ))
+        Ok(build_seek(&self.config, &SeekPlan { cursor_type, placeholder_types: None }))
     }
 
     fn decode(&self, row: &MySqlRow) -> Result<SourceRow, SourceError> {
@@ -131,15 +109,8 @@ impl MySqlSource {
     }
 }
 
-fn decode_value(
-    row: &MySqlRow,
-    index: usize,
-    name: &str,
-    type_name: &str,
-) -> Result<Decoded, SourceError> {
-    let raw = row
-        .try_get_raw(index)
-        .map_err(|error| SourceError::Position(format!("column {name:?}: {error}")))?;
+fn decode_value(row: &MySqlRow, index: usize, name: &str, type_name: &str) -> Result<Decoded, SourceError> {
+    let raw = row.try_get_raw(index).map_err(|error| SourceError::Position(format!("column {name:?}: {error}")))?;
     if raw.is_null() {
         return Ok(Decoded::plain(Value::Null));
     }
@@ -148,29 +119,23 @@ fn decode_value(
         type_name: format!("{type_name} ({error})"),
     };
     let decoded = match type_name {
-        "BOOLEAN" => Decoded::plain(Value::from(
-            row.try_get_unchecked::<i8, _>(index).map_err(failed)? != 0,
-        )),
+        "BOOLEAN" => Decoded::plain(Value::from(row.try_get_unchecked::<i8, _>(index).map_err(failed)? != 0)),
         "TINYINT" | "SMALLINT" | "INT" | "MEDIUMINT" | "BIGINT" => {
             Decoded::integer(row.try_get_unchecked::<i64, _>(index).map_err(failed)?)
         }
-        "TINYINT UNSIGNED" | "SMALLINT UNSIGNED" | "INT UNSIGNED" | "MEDIUMINT UNSIGNED"
-        | "BIGINT UNSIGNED" | "YEAR" => {
+        "TINYINT UNSIGNED" | "SMALLINT UNSIGNED" | "INT UNSIGNED" | "MEDIUMINT UNSIGNED" | "BIGINT UNSIGNED"
+        | "YEAR" => {
             let number = row.try_get_unchecked::<u64, _>(index).map_err(failed)?;
             match i64::try_from(number) {
                 Ok(signed) => Decoded::integer(signed),
                 Err(_) => Decoded::plain(Value::from(number)),
             }
         }
-        "FLOAT" => float(f64::from(
-            row.try_get_unchecked::<f32, _>(index).map_err(failed)?,
-        )),
+        "FLOAT" => float(f64::from(row.try_get_unchecked::<f32, _>(index).map_err(failed)?)),
         "DOUBLE" => float(row.try_get_unchecked::<f64, _>(index).map_err(failed)?),
         // As a string: no precision is lost.
         "DECIMAL" => Decoded::plain(Value::from(
-            row.try_get_unchecked::<sqlx::types::BigDecimal, _>(index)
-                .map_err(failed)?
-                .to_string(),
+            row.try_get_unchecked::<sqlx::types::BigDecimal, _>(index).map_err(failed)?.to_string(),
         )),
         "CHAR" | "VARCHAR" | "TEXT" | "TINYTEXT" | "MEDIUMTEXT" | "LONGTEXT" | "ENUM" | "SET" => {
             Decoded::text(row.try_get_unchecked::<String, _>(index).map_err(failed)?)
@@ -182,49 +147,28 @@ fn decode_value(
                     .encode(row.try_get_unchecked::<Vec<u8>, _>(index).map_err(failed)?),
             ))
         }
-        "DATE" => Decoded::plain(Value::from(
-            row.try_get_unchecked::<NaiveDate, _>(index)
-                .map_err(failed)?
-                .to_string(),
-        )),
-        "TIME" => Decoded::plain(Value::from(
-            row.try_get_unchecked::<NaiveTime, _>(index)
-                .map_err(failed)?
-                .to_string(),
-        )),
-        "DATETIME" => Decoded::naive_timestamp(
-            row.try_get_unchecked::<NaiveDateTime, _>(index)
-                .map_err(failed)?,
-        ),
-        "TIMESTAMP" => Decoded::timestamp(
-            row.try_get_unchecked::<DateTime<Utc>, _>(index)
-                .map_err(failed)?,
-        ),
+        "DATE" => {
+            Decoded::plain(Value::from(row.try_get_unchecked::<NaiveDate, _>(index).map_err(failed)?.to_string()))
+        }
+        "TIME" => {
+            Decoded::plain(Value::from(row.try_get_unchecked::<NaiveTime, _>(index).map_err(failed)?.to_string()))
+        }
+        "DATETIME" => Decoded::naive_timestamp(row.try_get_unchecked::<NaiveDateTime, _>(index).map_err(failed)?),
+        "TIMESTAMP" => Decoded::timestamp(row.try_get_unchecked::<DateTime<Utc>, _>(index).map_err(failed)?),
         other => {
-            return Err(SourceError::UnsupportedType {
-                column: name.to_string(),
-                type_name: other.to_string(),
-            });
+            return Err(SourceError::UnsupportedType { column: name.to_string(), type_name: other.to_string() });
         }
     };
     Ok(decoded)
 }
 
 fn float(number: f64) -> Decoded {
-    Decoded::plain(
-        serde_json::Number::from_f64(number)
-            .map(Value::Number)
-            .unwrap_or(Value::Null),
-    )
+    Decoded::plain(serde_json::Number::from_f64(number).map(Value::Number).unwrap_or(Value::Null))
 }
 
 #[async_trait]
 impl Source for MySqlSource {
-    async fn fetch_after(
-        &self,
-        after: Option<&Position>,
-        limit: usize,
-    ) -> Result<Vec<SourceRow>, SourceError> {
+    async fn fetch_after(&self, after: Option<&Position>, limit: usize) -> Result<Vec<SourceRow>, SourceError> {
         let seek = self.seek().await?;
         let rows = match after {
             None => {
@@ -234,11 +178,8 @@ impl Source for MySqlSource {
                     .await
             }
             Some(position) => {
-                let query = bind_position(
-                    sqlx::query(sqlx::AssertSqlSafe(seek.after.as_str())),
-                    &seek.after_slots,
-                    position,
-                );
+                let query =
+                    bind_position(sqlx::query(sqlx::AssertSqlSafe(seek.after.as_str())), &seek.after_slots, position);
                 query.bind(limit as i64).fetch_all(&self.pool).await
             }
         };

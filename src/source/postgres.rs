@@ -14,9 +14,7 @@ use tokio::sync::OnceCell;
 use tracing::warn;
 
 use super::query::{CursorType, SeekPlan, SeekQuery, build_seek};
-use super::{
-    Decoded, RowBuilder, Source, SourceError, SourceRow, bind_position, classify, redacted_location,
-};
+use super::{Decoded, RowBuilder, Source, SourceError, SourceRow, bind_position, classify, redacted_location};
 use crate::config::{SourceConfig, SourceTarget};
 use crate::domain::Position;
 
@@ -31,21 +29,11 @@ impl PostgresSource {
     pub fn open(config: &SourceConfig) -> Result<Self, SourceError> {
         let location = redacted_location(config.url.expose());
         let options = PgConnectOptions::from_str(config.url.expose())
-            .map_err(|error| SourceError::Unreachable {
-                location: location.clone(),
-                reason: error.to_string(),
-            })?
+            .map_err(|error| SourceError::Unreachable { location: location.clone(), reason: error.to_string() })?
             .application_name("dbtrigger");
-        let pool = PgPoolOptions::new()
-            .max_connections(2)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_lazy_with(options);
-        Ok(PostgresSource {
-            pool,
-            config: config.clone(),
-            location,
-            query: OnceCell::new(),
-        })
+        let pool =
+            PgPoolOptions::new().max_connections(2).acquire_timeout(Duration::from_secs(10)).connect_lazy_with(options);
+        Ok(PostgresSource { pool, config: config.clone(), location, query: OnceCell::new() })
     }
 
     async fn seek(&self) -> Result<&SeekQuery, SourceError> {
@@ -55,13 +43,7 @@ impl PostgresSource {
     /// Learns the types of the cursor and key columns (to shape the SQL) and warns once when no
     /// index starts with the cursor.
     async fn preflight(&self) -> Result<SeekQuery, SourceError> {
-        let probe = build_seek(
-            &self.config,
-            &SeekPlan {
-                cursor_type: CursorType::Integer,
-                placeholder_types: None,
-            },
-        );
+        let probe = build_seek(&self.config, &SeekPlan { cursor_type: CursorType::Integer, placeholder_types: None });
         let statement = self
             .pool
             .prepare(sqlx::AssertSqlSafe(probe.from_start).into_sql_str())
@@ -74,9 +56,7 @@ impl PostgresSource {
                 .find(|candidate| candidate.name() == column)
                 .map(|found| found.type_info().name().to_string())
                 .ok_or_else(|| {
-                    SourceError::Position(format!(
-                        "column {column:?} is not in the result of the source query"
-                    ))
+                    SourceError::Position(format!("column {column:?} is not in the result of the source query"))
                 })
         };
         let cursor_type_name = type_of(&self.config.cursor)?;
@@ -120,13 +100,7 @@ impl PostgresSource {
                 );
             }
         }
-        Ok(build_seek(
-            &self.config,
-            &SeekPlan {
-                cursor_type,
-                placeholder_types: Some(placeholder_types),
-            },
-        ))
+        Ok(build_seek(&self.config, &SeekPlan { cursor_type, placeholder_types: Some(placeholder_types) }))
     }
 
     fn decode(&self, row: &PgRow) -> Result<SourceRow, SourceError> {
@@ -141,15 +115,8 @@ impl PostgresSource {
     }
 }
 
-fn decode_value(
-    row: &PgRow,
-    index: usize,
-    name: &str,
-    type_name: &str,
-) -> Result<Decoded, SourceError> {
-    let raw = row
-        .try_get_raw(index)
-        .map_err(|error| SourceError::Position(format!("column {name:?}: {error}")))?;
+fn decode_value(row: &PgRow, index: usize, name: &str, type_name: &str) -> Result<Decoded, SourceError> {
+    let raw = row.try_get_raw(index).map_err(|error| SourceError::Position(format!("column {name:?}: {error}")))?;
     if raw.is_null() {
         return Ok(Decoded::plain(Value::Null));
     }
@@ -176,37 +143,17 @@ fn decode_value(
         "TEXT" | "VARCHAR" | "BPCHAR" | "NAME" | "CHAR" | "CITEXT" => {
             Decoded::text(row.try_get_unchecked::<String, _>(index).map_err(failed)?)
         }
-        "UUID" => Decoded::text(
-            row.try_get::<sqlx::types::Uuid, _>(index)
-                .map_err(failed)?
-                .to_string(),
-        ),
+        "UUID" => Decoded::text(row.try_get::<sqlx::types::Uuid, _>(index).map_err(failed)?.to_string()),
         "JSON" | "JSONB" => Decoded::plain(row.try_get::<Value, _>(index).map_err(failed)?),
         "BYTEA" => Decoded::plain(Value::from(
-            base64::engine::general_purpose::STANDARD
-                .encode(row.try_get::<Vec<u8>, _>(index).map_err(failed)?),
+            base64::engine::general_purpose::STANDARD.encode(row.try_get::<Vec<u8>, _>(index).map_err(failed)?),
         )),
-        "DATE" => Decoded::plain(Value::from(
-            row.try_get::<NaiveDate, _>(index)
-                .map_err(failed)?
-                .to_string(),
-        )),
-        "TIME" => Decoded::plain(Value::from(
-            row.try_get::<NaiveTime, _>(index)
-                .map_err(failed)?
-                .to_string(),
-        )),
-        "TIMESTAMP" => {
-            Decoded::naive_timestamp(row.try_get::<NaiveDateTime, _>(index).map_err(failed)?)
-        }
-        "TIMESTAMPTZ" => {
-            Decoded::timestamp(row.try_get::<DateTime<Utc>, _>(index).map_err(failed)?)
-        }
+        "DATE" => Decoded::plain(Value::from(row.try_get::<NaiveDate, _>(index).map_err(failed)?.to_string())),
+        "TIME" => Decoded::plain(Value::from(row.try_get::<NaiveTime, _>(index).map_err(failed)?.to_string())),
+        "TIMESTAMP" => Decoded::naive_timestamp(row.try_get::<NaiveDateTime, _>(index).map_err(failed)?),
+        "TIMESTAMPTZ" => Decoded::timestamp(row.try_get::<DateTime<Utc>, _>(index).map_err(failed)?),
         other => {
-            return Err(SourceError::UnsupportedType {
-                column: name.to_string(),
-                type_name: other.to_string(),
-            });
+            return Err(SourceError::UnsupportedType { column: name.to_string(), type_name: other.to_string() });
         }
     };
     Ok(decoded)
@@ -215,12 +162,8 @@ fn decode_value(
 /// Formats PostgreSQL's binary NUMERIC (base-10000 digit groups, a weight, a sign and a display
 /// scale) as its text form.
 pub fn numeric_text(bytes: &[u8]) -> Option<String> {
-    let word = |offset: usize| -> Option<u16> {
-        Some(u16::from_be_bytes([
-            *bytes.get(offset)?,
-            *bytes.get(offset + 1)?,
-        ]))
-    };
+    let word =
+        |offset: usize| -> Option<u16> { Some(u16::from_be_bytes([*bytes.get(offset)?, *bytes.get(offset + 1)?])) };
     let digit_count = usize::from(word(0)?);
     let weight = i64::from(word(2)? as i16);
     let sign = word(4)?;
@@ -236,13 +179,7 @@ pub fn numeric_text(bytes: &[u8]) -> Option<String> {
     for index in 0..digit_count {
         digits.push(word(8 + 2 * index)?);
     }
-    let group = |index: i64| -> u16 {
-        if index < 0 {
-            0
-        } else {
-            digits.get(index as usize).copied().unwrap_or(0)
-        }
-    };
+    let group = |index: i64| -> u16 { if index < 0 { 0 } else { digits.get(index as usize).copied().unwrap_or(0) } };
     let mut text = String::new();
     if sign == 0x4000 {
         text.push('-');
@@ -271,20 +208,12 @@ pub fn numeric_text(bytes: &[u8]) -> Option<String> {
 }
 
 fn float(number: f64) -> Decoded {
-    Decoded::plain(
-        serde_json::Number::from_f64(number)
-            .map(Value::Number)
-            .unwrap_or(Value::Null),
-    )
+    Decoded::plain(serde_json::Number::from_f64(number).map(Value::Number).unwrap_or(Value::Null))
 }
 
 #[async_trait]
 impl Source for PostgresSource {
-    async fn fetch_after(
-        &self,
-        after: Option<&Position>,
-        limit: usize,
-    ) -> Result<Vec<SourceRow>, SourceError> {
+    async fn fetch_after(&self, after: Option<&Position>, limit: usize) -> Result<Vec<SourceRow>, SourceError> {
         let seek = self.seek().await?;
         let rows = match after {
             None => {
@@ -294,11 +223,8 @@ impl Source for PostgresSource {
                     .await
             }
             Some(position) => {
-                let query = bind_position(
-                    sqlx::query(sqlx::AssertSqlSafe(seek.after.as_str())),
-                    &seek.after_slots,
-                    position,
-                );
+                let query =
+                    bind_position(sqlx::query(sqlx::AssertSqlSafe(seek.after.as_str())), &seek.after_slots, position);
                 query.bind(limit as i64).fetch_all(&self.pool).await
             }
         };
@@ -335,19 +261,10 @@ mod tests {
     fn numerics_print_like_postgres() {
         // 12345678901234567890.0123456789 with scale 10
         assert_eq!(
-            numeric_text(&encode(
-                4,
-                0,
-                10,
-                &[1234, 5678, 9012, 3456, 7890, 123, 4567, 8900]
-            ))
-            .unwrap(),
+            numeric_text(&encode(4, 0, 10, &[1234, 5678, 9012, 3456, 7890, 123, 4567, 8900])).unwrap(),
             "12345678901234567890.0123456789"
         );
-        assert_eq!(
-            numeric_text(&encode(-1, 0x4000, 3, &[50])).unwrap(),
-            "-0.005"
-        );
+        assert_eq!(numeric_text(&encode(-1, 0x4000, 3, &[50])).unwrap(), "-0.005");
         assert_eq!(numeric_text(&encode(0, 0, 2, &[7])).unwrap(), "7.00");
         assert_eq!(numeric_text(&encode(1, 0, 0, &[1])).unwrap(), "10000");
         assert_eq!(numeric_text(&encode(0, 0, 0, &[])).unwrap(), "0");

@@ -55,11 +55,7 @@ pub struct SeekQuery {
 }
 
 /// The settle predicate: only rows older than the database's own `now - settle`.
-fn settle_predicate(
-    config: &SourceConfig,
-    cursor_type: CursorType,
-    cursor: &str,
-) -> Option<String> {
+fn settle_predicate(config: &SourceConfig, cursor_type: CursorType, cursor: &str) -> Option<String> {
     let seconds = config.settle.as_secs();
     if seconds == 0 {
         return None;
@@ -67,21 +63,19 @@ fn settle_predicate(
     let zone = &config.cursor_time_zone;
     match (config.engine, cursor_type) {
         (_, CursorType::Integer) => None,
-        (Engine::Postgres, CursorType::Timestamp) => Some(format!(
-            "{cursor} <= now() - make_interval(secs => {seconds})"
-        )),
-        (Engine::Postgres, _) => Some(format!(
-            "{cursor} <= (now() AT TIME ZONE '{zone}') - make_interval(secs => {seconds})"
-        )),
-        (Engine::MySql, CursorType::Timestamp) => {
-            Some(format!("{cursor} <= NOW(6) - INTERVAL {seconds} SECOND"))
+        (Engine::Postgres, CursorType::Timestamp) => {
+            Some(format!("{cursor} <= now() - make_interval(secs => {seconds})"))
         }
-        (Engine::MySql, _) if zone == "UTC" => Some(format!(
-            "{cursor} <= UTC_TIMESTAMP(6) - INTERVAL {seconds} SECOND"
-        )),
-        (Engine::MySql, _) => Some(format!(
-            "{cursor} <= CONVERT_TZ(UTC_TIMESTAMP(6), '+00:00', '{zone}') - INTERVAL {seconds} SECOND"
-        )),
+        (Engine::Postgres, _) => {
+            Some(format!("{cursor} <= (now() AT TIME ZONE '{zone}') - make_interval(secs => {seconds})"))
+        }
+        (Engine::MySql, CursorType::Timestamp) => Some(format!("{cursor} <= NOW(6) - INTERVAL {seconds} SECOND")),
+        (Engine::MySql, _) if zone == "UTC" => {
+            Some(format!("{cursor} <= UTC_TIMESTAMP(6) - INTERVAL {seconds} SECOND"))
+        }
+        (Engine::MySql, _) => {
+            Some(format!("{cursor} <= CONVERT_TZ(UTC_TIMESTAMP(6), '+00:00', '{zone}') - INTERVAL {seconds} SECOND"))
+        }
         // SQLite stores timestamps as text in any layout: julianday() reads them all. Integer
         // values are not timestamps and are not held back.
         (Engine::Sqlite, _) => Some(format!(
@@ -98,27 +92,16 @@ pub fn build_seek(config: &SourceConfig, plan: &SeekPlan) -> SeekQuery {
         None => "*".to_string(),
         Some(columns) => {
             let mut selected: Vec<&String> = Vec::new();
-            for column in columns
-                .iter()
-                .chain(std::iter::once(&config.cursor))
-                .chain(config.pk.iter())
-            {
+            for column in columns.iter().chain(std::iter::once(&config.cursor)).chain(config.pk.iter()) {
                 if !selected.contains(&column) {
                     selected.push(column);
                 }
             }
-            selected
-                .iter()
-                .map(|column| quote(column))
-                .collect::<Vec<_>>()
-                .join(", ")
+            selected.iter().map(|column| quote(column)).collect::<Vec<_>>().join(", ")
         }
     };
     let from = match &config.target {
-        SourceTarget::Table {
-            schema: Some(schema),
-            name,
-        } => format!("{}.{}", quote(schema), quote(name)),
+        SourceTarget::Table { schema: Some(schema), name } => format!("{}.{}", quote(schema), quote(name)),
         SourceTarget::Table { schema: None, name } => quote(name),
         SourceTarget::Query(query) => format!("({query}) AS dbtrigger_source"),
     };
@@ -164,26 +147,13 @@ pub fn build_seek(config: &SourceConfig, plan: &SeekPlan) -> SeekQuery {
         Engine::MySql => {
             // c >= ? AND (c > ? OR (c = ? AND k1 > ?) OR (c = ? AND k1 = ? AND k2 > ?) ...)
             let lower_bound = format!("{cursor} >= {}", next_placeholder(Slot::Cursor, &mut slots));
-            let mut alternatives = vec![format!(
-                "{cursor} > {}",
-                next_placeholder(Slot::Cursor, &mut slots)
-            )];
+            let mut alternatives = vec![format!("{cursor} > {}", next_placeholder(Slot::Cursor, &mut slots))];
             for depth in 0..keys.len() {
-                let mut terms = vec![format!(
-                    "{cursor} = {}",
-                    next_placeholder(Slot::Cursor, &mut slots)
-                )];
+                let mut terms = vec![format!("{cursor} = {}", next_placeholder(Slot::Cursor, &mut slots))];
                 for (index, key) in keys.iter().enumerate().take(depth) {
-                    terms.push(format!(
-                        "{key} = {}",
-                        next_placeholder(Slot::Key(index), &mut slots)
-                    ));
+                    terms.push(format!("{key} = {}", next_placeholder(Slot::Key(index), &mut slots)));
                 }
-                terms.push(format!(
-                    "{} > {}",
-                    keys[depth],
-                    next_placeholder(Slot::Key(depth), &mut slots)
-                ));
+                terms.push(format!("{} > {}", keys[depth], next_placeholder(Slot::Key(depth), &mut slots)));
                 alternatives.push(format!("({})", terms.join(" AND ")));
             }
             format!("{lower_bound} AND ({})", alternatives.join(" OR "))
@@ -199,11 +169,8 @@ pub fn build_seek(config: &SourceConfig, plan: &SeekPlan) -> SeekQuery {
     };
 
     let compose = |predicates: &[String], limit: &str| {
-        let where_part = if predicates.is_empty() {
-            String::new()
-        } else {
-            format!(" WHERE {}", predicates.join(" AND "))
-        };
+        let where_part =
+            if predicates.is_empty() { String::new() } else { format!(" WHERE {}", predicates.join(" AND ")) };
         format!("SELECT {projection} FROM {from}{where_part} ORDER BY {order_by} LIMIT {limit}")
     };
     let mut after_predicates = vec![seek];
@@ -221,19 +188,12 @@ mod tests {
     use crate::config::Secret;
     use std::time::Duration;
 
-    fn config(
-        engine: Engine,
-        columns: Option<Vec<&str>>,
-        where_clause: Option<&str>,
-    ) -> SourceConfig {
+    fn config(engine: Engine, columns: Option<Vec<&str>>, where_clause: Option<&str>) -> SourceConfig {
         SourceConfig {
             connection: "DB".into(),
             engine,
             url: Secret::new("x"),
-            target: SourceTarget::Table {
-                schema: Some("public".into()),
-                name: "orders".into(),
-            },
+            target: SourceTarget::Table { schema: Some("public".into()), name: "orders".into() },
             cursor: "updated_at".into(),
             pk: vec!["tenant".into(), "id".into()],
             columns: columns.map(|list| list.into_iter().map(str::to_string).collect()),
@@ -244,26 +204,17 @@ mod tests {
     }
 
     fn plan(cursor_type: CursorType) -> SeekPlan {
-        SeekPlan {
-            cursor_type,
-            placeholder_types: None,
-        }
+        SeekPlan { cursor_type, placeholder_types: None }
     }
 
     #[test]
     fn sqlite_seek_is_a_row_value_comparison() {
-        let query = build_seek(
-            &config(Engine::Sqlite, None, None),
-            &plan(CursorType::Dynamic),
-        );
+        let query = build_seek(&config(Engine::Sqlite, None, None), &plan(CursorType::Dynamic));
         assert_eq!(
             query.after,
             "SELECT * FROM \"public\".\"orders\" WHERE (\"updated_at\", \"tenant\", \"id\") > (?, ?, ?) ORDER BY \"updated_at\", \"tenant\", \"id\" LIMIT ?"
         );
-        assert_eq!(
-            query.after_slots,
-            vec![Slot::Cursor, Slot::Key(0), Slot::Key(1)]
-        );
+        assert_eq!(query.after_slots, vec![Slot::Cursor, Slot::Key(0), Slot::Key(1)]);
         assert_eq!(
             query.from_start,
             "SELECT * FROM \"public\".\"orders\" ORDER BY \"updated_at\", \"tenant\", \"id\" LIMIT ?"
@@ -276,42 +227,24 @@ mod tests {
             cursor_type: CursorType::Timestamp,
             placeholder_types: Some(vec!["TIMESTAMPTZ".into(), "INT4".into(), "UUID".into()]),
         };
-        let query = build_seek(
-            &config(Engine::Postgres, Some(vec!["status"]), Some("tenant = 7")),
-            &plan,
-        );
+        let query = build_seek(&config(Engine::Postgres, Some(vec!["status"]), Some("tenant = 7")), &plan);
         assert_eq!(
             query.after,
             "SELECT \"status\", \"updated_at\", \"tenant\", \"id\" FROM \"public\".\"orders\" WHERE (\"updated_at\", \"tenant\", \"id\") > ($1::TIMESTAMPTZ, $2::INT4, $3::UUID) AND (tenant = 7) ORDER BY \"updated_at\", \"tenant\", \"id\" LIMIT $4"
         );
-        assert!(
-            query.from_start.ends_with(
-                "WHERE (tenant = 7) ORDER BY \"updated_at\", \"tenant\", \"id\" LIMIT $1"
-            )
-        );
+        assert!(query.from_start.ends_with("WHERE (tenant = 7) ORDER BY \"updated_at\", \"tenant\", \"id\" LIMIT $1"));
     }
 
     #[test]
     fn mysql_expands_the_seek_into_index_ranges() {
-        let query = build_seek(
-            &config(Engine::MySql, None, None),
-            &plan(CursorType::Timestamp),
-        );
+        let query = build_seek(&config(Engine::MySql, None, None), &plan(CursorType::Timestamp));
         assert_eq!(
             query.after,
             "SELECT * FROM `public`.`orders` WHERE `updated_at` >= ? AND (`updated_at` > ? OR (`updated_at` = ? AND `tenant` > ?) OR (`updated_at` = ? AND `tenant` = ? AND `id` > ?)) ORDER BY `updated_at`, `tenant`, `id` LIMIT ?"
         );
         assert_eq!(
             query.after_slots,
-            vec![
-                Slot::Cursor,
-                Slot::Cursor,
-                Slot::Cursor,
-                Slot::Key(0),
-                Slot::Cursor,
-                Slot::Key(0),
-                Slot::Key(1)
-            ]
+            vec![Slot::Cursor, Slot::Cursor, Slot::Cursor, Slot::Key(0), Slot::Cursor, Slot::Key(0), Slot::Key(1)]
         );
     }
 
@@ -321,23 +254,13 @@ mod tests {
         source.settle = Duration::from_secs(5);
         let query = build_seek(&source, &plan(CursorType::Timestamp));
         assert!(
-            query
-                .from_start
-                .contains("WHERE \"updated_at\" <= now() - make_interval(secs => 5) ORDER BY"),
+            query.from_start.contains("WHERE \"updated_at\" <= now() - make_interval(secs => 5) ORDER BY"),
             "{}",
             query.from_start
         );
         let naive = build_seek(&source, &plan(CursorType::NaiveTimestamp));
-        assert!(
-            naive
-                .after
-                .contains("(now() AT TIME ZONE 'UTC') - make_interval(secs => 5)")
-        );
-        assert!(
-            !build_seek(&source, &plan(CursorType::Integer))
-                .after
-                .contains("now()")
-        );
+        assert!(naive.after.contains("(now() AT TIME ZONE 'UTC') - make_interval(secs => 5)"));
+        assert!(!build_seek(&source, &plan(CursorType::Integer)).after.contains("now()"));
         source.engine = Engine::MySql;
         assert!(
             build_seek(&source, &plan(CursorType::NaiveTimestamp))
@@ -345,11 +268,7 @@ mod tests {
                 .contains("<= UTC_TIMESTAMP(6) - INTERVAL 5 SECOND")
         );
         source.engine = Engine::Sqlite;
-        assert!(
-            build_seek(&source, &plan(CursorType::Dynamic))
-                .after
-                .contains("julianday('now') - 5 / 86400.0")
-        );
+        assert!(build_seek(&source, &plan(CursorType::Dynamic)).after.contains("julianday('now') - 5 / 86400.0"));
     }
 
     #[test]
@@ -357,8 +276,10 @@ mod tests {
         let mut source = config(Engine::Sqlite, None, None);
         source.target = SourceTarget::Query("SELECT * FROM orders WHERE total > 0".into());
         let query = build_seek(&source, &plan(CursorType::Dynamic));
-        assert!(query.from_start.starts_with(
-            "SELECT * FROM (SELECT * FROM orders WHERE total > 0) AS dbtrigger_source ORDER BY"
-        ));
+        assert!(
+            query
+                .from_start
+                .starts_with("SELECT * FROM (SELECT * FROM orders WHERE total > 0) AS dbtrigger_source ORDER BY")
+        );
     }
 }

@@ -18,9 +18,7 @@ use tokio::sync::OnceCell;
 use tracing::warn;
 
 use super::query::{CursorType, SeekPlan, SeekQuery, build_seek};
-use super::{
-    Decoded, Role, RowBuilder, Source, SourceError, SourceRow, bind_position, classify, role_of,
-};
+use super::{Decoded, Role, RowBuilder, Source, SourceError, SourceRow, bind_position, classify, role_of};
 use crate::config::{SourceConfig, SourceTarget};
 use crate::domain::{CursorValue, Position};
 
@@ -35,35 +33,21 @@ impl SqliteSource {
     pub fn open(config: &SourceConfig) -> Result<Self, SourceError> {
         let location = config.url.expose().to_string();
         let options = SqliteConnectOptions::from_str(config.url.expose())
-            .map_err(|error| SourceError::Unreachable {
-                location: location.clone(),
-                reason: error.to_string(),
-            })?
+            .map_err(|error| SourceError::Unreachable { location: location.clone(), reason: error.to_string() })?
             .create_if_missing(false)
             .busy_timeout(Duration::from_secs(5));
         let pool = SqlitePoolOptions::new()
             .max_connections(2)
             .acquire_timeout(Duration::from_secs(10))
             .connect_lazy_with(options);
-        Ok(SqliteSource {
-            pool,
-            config: config.clone(),
-            location,
-            query: OnceCell::new(),
-        })
+        Ok(SqliteSource { pool, config: config.clone(), location, query: OnceCell::new() })
     }
 
     async fn seek(&self) -> Result<&SeekQuery, SourceError> {
         self.query
             .get_or_try_init(|| async {
                 self.warn_without_index().await?;
-                Ok(build_seek(
-                    &self.config,
-                    &SeekPlan {
-                        cursor_type: CursorType::Dynamic,
-                        placeholder_types: None,
-                    },
-                ))
+                Ok(build_seek(&self.config, &SeekPlan { cursor_type: CursorType::Dynamic, placeholder_types: None }))
             })
             .await
     }
@@ -73,24 +57,19 @@ impl SqliteSource {
         let SourceTarget::Table { schema, name } = &self.config.target else {
             return Ok(());
         };
-        let prefix = schema
-            .as_ref()
-            .map(|schema| format!("\"{schema}\"."))
-            .unwrap_or_default();
-        let indexes: Vec<SqliteRow> = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "PRAGMA {prefix}index_list(\"{name}\")"
-        )))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(|error| classify(&self.location, error))?;
+        let prefix = schema.as_ref().map(|schema| format!("\"{schema}\".")).unwrap_or_default();
+        let indexes: Vec<SqliteRow> =
+            sqlx::query(sqlx::AssertSqlSafe(format!("PRAGMA {prefix}index_list(\"{name}\")")))
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|error| classify(&self.location, error))?;
         for index in &indexes {
             let index_name: String = index.try_get("name").unwrap_or_default();
-            let first: Option<SqliteRow> = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "PRAGMA {prefix}index_info(\"{index_name}\")"
-            )))
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|error| classify(&self.location, error))?;
+            let first: Option<SqliteRow> =
+                sqlx::query(sqlx::AssertSqlSafe(format!("PRAGMA {prefix}index_info(\"{index_name}\")")))
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(|error| classify(&self.location, error))?;
             let first_column: Option<String> = first.and_then(|row| row.try_get("name").ok());
             if first_column.as_deref() == Some(self.config.cursor.as_str()) {
                 return Ok(());
@@ -111,14 +90,10 @@ impl SqliteSource {
         let mut builder = RowBuilder::new(&self.config);
         for (index, column) in row.columns().iter().enumerate() {
             let name = column.name();
-            let raw = row
-                .try_get_raw(index)
-                .map_err(|error| SourceError::Position(format!("column {name:?}: {error}")))?;
-            let type_name = if raw.is_null() {
-                "NULL".to_string()
-            } else {
-                raw.type_info().name().to_ascii_uppercase()
-            };
+            let raw =
+                row.try_get_raw(index).map_err(|error| SourceError::Position(format!("column {name:?}: {error}")))?;
+            let type_name =
+                if raw.is_null() { "NULL".to_string() } else { raw.type_info().name().to_ascii_uppercase() };
             let decoded = decode_value(row, index, name, &type_name, role_of(&self.config, name))?;
             builder.push(name, &type_name, decoded)?;
         }
@@ -139,16 +114,10 @@ fn decode_value(
     };
     match type_name {
         "NULL" => Ok(Decoded::plain(Value::Null)),
-        "INTEGER" | "INT" | "BIGINT" | "BOOLEAN" => Ok(Decoded::integer(
-            row.try_get_unchecked(index).map_err(failed)?,
-        )),
+        "INTEGER" | "INT" | "BIGINT" | "BOOLEAN" => Ok(Decoded::integer(row.try_get_unchecked(index).map_err(failed)?)),
         "REAL" | "FLOAT" | "DOUBLE" | "NUMERIC" => {
             let number: f64 = row.try_get_unchecked(index).map_err(failed)?;
-            Ok(Decoded::plain(
-                serde_json::Number::from_f64(number)
-                    .map(Value::Number)
-                    .unwrap_or(Value::Null),
-            ))
+            Ok(Decoded::plain(serde_json::Number::from_f64(number).map(Value::Number).unwrap_or(Value::Null)))
         }
         "TEXT" | "DATETIME" | "DATE" | "TIME" => {
             let text: String = row.try_get_unchecked(index).map_err(failed)?;
@@ -158,28 +127,16 @@ fn decode_value(
                         "cursor column {name:?} holds the text {text:?}, which is not a timestamp (use an integer or a timestamp cursor)"
                     ))
                 })?;
-                let cursor = CursorValue::Timestamp {
-                    at,
-                    source_text: Some(text.clone()),
-                };
-                return Ok(Decoded {
-                    json: cursor.to_json(),
-                    cursor: Some(cursor),
-                    key: None,
-                });
+                let cursor = CursorValue::Timestamp { at, source_text: Some(text.clone()) };
+                return Ok(Decoded { json: cursor.to_json(), cursor: Some(cursor), key: None });
             }
             Ok(Decoded::text(text))
         }
         "BLOB" => {
             let bytes: Vec<u8> = row.try_get_unchecked(index).map_err(failed)?;
-            Ok(Decoded::plain(Value::from(
-                base64::engine::general_purpose::STANDARD.encode(bytes),
-            )))
+            Ok(Decoded::plain(Value::from(base64::engine::general_purpose::STANDARD.encode(bytes))))
         }
-        other => Err(SourceError::UnsupportedType {
-            column: name.to_string(),
-            type_name: other.to_string(),
-        }),
+        other => Err(SourceError::UnsupportedType { column: name.to_string(), type_name: other.to_string() }),
     }
 }
 
@@ -195,12 +152,7 @@ pub fn parse_sqlite_timestamp(text: &str) -> Option<DateTime<Utc>> {
         }
     }
     let without_zulu = text.strip_suffix('Z').unwrap_or(text);
-    for format in [
-        "%Y-%m-%d %H:%M:%S%.f",
-        "%Y-%m-%dT%H:%M:%S%.f",
-        "%Y-%m-%d %H:%M",
-        "%Y-%m-%dT%H:%M",
-    ] {
+    for format in ["%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M"] {
         if let Ok(parsed) = NaiveDateTime::parse_from_str(without_zulu, format) {
             return Some(parsed.and_utc());
         }
@@ -210,11 +162,7 @@ pub fn parse_sqlite_timestamp(text: &str) -> Option<DateTime<Utc>> {
 
 #[async_trait]
 impl Source for SqliteSource {
-    async fn fetch_after(
-        &self,
-        after: Option<&Position>,
-        limit: usize,
-    ) -> Result<Vec<SourceRow>, SourceError> {
+    async fn fetch_after(&self, after: Option<&Position>, limit: usize) -> Result<Vec<SourceRow>, SourceError> {
         let seek = self.seek().await?;
         let rows = match after {
             None => {
@@ -224,11 +172,8 @@ impl Source for SqliteSource {
                     .await
             }
             Some(position) => {
-                let query = bind_position(
-                    sqlx::query(sqlx::AssertSqlSafe(seek.after.as_str())),
-                    &seek.after_slots,
-                    position,
-                );
+                let query =
+                    bind_position(sqlx::query(sqlx::AssertSqlSafe(seek.after.as_str())), &seek.after_slots, position);
                 query.bind(limit as i64).fetch_all(&self.pool).await
             }
         };
@@ -251,9 +196,7 @@ mod tests {
 
     #[test]
     fn sqlite_timestamp_layouts_parse_as_utc() {
-        let expected = DateTime::parse_from_rfc3339("2024-03-01T10:20:30.5Z")
-            .unwrap()
-            .with_timezone(&Utc);
+        let expected = DateTime::parse_from_rfc3339("2024-03-01T10:20:30.5Z").unwrap().with_timezone(&Utc);
         for text in [
             "2024-03-01 10:20:30.5",
             "2024-03-01T10:20:30.5",

@@ -41,10 +41,7 @@ fn unavailable(path: &Path, action: &str, error: std::io::Error) -> StoreError {
     StoreError::Unavailable {
         location: path.display().to_string(),
         reason: format!("cannot {action}: {error}"),
-        retryable: matches!(
-            error.kind(),
-            ErrorKind::Interrupted | ErrorKind::WouldBlock | ErrorKind::TimedOut
-        ),
+        retryable: matches!(error.kind(), ErrorKind::Interrupted | ErrorKind::WouldBlock | ErrorKind::TimedOut),
     }
 }
 
@@ -58,8 +55,7 @@ fn read_bytes(path: &Path) -> Result<Option<Vec<u8>>, StoreError> {
 
 fn write_locked(path: &Path, bytes: &[u8], condition: &WriteCondition) -> Result<ETag, StoreError> {
     let directory = path.parent().expect("a document path has a parent");
-    std::fs::create_dir_all(directory)
-        .map_err(|error| unavailable(directory, "create the directory", error))?;
+    std::fs::create_dir_all(directory).map_err(|error| unavailable(directory, "create the directory", error))?;
     let lock_path = path.with_extension("json.lock");
     let lock = OpenOptions::new()
         .create(true)
@@ -67,28 +63,19 @@ fn write_locked(path: &Path, bytes: &[u8], condition: &WriteCondition) -> Result
         .write(true)
         .open(&lock_path)
         .map_err(|error| unavailable(&lock_path, "open the lock file", error))?;
-    lock.lock()
-        .map_err(|error| unavailable(&lock_path, "lock", error))?;
+    lock.lock().map_err(|error| unavailable(&lock_path, "lock", error))?;
     let location = path.display().to_string();
     let current = read_bytes(path)?;
     match (condition, &current) {
         (WriteCondition::Absent, Some(_)) => return Err(StoreError::AlreadyExists { location }),
         (WriteCondition::Matches(_), None) => return Err(StoreError::Conflict { location }),
-        (WriteCondition::Matches(expected), Some(current_bytes))
-            if *expected != etag_of(current_bytes) =>
-        {
+        (WriteCondition::Matches(expected), Some(current_bytes)) if *expected != etag_of(current_bytes) => {
             return Err(StoreError::Conflict { location });
         }
         _ => {}
     }
-    let file_name = path
-        .file_name()
-        .and_then(|name| name.to_str())
-        .unwrap_or("state.json");
-    let temporary = directory.join(format!(
-        ".{file_name}.{}.tmp",
-        uuid::Uuid::new_v4().simple()
-    ));
+    let file_name = path.file_name().and_then(|name| name.to_str()).unwrap_or("state.json");
+    let temporary = directory.join(format!(".{file_name}.{}.tmp", uuid::Uuid::new_v4().simple()));
     let result = (|| {
         let mut file = File::create(&temporary)?;
         file.write_all(bytes)?;
@@ -122,14 +109,9 @@ impl StateStore for FileStore {
         let Some(bytes) = bytes else {
             return Ok(None);
         };
-        let document = StateDocument::parse(&bytes).map_err(|error| StoreError::Corrupt {
-            location: path.display().to_string(),
-            reason: error.to_string(),
-        })?;
-        Ok(Some(Versioned {
-            document,
-            etag: etag_of(&bytes),
-        }))
+        let document = StateDocument::parse(&bytes)
+            .map_err(|error| StoreError::Corrupt { location: path.display().to_string(), reason: error.to_string() })?;
+        Ok(Some(Versioned { document, etag: etag_of(&bytes) }))
     }
 
     async fn write(

@@ -26,35 +26,22 @@ impl MemoryStore {
     /// Stores raw bytes as they are (a test's corrupted or foreign document).
     pub fn put_raw(&self, key: &StateKey, bytes: &[u8]) -> ETag {
         let etag = self.fresh_etag();
-        self.documents
-            .lock()
-            .unwrap()
-            .insert(key.clone(), (bytes.to_vec(), etag.clone()));
+        self.documents.lock().unwrap().insert(key.clone(), (bytes.to_vec(), etag.clone()));
         etag
     }
 
     /// The stored bytes, if any.
     pub fn raw(&self, key: &StateKey) -> Option<Vec<u8>> {
-        self.documents
-            .lock()
-            .unwrap()
-            .get(key)
-            .map(|(bytes, _)| bytes.clone())
+        self.documents.lock().unwrap().get(key).map(|(bytes, _)| bytes.clone())
     }
 
     /// Requests served so far: (reads, writes attempted).
     pub fn request_counts(&self) -> (u64, u64) {
-        (
-            self.reads.load(Ordering::SeqCst),
-            self.writes.load(Ordering::SeqCst),
-        )
+        (self.reads.load(Ordering::SeqCst), self.writes.load(Ordering::SeqCst))
     }
 
     fn fresh_etag(&self) -> ETag {
-        ETag(format!(
-            "\"m{}\"",
-            self.next_version.fetch_add(1, Ordering::SeqCst) + 1
-        ))
+        ETag(format!("\"m{}\"", self.next_version.fetch_add(1, Ordering::SeqCst) + 1))
     }
 }
 

@@ -1,8 +1,10 @@
 //! Where state documents live, behind one small trait with ETag compare-and-swap semantics.
 //!
-//! Implementations: [`memory`] (tests), [`file`] (local work, `file:<dir>`). Every implementation
+//! Implementations: [`azure_blob`] (production), [`file`] (local work, `file:<dir>`), [`memory`]
+//! (tests). Every implementation
 //! passes the same [`conformance`] suite, including a race of tasks incrementing through CAS.
 
+pub mod azure_blob;
 pub mod conformance;
 pub mod file;
 pub mod memory;
@@ -24,10 +26,7 @@ pub struct StateKey {
 
 impl StateKey {
     pub fn new(app: &str, poller: &str) -> Self {
-        StateKey {
-            app: app.to_string(),
-            poller: poller.to_string(),
-        }
+        StateKey { app: app.to_string(), poller: poller.to_string() }
     }
 
     /// The path inside the container (or under the file store's directory).
@@ -71,17 +70,11 @@ pub enum StoreError {
     #[error("the state document at {location} already exists")]
     AlreadyExists { location: String },
     /// The stored document cannot be read. It is left as it is.
-    #[error(
-        "the state document at {location} cannot be used: {reason}; it was left untouched, fix or reset it"
-    )]
+    #[error("the state document at {location} cannot be used: {reason}; it was left untouched, fix or reset it")]
     Corrupt { location: String, reason: String },
     /// The store could not be reached or failed; `retryable` says whether trying again may help.
     #[error("state store {location}: {reason}")]
-    Unavailable {
-        location: String,
-        reason: String,
-        retryable: bool,
-    },
+    Unavailable { location: String, reason: String, retryable: bool },
 }
 
 #[async_trait]
@@ -105,13 +98,15 @@ pub trait StateStore: Send + Sync {
 pub fn open(config: &StateConfig) -> Result<Arc<dyn StateStore>, StoreError> {
     match &config.location {
         StateLocation::File(directory) => Ok(Arc::new(file::FileStore::new(directory.clone()))),
-        StateLocation::StorageConnectionString(_) | StateLocation::Identity { .. } => {
-            Err(StoreError::Unavailable {
-                location: format!("app setting {}", config.connection),
-                reason: "Azure Blob Storage state is not available in this build; use `file:<dir>`"
-                    .to_string(),
-                retryable: false,
-            })
+        StateLocation::AzureBlob(connection) => {
+            let store = azure_blob::AzureBlobStore::new(connection, &config.container).map_err(|reason| {
+                StoreError::Unavailable {
+                    location: format!("app setting {}", config.connection),
+                    reason,
+                    retryable: false,
+                }
+            })?;
+            Ok(Arc::new(store))
         }
     }
 }

@@ -19,11 +19,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 
 /// A free TCP port on loopback (bound, read, released).
 pub fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    StdListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// One POST the receiver got.
@@ -79,33 +75,18 @@ async fn record(
         body: "{\"ok\":true}".to_string(),
         headers: Vec::new(),
     });
-    state.received.push(Received {
-        headers,
-        body,
-        envelope,
-        status: answer.status,
-        at,
-    });
+    state.received.push(Received { headers, body, envelope, status: answer.status, at });
     let mut answer_headers = HeaderMap::new();
     for (name, value) in &answer.headers {
-        answer_headers.insert(
-            axum::http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
-            value.parse().unwrap(),
-        );
+        answer_headers.insert(axum::http::HeaderName::from_bytes(name.as_bytes()).unwrap(), value.parse().unwrap());
     }
-    (
-        StatusCode::from_u16(answer.status).unwrap(),
-        answer_headers,
-        answer.body,
-    )
+    (StatusCode::from_u16(answer.status).unwrap(), answer_headers, answer.body)
 }
 
 impl Receiver {
     pub async fn start() -> Receiver {
         let state = Arc::new(Mutex::new(ReceiverState::default()));
-        let router = axum::Router::new()
-            .route("/hook", post(record))
-            .with_state(state.clone());
+        let router = axum::Router::new().route("/hook", post(record)).with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/hook", listener.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(listener, router).await });
@@ -119,15 +100,8 @@ impl Receiver {
 
     /// The next delivery is answered with `status`, `body` and these headers.
     pub fn answer_next_with(&self, status: u16, body: &str, headers: &[(&str, &str)]) {
-        let headers = headers
-            .iter()
-            .map(|(name, value)| (name.to_string(), value.to_string()))
-            .collect();
-        let answer = Answer {
-            status,
-            body: body.to_string(),
-            headers,
-        };
+        let headers = headers.iter().map(|(name, value)| (name.to_string(), value.to_string())).collect();
+        let answer = Answer { status, body: body.to_string(), headers };
         self.state.lock().unwrap().planned.push_back(answer);
     }
 
@@ -142,10 +116,7 @@ impl Receiver {
 
     /// Deliveries it acknowledged (2xx).
     pub fn acknowledged(&self) -> Vec<Received> {
-        self.all()
-            .into_iter()
-            .filter(|received| (200..300).contains(&received.status))
-            .collect()
+        self.all().into_iter().filter(|received| (200..300).contains(&received.status)).collect()
     }
 
     /// The `id` of every event in acknowledged deliveries, in arrival order.
@@ -171,23 +142,14 @@ impl Orders {
         let path = directory.join("orders.db");
         let pool = SqlitePoolOptions::new()
             .max_connections(1)
-            .connect_with(
-                SqliteConnectOptions::new()
-                    .filename(&path)
-                    .create_if_missing(true),
-            )
+            .connect_with(SqliteConnectOptions::new().filename(&path).create_if_missing(true))
             .await
             .unwrap();
-        sqlx::query(
-            "CREATE TABLE orders (id INTEGER PRIMARY KEY, note TEXT, version INTEGER NOT NULL)",
-        )
-        .execute(&pool)
-        .await
-        .unwrap();
-        sqlx::query("CREATE INDEX orders_seek ON orders (version, id)")
+        sqlx::query("CREATE TABLE orders (id INTEGER PRIMARY KEY, note TEXT, version INTEGER NOT NULL)")
             .execute(&pool)
             .await
             .unwrap();
+        sqlx::query("CREATE INDEX orders_seek ON orders (version, id)").execute(&pool).await.unwrap();
         Orders { path, pool }
     }
 
@@ -216,6 +178,10 @@ impl Orders {
 pub struct AppRoot {
     pub root: PathBuf,
     pub state_dir: PathBuf,
+    /// Unique per app root, so that apps sharing one Azurite never share state.
+    pub app_name: String,
+    /// The value of the ORDERS_STATE setting: a Storage connection string, or `None` for the file store.
+    pub azure_state: Option<String>,
 }
 
 impl AppRoot {
@@ -235,15 +201,19 @@ impl AppRoot {
             "bindings": [{"type": "timerTrigger", "direction": "in", "name": "timer", "schedule": "0 */5 * * * *"}],
             "poller": poller
         });
-        std::fs::write(
-            root.join("orders/function.json"),
-            serde_json::to_vec_pretty(&function).unwrap(),
-        )
-        .unwrap();
+        std::fs::write(root.join("orders/function.json"), serde_json::to_vec_pretty(&function).unwrap()).unwrap();
         AppRoot {
             root,
             state_dir: directory.join("state"),
+            app_name: format!("it-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
+            azure_state: None,
         }
+    }
+
+    /// Keeps the state in Azure Blob Storage through this connection string.
+    pub fn with_azure_state(mut self, connection_string: &str) -> AppRoot {
+        self.azure_state = Some(connection_string.to_string());
+        self
     }
 
     /// The usual poller section: integer cursor, batches of `size`.
@@ -262,18 +232,29 @@ impl AppRoot {
             ("ORDERS_WEBHOOK".to_string(), receiver.url.clone()),
             (
                 "ORDERS_STATE".to_string(),
-                format!("file:{}", self.state_dir.display()),
+                self.azure_state.clone().unwrap_or_else(|| format!("file:{}", self.state_dir.display())),
             ),
-            ("DBTRIGGER_APP_NAME".to_string(), "it".to_string()),
+            ("DBTRIGGER_APP_NAME".to_string(), self.app_name.clone()),
         ]
     }
 
-    /// The state document the file store holds for `orders`.
-    pub fn state_document(&self) -> Option<Value> {
-        let path = self.state_dir.join("state/it/orders.json");
-        std::fs::read(path)
-            .ok()
-            .map(|bytes| serde_json::from_slice(&bytes).unwrap())
+    /// The state document of `orders`, as the store holds it.
+    pub async fn state_document(&self) -> Option<Value> {
+        use dbtrigger::store::StateStore as _;
+        let key = dbtrigger::store::StateKey::new(&self.app_name, "orders");
+        match &self.azure_state {
+            None => {
+                let path = self.state_dir.join(key.blob_path());
+                std::fs::read(path).ok().map(|bytes| serde_json::from_slice(&bytes).unwrap())
+            }
+            Some(connection_string) => {
+                let connection =
+                    dbtrigger::storage::StorageConnection::parse_connection_string(connection_string).unwrap();
+                let store = dbtrigger::store::azure_blob::AzureBlobStore::new(&connection, "db-state").unwrap();
+                let read = store.read(&key).await.unwrap()?;
+                Some(serde_json::to_value(&read.document).unwrap())
+            }
+        }
     }
 }
 
@@ -294,24 +275,13 @@ impl Handler {
             .current_dir(&app.root)
             .env("FUNCTIONS_CUSTOMHANDLER_PORT", port.to_string())
             .env("FUNCTIONS_APP_ROOT_PATH", &app.root)
-            .env(
-                "FUNCTIONS_CUSTOMHANDLER_WORKER_ID",
-                uuid::Uuid::new_v4().to_string(),
-            )
-            .envs(
-                settings
-                    .iter()
-                    .map(|(key, value)| (key.as_str(), value.as_str())),
-            )
+            .env("FUNCTIONS_CUSTOMHANDLER_WORKER_ID", uuid::Uuid::new_v4().to_string())
+            .envs(settings.iter().map(|(key, value)| (key.as_str(), value.as_str())))
             .stdout(Stdio::from(log.try_clone().unwrap()))
             .stderr(Stdio::from(log))
             .spawn()
             .expect("the dbtrigger binary starts");
-        let handler = Handler {
-            child,
-            base_url: format!("http://127.0.0.1:{port}"),
-            log_path,
-        };
+        let handler = Handler { child, base_url: format!("http://127.0.0.1:{port}"), log_path };
         handler.wait_ready().await;
         handler
     }
@@ -327,10 +297,7 @@ impl Handler {
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        panic!(
-            "the handler did not answer GET / within 30 s; log:\n{}",
-            self.log()
-        );
+        panic!("the handler did not answer GET / within 30 s; log:\n{}", self.log());
     }
 
     pub fn log(&self) -> String {
@@ -342,10 +309,7 @@ impl Handler {
         let response = reqwest::Client::new()
             .post(format!("{}/{function}", self.base_url))
             .header("content-type", "application/json")
-            .header(
-                "x-azure-functions-invocationid",
-                uuid::Uuid::new_v4().to_string(),
-            )
+            .header("x-azure-functions-invocationid", uuid::Uuid::new_v4().to_string())
             .header("x-azure-functions-hostversion", "4.1036.1.23224")
             .header("user-agent", "Azure-Functions-Host/4.1036.1.23224")
             .body(body.to_string())
@@ -353,14 +317,10 @@ impl Handler {
             .await
             .unwrap();
         let status = response.status().as_u16();
-        let content_type = response
-            .headers()
-            .get("content-type")
-            .map(|value| value.to_str().unwrap().to_string())
-            .unwrap_or_default();
+        let content_type =
+            response.headers().get("content-type").map(|value| value.to_str().unwrap().to_string()).unwrap_or_default();
         let text = response.text().await.unwrap();
-        let json = serde_json::from_str(&text)
-            .unwrap_or_else(|_| panic!("the handler answered non-JSON: {text:?}"));
+        let json = serde_json::from_str(&text).unwrap_or_else(|_| panic!("the handler answered non-JSON: {text:?}"));
         (status, content_type, json)
     }
 }
@@ -375,21 +335,9 @@ impl Drop for Handler {
 /// The four timer payloads the host sends (copied from shared/fixtures/host).
 pub fn host_fixtures() -> Vec<(&'static str, &'static str)> {
     vec![
-        (
-            "timer_first_run",
-            include_str!("../fixtures/host/timer_first_run.json"),
-        ),
-        (
-            "timer_no_monitor",
-            include_str!("../fixtures/host/timer_no_monitor.json"),
-        ),
-        (
-            "timer_normal",
-            include_str!("../fixtures/host/timer_normal.json"),
-        ),
-        (
-            "timer_past_due",
-            include_str!("../fixtures/host/timer_past_due.json"),
-        ),
+        ("timer_first_run", include_str!("../fixtures/host/timer_first_run.json")),
+        ("timer_no_monitor", include_str!("../fixtures/host/timer_no_monitor.json")),
+        ("timer_normal", include_str!("../fixtures/host/timer_normal.json")),
+        ("timer_past_due", include_str!("../fixtures/host/timer_past_due.json")),
     ]
 }

@@ -4,27 +4,29 @@ use serde_json::{Value, json};
 
 use crate::harness::{AppRoot, Handler, Orders, Receiver, host_fixtures};
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_row_arrives_exactly_once_through_the_host_with_file_state() {
+    every_host_payload_runs_a_tick_and_every_row_arrives_exactly_once(None).await;
+}
+
 fn assert_host_shape(status: u16, content_type: &str, body: &Value) {
     assert_eq!(status, 200, "body: {body}");
-    assert!(
-        content_type.starts_with("application/json"),
-        "content type {content_type}"
-    );
+    assert!(content_type.starts_with("application/json"), "content type {content_type}");
     assert_eq!(body["Outputs"], json!({}));
     assert_eq!(body["ReturnValue"], Value::Null);
     let logs = body["Logs"].as_array().expect("Logs is an array");
-    assert!(
-        !logs.is_empty() && logs.iter().all(Value::is_string),
-        "Logs: {logs:?}"
-    );
+    assert!(!logs.is_empty() && logs.iter().all(Value::is_string), "Logs: {logs:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_host_payload_runs_a_tick_and_every_row_arrives_exactly_once() {
+/// The foundation's end-to-end test, run with the state in a file and again in Azurite.
+pub async fn every_host_payload_runs_a_tick_and_every_row_arrives_exactly_once(azure_state: Option<String>) {
     let directory = tempfile::tempdir().unwrap();
     let orders = Orders::create(directory.path()).await;
     let receiver = Receiver::start().await;
-    let app = AppRoot::write(directory.path(), AppRoot::orders_poller(100));
+    let mut app = AppRoot::write(directory.path(), AppRoot::orders_poller(100));
+    if let Some(connection_string) = azure_state {
+        app = app.with_azure_state(&connection_string);
+    }
     let handler = Handler::start(&app, &app.settings(&orders, &receiver)).await;
 
     // Rows arrive between ticks; three rows share each cursor value, so batch boundaries split ties.
@@ -47,16 +49,12 @@ async fn every_host_payload_runs_a_tick_and_every_row_arrives_exactly_once() {
     let expected: Vec<i64> = (1..=2345).collect();
     assert_eq!(ids, expected, "every row once, in (cursor, pk) order");
 
-    let state = app.state_document().expect("the state document exists");
+    let state = app.state_document().await.expect("the state document exists");
     let cursor = &state["checkpoint"]["cursor"];
     assert_eq!(cursor["kind"], "integer");
     assert_eq!(cursor["value"], json!(2345 / 3));
     assert_eq!(cursor["tiebreaker"], json!({"id": 2345}));
-    assert_eq!(
-        state["lease"]["owner_id"],
-        Value::Null,
-        "the last commit released the lease"
-    );
+    assert_eq!(state["lease"]["owner_id"], Value::Null, "the last commit released the lease");
     assert_eq!(state["stats"]["rows_delivered"], json!(2345));
 
     // Envelope and headers of a delivery.
@@ -71,10 +69,7 @@ async fn every_host_payload_runs_a_tick_and_every_row_arrives_exactly_once() {
     assert_eq!(event["op"], "upsert");
     assert_eq!(event["pk"], json!({"id": 1}));
     assert_eq!(event["cursor"], json!(0));
-    assert_eq!(
-        event["row"],
-        json!({"id": 1, "note": "order 1", "version": 0})
-    );
+    assert_eq!(event["row"], json!({"id": 1, "note": "order 1", "version": 0}));
     assert!(event["event_id"].as_str().unwrap().starts_with("evt_"));
 }
 
@@ -89,28 +84,16 @@ async fn unknown_functions_and_malformed_bodies_get_json_errors() {
     let (status, content_type, body) = handler.invoke("invoices", host_fixtures()[0].1).await;
     assert_eq!(status, 404);
     assert!(content_type.starts_with("application/json"));
-    assert!(
-        body["error"].as_str().unwrap().contains("no such function"),
-        "{body}"
-    );
+    assert!(body["error"].as_str().unwrap().contains("no such function"), "{body}");
 
     for malformed in ["{not json", "[1, 2, 3]", "{\"Data\": 42}"] {
         let (status, content_type, body) = handler.invoke("orders", malformed).await;
         assert_eq!(status, 400, "{malformed}");
         assert!(content_type.starts_with("application/json"));
-        assert!(
-            body["error"]
-                .as_str()
-                .unwrap()
-                .contains("malformed invocation body"),
-            "{body}"
-        );
+        assert!(body["error"].as_str().unwrap().contains("malformed invocation body"), "{body}");
     }
-    assert!(
-        receiver.all().is_empty(),
-        "a refused invocation delivers nothing"
-    );
-    assert!(app.state_document().is_none(), "and writes nothing");
+    assert!(receiver.all().is_empty(), "a refused invocation delivers nothing");
+    assert!(app.state_document().await.is_none(), "and writes nothing");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -140,10 +123,7 @@ async fn a_malformed_function_json_fails_its_own_invocations_only() {
     assert!(error.contains("broken/function.json"), "{error}");
     assert!(error.contains("poller.source.cursor"), "{error}");
     assert!(error.contains("not a valid identifier"), "{error}");
-    assert!(
-        handler.log().contains("poller.source.cursor"),
-        "the reason is logged to stdout too"
-    );
+    assert!(handler.log().contains("poller.source.cursor"), "the reason is logged to stdout too");
 
     let (status, _, _) = handler.invoke("orders", host_fixtures()[2].1).await;
     assert_eq!(status, 200, "the other poller still works");
@@ -169,51 +149,26 @@ async fn a_sink_answering_500_fails_the_tick_and_the_next_tick_redelivers_the_sa
     assert_eq!(status, 500);
     assert!(content_type.starts_with("application/json"));
     let error = body["error"].as_str().unwrap();
-    assert!(
-        error.contains("HTTP 500") && error.contains("database is on fire"),
-        "{error}"
-    );
-    assert!(
-        handler.log().contains("tick failed"),
-        "failures are logged to stdout: {}",
-        handler.log()
-    );
+    assert!(error.contains("HTTP 500") && error.contains("database is on fire"), "{error}");
+    assert!(handler.log().contains("tick failed"), "failures are logged to stdout: {}", handler.log());
 
-    let state = app.state_document().unwrap();
-    assert_eq!(
-        state["checkpoint"]["cursor"]["tiebreaker"],
-        json!({"id": 100}),
-        "checkpoint after batch 1 only"
-    );
-    assert_eq!(
-        state["lease"]["owner_id"],
-        Value::Null,
-        "the failed tick released its lease"
-    );
+    let state = app.state_document().await.unwrap();
+    assert_eq!(state["checkpoint"]["cursor"]["tiebreaker"], json!({"id": 100}), "checkpoint after batch 1 only");
+    assert_eq!(state["lease"]["owner_id"], Value::Null, "the failed tick released its lease");
 
     let (status, _, _) = handler.invoke("orders", host_fixtures()[2].1).await;
     assert_eq!(status, 200);
     let all = receiver.all();
-    assert_eq!(
-        all.len(),
-        4,
-        "batch 1, failed batch 2, batch 2 again, batch 3"
-    );
+    assert_eq!(all.len(), 4, "batch 1, failed batch 2, batch 2 again, batch 3");
     assert_eq!(all[1].status, 500);
     assert_eq!(
         all[1].envelope["batch_id"], all[2].envelope["batch_id"],
         "the retried batch is the same batch, with the same id"
     );
-    assert_eq!(
-        all[1].envelope["events"], all[2].envelope["events"],
-        "with the same events and event ids"
-    );
+    assert_eq!(all[1].envelope["events"], all[2].envelope["events"], "with the same events and event ids");
     assert_eq!(receiver.acknowledged_ids(), (1..=250).collect::<Vec<i64>>());
-    let state = app.state_document().unwrap();
-    assert_eq!(
-        state["checkpoint"]["cursor"]["tiebreaker"],
-        json!({"id": 250})
-    );
+    let state = app.state_document().await.unwrap();
+    assert_eq!(state["checkpoint"]["cursor"]["tiebreaker"], json!({"id": 250}));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -223,9 +178,7 @@ async fn the_handler_answers_readiness_with_json() {
     let receiver = Receiver::start().await;
     let app = AppRoot::write(directory.path(), AppRoot::orders_poller(100));
     let handler = Handler::start(&app, &app.settings(&orders, &receiver)).await;
-    let response = reqwest::get(format!("{}/", handler.base_url))
-        .await
-        .unwrap();
+    let response = reqwest::get(format!("{}/", handler.base_url)).await.unwrap();
     assert_eq!(response.status(), 200);
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["functions"], json!(["orders"]));

@@ -1,6 +1,7 @@
 //! Integration tests, one binary (`cargo test --test it`). Real components only: SQLite files,
 //! HTTP receivers on loopback, the real `dbtrigger` binary spoken to over the host's protocol.
 
+mod azure;
 mod harness;
 mod host;
 mod services;

@@ -21,8 +21,7 @@ pub fn free_port() -> u16 {
 static AT_EXIT: Mutex<Vec<Box<dyn FnOnce() + Send>>> = Mutex::new(Vec::new());
 
 extern "C" fn run_at_exit() {
-    let actions: Vec<_> =
-        std::mem::take(&mut *AT_EXIT.lock().unwrap_or_else(|poison| poison.into_inner()));
+    let actions: Vec<_> = std::mem::take(&mut *AT_EXIT.lock().unwrap_or_else(|poison| poison.into_inner()));
     for action in actions {
         action();
     }
@@ -67,9 +66,7 @@ fn find_program(name: &str, debian_dirs: &[&str]) -> Option<PathBuf> {
 }
 
 fn run(command: &mut Command, what: &str) {
-    let output = command
-        .output()
-        .unwrap_or_else(|error| panic!("{what}: cannot run: {error}"));
+    let output = command.output().unwrap_or_else(|error| panic!("{what}: cannot run: {error}"));
     assert!(
         output.status.success(),
         "{what} failed: {}\n{}",
@@ -104,12 +101,10 @@ pub fn postgres() -> &'static Postgres {
 }
 
 fn start_postgres() -> Postgres {
-    let initdb = find_program("initdb", &["/usr/lib/postgresql"]).expect(
-        "PostgreSQL is not installed (initdb not found): run scripts/test, which installs it",
-    );
+    let initdb = find_program("initdb", &["/usr/lib/postgresql"])
+        .expect("PostgreSQL is not installed (initdb not found): run scripts/test, which installs it");
     let pg_ctl = initdb.with_file_name("pg_ctl");
-    let directory =
-        std::env::temp_dir().join(format!("dbtrigger-pg-{}", uuid::Uuid::new_v4().simple()));
+    let directory = std::env::temp_dir().join(format!("dbtrigger-pg-{}", uuid::Uuid::new_v4().simple()));
     let data = directory.join("data");
     std::fs::create_dir_all(&directory).unwrap();
     let port = free_port();
@@ -118,13 +113,7 @@ fn start_postgres() -> Postgres {
     let as_server_user = |program: &Path, arguments: &str| -> Command {
         if is_root() {
             let mut command = Command::new("su");
-            command.args([
-                "postgres",
-                "-s",
-                "/bin/sh",
-                "-c",
-                &format!("{} {arguments}", program.display()),
-            ]);
+            command.args(["postgres", "-s", "/bin/sh", "-c", &format!("{} {arguments}", program.display())]);
             command
         } else {
             let mut command = Command::new("/bin/sh");
@@ -133,21 +122,10 @@ fn start_postgres() -> Postgres {
         }
     };
     if is_root() {
-        run(
-            Command::new("chown")
-                .args(["-R", "postgres"])
-                .arg(&directory),
-            "chown for postgres",
-        );
+        run(Command::new("chown").args(["-R", "postgres"]).arg(&directory), "chown for postgres");
     }
     run(
-        &mut as_server_user(
-            &initdb,
-            &format!(
-                "-D {} -U postgres -A trust --no-sync -E UTF8",
-                data.display()
-            ),
-        ),
+        &mut as_server_user(&initdb, &format!("-D {} -U postgres -A trust --no-sync -E UTF8", data.display())),
         "initdb",
     );
     run(
@@ -167,12 +145,7 @@ fn start_postgres() -> Postgres {
     let stop_directory = directory.clone();
     let stop = Mutex::new(stop_command);
     at_exit(move || {
-        let _ = stop
-            .lock()
-            .unwrap()
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        let _ = stop.lock().unwrap().stdout(Stdio::null()).stderr(Stdio::null()).status();
         let _ = std::fs::remove_dir_all(&stop_directory);
     });
     Postgres { port, directory }
@@ -187,10 +160,7 @@ impl Postgres {
     pub async fn fresh_database(&self) -> String {
         let name = format!("t_{}", uuid::Uuid::new_v4().simple());
         let pool = sqlx::PgPool::connect(&self.url("postgres")).await.unwrap();
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&pool)
-            .await
-            .unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&pool).await.unwrap();
         pool.close().await;
         self.url(&name)
     }
@@ -212,11 +182,8 @@ fn start_mariadb() -> MariaDb {
         .expect("MariaDB is not installed (mariadb-install-db not found): run scripts/test, which installs it");
     let server = find_program("mariadbd", &[])
         .or_else(|| Some(PathBuf::from("/usr/sbin/mariadbd")).filter(|path| path.is_file()))
-        .expect(
-            "MariaDB is not installed (mariadbd not found): run scripts/test, which installs it",
-        );
-    let directory =
-        std::env::temp_dir().join(format!("dbtrigger-maria-{}", uuid::Uuid::new_v4().simple()));
+        .expect("MariaDB is not installed (mariadbd not found): run scripts/test, which installs it");
+    let directory = std::env::temp_dir().join(format!("dbtrigger-maria-{}", uuid::Uuid::new_v4().simple()));
     let data = directory.join("data");
     std::fs::create_dir_all(&data).unwrap();
     let port = free_port();
@@ -242,9 +209,7 @@ fn start_mariadb() -> MariaDb {
         .arg("--innodb-flush-log-at-trx-commit=0")
         .arg("--max-connections=300")
         .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
-        .stderr(Stdio::from(
-            std::fs::File::create(directory.join("server.err")).unwrap(),
-        ));
+        .stderr(Stdio::from(std::fs::File::create(directory.join("server.err")).unwrap()));
     if is_root() {
         server_command.arg("--user=root");
     }
@@ -270,11 +235,72 @@ impl MariaDb {
     pub async fn fresh_database(&self) -> String {
         let name = format!("t_{}", uuid::Uuid::new_v4().simple());
         let pool = sqlx::MySqlPool::connect(&self.url("mysql")).await.unwrap();
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&pool)
-            .await
-            .unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&pool).await.unwrap();
         pool.close().await;
         self.url(&name)
+    }
+}
+
+pub struct Azurite {
+    pub blob_port: u16,
+    pub queue_port: u16,
+}
+
+/// The shared Azurite (blob and queue), started on first use.
+pub fn azurite() -> &'static Azurite {
+    static SERVER: OnceLock<Azurite> = OnceLock::new();
+    SERVER.get_or_init(start_azurite)
+}
+
+fn find_azurite() -> Option<PathBuf> {
+    let local = Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/node_modules/.bin/azurite");
+    if local.is_file() {
+        return Some(local);
+    }
+    find_program("azurite", &[])
+}
+
+fn start_azurite() -> Azurite {
+    let program = find_azurite().expect(
+        "Azurite is not installed (.tools/node_modules/.bin/azurite): run scripts/test, which installs azurite@3.37.0",
+    );
+    let directory = std::env::temp_dir().join(format!("dbtrigger-azurite-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&directory).unwrap();
+    let (blob_port, queue_port, table_port) = (free_port(), free_port(), free_port());
+    let log = directory.join("azurite.log");
+    let child = Command::new(program)
+        .args(["--blobHost", "127.0.0.1", "--queueHost", "127.0.0.1", "--tableHost", "127.0.0.1"])
+        .args(["--blobPort", &blob_port.to_string(), "--queuePort", &queue_port.to_string()])
+        .args(["--tablePort", &table_port.to_string()])
+        .arg("--location")
+        .arg(&directory)
+        .args(["--disableTelemetry", "--silent"])
+        .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
+        .stderr(Stdio::from(std::fs::File::create(directory.join("azurite.err")).unwrap()))
+        .spawn()
+        .expect("azurite starts");
+    wait_for_port(blob_port, "Azurite (blob)", &directory.join("azurite.err"));
+    wait_for_port(queue_port, "Azurite (queue)", &directory.join("azurite.err"));
+    let child = Mutex::new(child);
+    let stop_directory = directory.clone();
+    at_exit(move || {
+        let mut child = child.lock().unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = std::fs::remove_dir_all(&stop_directory);
+    });
+    Azurite { blob_port, queue_port }
+}
+
+impl Azurite {
+    /// A full connection string with the well-known development account key.
+    pub fn connection_string(&self) -> String {
+        format!(
+            "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={};\
+             BlobEndpoint=http://127.0.0.1:{}/devstoreaccount1;QueueEndpoint=http://127.0.0.1:{}/devstoreaccount1;",
+            "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==",
+            self.blob_port,
+            self.queue_port
+        )
     }
 }

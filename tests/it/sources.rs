@@ -41,52 +41,31 @@ async fn database(engine: Engine) -> Database {
             let directory = tempfile::tempdir().unwrap();
             let path = directory.path().join("items.db");
             std::fs::File::create(&path).unwrap();
-            Database {
-                url: format!("sqlite://{}", path.display()),
-                _directory: Some(directory),
-            }
+            Database { url: format!("sqlite://{}", path.display()), _directory: Some(directory) }
         }
-        Engine::Postgres => Database {
-            url: postgres().fresh_database().await,
-            _directory: None,
-        },
-        Engine::MariaDb => Database {
-            url: mariadb().fresh_database().await,
-            _directory: None,
-        },
+        Engine::Postgres => Database { url: postgres().fresh_database().await, _directory: None },
+        Engine::MariaDb => Database { url: mariadb().fresh_database().await, _directory: None },
     }
 }
 
 async fn execute(url: &str, sql: &str) {
-    let statements: Vec<&str> = sql
-        .split(";\n")
-        .filter(|statement| !statement.trim().is_empty())
-        .collect();
+    let statements: Vec<&str> = sql.split(";\n").filter(|statement| !statement.trim().is_empty()).collect();
     if url.starts_with("postgres") {
         let pool = sqlx::PgPool::connect(url).await.unwrap();
         for statement in statements {
-            sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_string()))
-                .execute(&pool)
-                .await
-                .unwrap();
+            sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_string())).execute(&pool).await.unwrap();
         }
         pool.close().await;
     } else if url.starts_with("mysql") {
         let pool = sqlx::MySqlPool::connect(url).await.unwrap();
         for statement in statements {
-            sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_string()))
-                .execute(&pool)
-                .await
-                .unwrap();
+            sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_string())).execute(&pool).await.unwrap();
         }
         pool.close().await;
     } else {
         let pool = sqlx::SqlitePool::connect(url).await.unwrap();
         for statement in statements {
-            sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_string()))
-                .execute(&pool)
-                .await
-                .unwrap();
+            sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_string())).execute(&pool).await.unwrap();
         }
         pool.close().await;
     }
@@ -104,16 +83,9 @@ fn cursor_type(engine: Engine, kind: Kind) -> &'static str {
 }
 
 fn create_table(engine: Engine, kind: Kind) -> String {
-    let text = if engine == Engine::MariaDb {
-        "VARCHAR(20)"
-    } else {
-        "TEXT"
-    };
+    let text = if engine == Engine::MariaDb { "VARCHAR(20)" } else { "TEXT" };
     let (columns, key) = match kind {
-        Kind::CompositeKey => (
-            format!("tenant {text} NOT NULL, id BIGINT NOT NULL"),
-            "tenant, id",
-        ),
+        Kind::CompositeKey => (format!("tenant {text} NOT NULL, id BIGINT NOT NULL"), "tenant, id"),
         _ => ("id BIGINT NOT NULL".to_string(), "id"),
     };
     format!(
@@ -127,10 +99,7 @@ fn cursor_literal(kind: Kind, step: i64) -> String {
     match kind {
         Kind::Integer | Kind::CompositeKey => step.to_string(),
         Kind::Timestamptz | Kind::Naive => {
-            let at = chrono::NaiveDate::from_ymd_opt(2026, 1, 1)
-                .unwrap()
-                .and_hms_micro_opt(10, 0, 0, 0)
-                .unwrap()
+            let at = chrono::NaiveDate::from_ymd_opt(2026, 1, 1).unwrap().and_hms_micro_opt(10, 0, 0, 0).unwrap()
                 + chrono::Duration::microseconds(step * 1_250_001);
             format!("'{}'", at.format("%Y-%m-%d %H:%M:%S%.6f"))
         }
@@ -143,10 +112,7 @@ fn row(kind: Kind, n: i64) -> (Value, String) {
     match kind {
         Kind::CompositeKey => {
             let tenant = if n % 2 == 0 { "a" } else { "b" };
-            (
-                json!({"tenant": tenant, "id": n}),
-                format!("('{tenant}', {n}, {cursor}, 'row {n}')"),
-            )
+            (json!({"tenant": tenant, "id": n}), format!("('{tenant}', {n}, {cursor}, 'row {n}')"))
         }
         _ => (json!({"id": n}), format!("({n}, {cursor}, 'row {n}')")),
     }
@@ -154,23 +120,11 @@ fn row(kind: Kind, n: i64) -> (Value, String) {
 
 async fn insert(url: &str, kind: Kind, rows: std::ops::RangeInclusive<i64>) {
     let values: Vec<String> = rows.map(|n| row(kind, n).1).collect();
-    execute(
-        url,
-        &format!("INSERT INTO items VALUES {};\n", values.join(", ")),
-    )
-    .await;
+    execute(url, &format!("INSERT INTO items VALUES {};\n", values.join(", "))).await;
 }
 
-fn poller(
-    url: &str,
-    kind: Kind,
-    directory: &std::path::Path,
-) -> (Poller, Arc<RecordingSink>, Arc<MemoryStore>) {
-    let pk = if kind == Kind::CompositeKey {
-        json!(["tenant", "id"])
-    } else {
-        json!(["id"])
-    };
+fn poller(url: &str, kind: Kind, directory: &std::path::Path) -> (Poller, Arc<RecordingSink>, Arc<MemoryStore>) {
+    let pk = if kind == Kind::CompositeKey { json!(["tenant", "id"]) } else { json!(["id"]) };
     let app = AppRoot::write(
         directory,
         json!({
@@ -185,14 +139,7 @@ fn poller(
     let sink = Arc::new(RecordingSink::new());
     let store = Arc::new(MemoryStore::new());
     let source = dbtrigger::source::open(&config.source).unwrap();
-    let poller = Poller::new(
-        config,
-        source,
-        sink.clone(),
-        store.clone(),
-        Arc::new(SystemClock),
-        "it".into(),
-    );
+    let poller = Poller::new(config, source, sink.clone(), store.clone(), Arc::new(SystemClock), "it".into());
     (poller, sink, store)
 }
 
@@ -205,30 +152,15 @@ async fn end_to_end(engine: Engine, kind: Kind) {
     // Rows arrive between ticks; 3 rows per cursor value and batches of 7 split the ties.
     for (from, to) in [(1, 20), (21, 22), (23, 60)] {
         insert(&database.url, kind, from..=to).await;
-        let outcome = poller
-            .tick()
-            .await
-            .unwrap_or_else(|error| panic!("{engine:?} {kind:?}: {error}"));
-        assert!(
-            matches!(outcome, TickOutcome::Delivered { .. }),
-            "{engine:?} {kind:?}: {outcome:?}"
-        );
+        let outcome = poller.tick().await.unwrap_or_else(|error| panic!("{engine:?} {kind:?}: {error}"));
+        assert!(matches!(outcome, TickOutcome::Delivered { .. }), "{engine:?} {kind:?}: {outcome:?}");
     }
-    assert_eq!(
-        poller.tick().await.unwrap(),
-        TickOutcome::Idle,
-        "{engine:?} {kind:?}"
-    );
+    assert_eq!(poller.tick().await.unwrap(), TickOutcome::Idle, "{engine:?} {kind:?}");
 
     let delivered: Vec<Value> = sink
         .batches()
         .iter()
-        .flat_map(|batch| {
-            batch
-                .events
-                .iter()
-                .map(|event| Value::Object(event.pk.clone()))
-        })
+        .flat_map(|batch| batch.events.iter().map(|event| Value::Object(event.pk.clone())))
         .collect();
     // Expected: (cursor, pk) order. Cursor steps are n / 3; within a step, the key order.
     let mut expected: Vec<(i64, String, i64, Value)> = (1..=60)
@@ -240,13 +172,9 @@ async fn end_to_end(engine: Engine, kind: Kind) {
         .collect();
     expected.sort_by(|left, right| (left.0, &left.1, left.2).cmp(&(right.0, &right.1, right.2)));
     let expected: Vec<Value> = expected.into_iter().map(|(_, _, _, key)| key).collect();
-    assert_eq!(
-        delivered, expected,
-        "{engine:?} {kind:?}: every row once, in (cursor, pk) order"
-    );
+    assert_eq!(delivered, expected, "{engine:?} {kind:?}: every row once, in (cursor, pk) order");
 
-    let document =
-        StateDocument::parse(&store.raw(&StateKey::new("local", "orders")).unwrap()).unwrap();
+    let document = StateDocument::parse(&store.raw(&StateKey::new("local", "orders")).unwrap()).unwrap();
     let cursor = document.checkpoint.unwrap().cursor;
     let expected_kind = match (engine, kind) {
         (_, Kind::Integer | Kind::CompositeKey) => "integer",
@@ -256,11 +184,7 @@ async fn end_to_end(engine: Engine, kind: Kind) {
     assert_eq!(cursor.kind, expected_kind, "{engine:?} {kind:?}");
     // The row's values arrive typed.
     let first = &sink.batches()[0].events[0];
-    assert_eq!(
-        first.row["note"],
-        json!(format!("row {}", first.pk["id"])),
-        "{engine:?} {kind:?}"
-    );
+    assert_eq!(first.row["note"], json!(format!("row {}", first.pk["id"])), "{engine:?} {kind:?}");
 }
 
 macro_rules! end_to_end_tests {
@@ -291,8 +215,7 @@ end_to_end_tests! {
 /// A poller on table `items` (cursor `c`, pk `id`) of `url`, with extra `source` fields.
 fn items_poller(url: &str, source_extra: Value) -> (Poller, Arc<RecordingSink>, tempfile::TempDir) {
     let directory = tempfile::tempdir().unwrap();
-    let mut source =
-        json!({"connection": "ITEMS_DB", "table": "items", "cursor": "c", "pk": ["id"]});
+    let mut source = json!({"connection": "ITEMS_DB", "table": "items", "cursor": "c", "pk": ["id"]});
     for (key, value) in source_extra.as_object().unwrap() {
         source[key] = value.clone();
     }
@@ -309,14 +232,8 @@ fn items_poller(url: &str, source_extra: Value) -> (Poller, Arc<RecordingSink>, 
     let config = PollerConfig::load(&app.root, "orders", &settings, None).unwrap();
     let sink = Arc::new(RecordingSink::new());
     let source = dbtrigger::source::open(&config.source).unwrap();
-    let poller = Poller::new(
-        config,
-        source,
-        sink.clone(),
-        Arc::new(MemoryStore::new()),
-        Arc::new(SystemClock),
-        "it".into(),
-    );
+    let poller =
+        Poller::new(config, source, sink.clone(), Arc::new(MemoryStore::new()), Arc::new(SystemClock), "it".into());
     (poller, sink, directory)
 }
 
@@ -326,48 +243,21 @@ fn items_poller(url: &str, source_extra: Value) -> (Poller, Arc<RecordingSink>, 
 /// young to read at first; when it is read, A is there too, and both arrive.
 async fn late_commit(settle_seconds: u64) -> Vec<i64> {
     let url = postgres().fresh_database().await;
-    execute(
-        &url,
-        "CREATE TABLE items (id BIGINT PRIMARY KEY, c TIMESTAMPTZ NOT NULL, note TEXT);\n",
-    )
-    .await;
+    execute(&url, "CREATE TABLE items (id BIGINT PRIMARY KEY, c TIMESTAMPTZ NOT NULL, note TEXT);\n").await;
     let (poller, sink, _directory) = items_poller(&url, json!({"settleSeconds": settle_seconds}));
 
     // A is 1 s older than B, but B commits first and a tick runs in between.
-    execute(
-        &url,
-        "INSERT INTO items VALUES (2, now(), 'B commits first');\n",
-    )
-    .await;
+    execute(&url, "INSERT INTO items VALUES (2, now(), 'B commits first');\n").await;
     poller.tick().await.unwrap();
-    execute(
-        &url,
-        "INSERT INTO items VALUES (1, now() - interval '1 second', 'A commits late');\n",
-    )
-    .await;
-    tokio::time::sleep(std::time::Duration::from_millis(
-        settle_seconds * 1000 + 500,
-    ))
-    .await;
+    execute(&url, "INSERT INTO items VALUES (1, now() - interval '1 second', 'A commits late');\n").await;
+    tokio::time::sleep(std::time::Duration::from_millis(settle_seconds * 1000 + 500)).await;
     poller.tick().await.unwrap();
-    sink.batches()
-        .iter()
-        .flat_map(|batch| {
-            batch
-                .events
-                .iter()
-                .map(|event| event.pk["id"].as_i64().unwrap())
-        })
-        .collect()
+    sink.batches().iter().flat_map(|batch| batch.events.iter().map(|event| event.pk["id"].as_i64().unwrap())).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_settle_a_late_commit_is_lost() {
-    assert_eq!(
-        late_commit(0).await,
-        vec![2],
-        "A was skipped: this is the loss settle prevents"
-    );
+    assert_eq!(late_commit(0).await, vec![2], "A was skipped: this is the loss settle prevents");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -375,11 +265,7 @@ async fn with_settle_a_late_commit_is_delivered() {
     assert_eq!(late_commit(2).await, vec![1, 2]);
 }
 
-async fn first_row(
-    url: &str,
-    table_sql: &str,
-    insert_sql: &str,
-) -> Result<serde_json::Map<String, Value>, String> {
+async fn first_row(url: &str, table_sql: &str, insert_sql: &str) -> Result<serde_json::Map<String, Value>, String> {
     execute(url, table_sql).await;
     execute(url, insert_sql).await;
     let (poller, sink, _directory) = items_poller(url, json!({}));

@@ -19,11 +19,7 @@ async fn the_memory_store_passes_the_conformance_suite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_file_store_passes_the_conformance_suite() {
     let directory = tempfile::tempdir().unwrap();
-    conformance::run_all(
-        Arc::new(FileStore::new(directory.path().to_path_buf())),
-        "conformance",
-    )
-    .await;
+    conformance::run_all(Arc::new(FileStore::new(directory.path().to_path_buf())), "conformance").await;
 }
 
 #[tokio::test]
@@ -31,14 +27,7 @@ async fn the_file_store_keeps_documents_where_the_blob_would_be() {
     let directory = tempfile::tempdir().unwrap();
     let store = FileStore::new(directory.path().to_path_buf());
     let key = StateKey::new("myapp", "orders");
-    store
-        .write(
-            &key,
-            &StateDocument::new("orders", "sha256:x"),
-            WriteCondition::Absent,
-        )
-        .await
-        .unwrap();
+    store.write(&key, &StateDocument::new("orders", "sha256:x"), WriteCondition::Absent).await.unwrap();
     let bytes = std::fs::read(directory.path().join("state/myapp/orders.json")).unwrap();
     assert_eq!(StateDocument::parse(&bytes).unwrap().poller_name, "orders");
 }
@@ -50,27 +39,15 @@ async fn a_corrupted_file_document_is_reported_and_left_untouched() {
     let key = StateKey::new("myapp", "orders");
     let path = store.path_of(&key);
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    for garbage in [
-        &b"{\"version\": 1, \"poller_name\": "[..],
-        &br#"{"version": 99, "poller_name": "orders"}"#[..],
-    ] {
+    for garbage in [&b"{\"version\": 1, \"poller_name\": "[..], &br#"{"version": 99, "poller_name": "orders"}"#[..]] {
         std::fs::write(&path, garbage).unwrap();
         let error = store.read(&key).await.unwrap_err();
-        let StoreError::Corrupt { location, reason } = &error else {
-            panic!("expected Corrupt, got {error:?}")
-        };
+        let StoreError::Corrupt { location, reason } = &error else { panic!("expected Corrupt, got {error:?}") };
         assert!(location.ends_with("state/myapp/orders.json"), "{location}");
         assert!(!reason.is_empty());
         assert_eq!(std::fs::read(&path).unwrap(), garbage, "left untouched");
     }
-    assert!(
-        store
-            .read(&key)
-            .await
-            .unwrap_err()
-            .to_string()
-            .contains("version 99")
-    );
+    assert!(store.read(&key).await.unwrap_err().to_string().contains("version 99"));
 }
 
 /// Four `dbtrigger tick` processes on the same poller at once, over and over: the file store's
@@ -93,11 +70,7 @@ async fn concurrent_tick_processes_share_one_poller_safely() {
             let child = Command::new(env!("CARGO_BIN_EXE_dbtrigger"))
                 .args(["tick", "orders", "--app-root"])
                 .arg(&app.root)
-                .envs(
-                    settings
-                        .iter()
-                        .map(|(key, value)| (key.as_str(), value.as_str())),
-                )
+                .envs(settings.iter().map(|(key, value)| (key.as_str(), value.as_str())))
                 .env("RUST_LOG", "warn")
                 .stdout(std::process::Stdio::piped())
                 .spawn()
@@ -106,10 +79,7 @@ async fn concurrent_tick_processes_share_one_poller_safely() {
         }
         let mut round = Vec::new();
         for child in children {
-            let output = tokio::task::spawn_blocking(move || child.wait_with_output())
-                .await
-                .unwrap()
-                .unwrap();
+            let output = tokio::task::spawn_blocking(move || child.wait_with_output()).await.unwrap().unwrap();
             let text = String::from_utf8_lossy(&output.stdout).to_string();
             assert!(output.status.success(), "a tick failed: {text}");
             round.push(text);
@@ -131,9 +101,6 @@ async fn concurrent_tick_processes_share_one_poller_safely() {
         outputs.iter().any(|line| line.contains("lease held by")),
         "with four ticks at once, some found the lease held: {outputs:?}"
     );
-    let state = app.state_document().unwrap();
-    assert_eq!(
-        state["checkpoint"]["cursor"]["tiebreaker"],
-        json!({"id": 3000})
-    );
+    let state = app.state_document().await.unwrap();
+    assert_eq!(state["checkpoint"]["cursor"]["tiebreaker"], json!({"id": 3000}));
 }

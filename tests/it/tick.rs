@@ -32,48 +32,21 @@ async fn fixture(rows: i64, poller: Value) -> Fixture {
     let app = AppRoot::write(directory.path(), poller);
     let settings = Settings::from_pairs([
         ("ORDERS_DB".to_string(), orders.url()),
-        (
-            "ORDERS_WEBHOOK".to_string(),
-            "http://127.0.0.1:9/unused".to_string(),
-        ),
+        ("ORDERS_WEBHOOK".to_string(), "http://127.0.0.1:9/unused".to_string()),
         ("ORDERS_STATE".to_string(), "file:unused".to_string()),
         ("DBTRIGGER_APP_NAME".to_string(), "it".to_string()),
     ]);
     let config = PollerConfig::load(&app.root, "orders", &settings, None).unwrap();
-    Fixture {
-        _directory: directory,
-        orders,
-        config,
-    }
+    Fixture { _directory: directory, orders, config }
 }
 
-fn poller(
-    fixture: &Fixture,
-    sink: Arc<dyn Sink>,
-    store: Arc<dyn StateStore>,
-    owner: &str,
-) -> Poller {
+fn poller(fixture: &Fixture, sink: Arc<dyn Sink>, store: Arc<dyn StateStore>, owner: &str) -> Poller {
     let source = dbtrigger::source::open(&fixture.config.source).unwrap();
-    Poller::new(
-        fixture.config.clone(),
-        source,
-        sink,
-        store,
-        Arc::new(SystemClock),
-        owner.to_string(),
-    )
+    Poller::new(fixture.config.clone(), source, sink, store, Arc::new(SystemClock), owner.to_string())
 }
 
 fn ids(sink: &RecordingSink) -> Vec<i64> {
-    sink.batches()
-        .iter()
-        .flat_map(|batch| {
-            batch
-                .events
-                .iter()
-                .map(|event| event.pk["id"].as_i64().unwrap())
-        })
-        .collect()
+    sink.batches().iter().flat_map(|batch| batch.events.iter().map(|event| event.pk["id"].as_i64().unwrap())).collect()
 }
 
 fn key() -> StateKey {
@@ -97,11 +70,7 @@ async fn an_empty_tick_reads_once_and_writes_nothing() {
     let (reads, writes) = store.request_counts();
     assert_eq!(poller.tick().await.unwrap(), TickOutcome::Idle);
     assert_eq!(store.request_counts(), (reads + 1, writes));
-    assert_eq!(
-        store.raw(&key()).unwrap(),
-        before,
-        "the document is byte for byte unchanged"
-    );
+    assert_eq!(store.raw(&key()).unwrap(), before, "the document is byte for byte unchanged");
 }
 
 #[tokio::test]
@@ -111,21 +80,9 @@ async fn a_tick_delivering_k_batches_costs_one_read_and_k_plus_one_writes() {
     let sink = Arc::new(RecordingSink::new());
     let poller = poller(&fixture, sink.clone(), store.clone(), "a");
     let outcome = poller.tick().await.unwrap();
-    let TickOutcome::Delivered {
-        rows,
-        batches,
-        stop,
-        ..
-    } = outcome
-    else {
-        panic!("{outcome:?}")
-    };
+    let TickOutcome::Delivered { rows, batches, stop, .. } = outcome else { panic!("{outcome:?}") };
     assert_eq!((rows, batches, stop), (1000, 10, StopReason::CaughtUp));
-    assert_eq!(
-        store.request_counts(),
-        (1, 11),
-        "1 GET, 1 PUT for the lease, 1 PUT per batch"
-    );
+    assert_eq!(store.request_counts(), (1, 11), "1 GET, 1 PUT for the lease, 1 PUT per batch");
     assert_eq!(ids(&sink), (1..=1000).collect::<Vec<i64>>());
 
     let document = StateDocument::parse(&store.raw(&key()).unwrap()).unwrap();
@@ -140,20 +97,11 @@ async fn a_released_lease_is_taken_at_once_by_another_instance_with_a_higher_tok
     let fixture = fixture(10, AppRoot::orders_poller(100)).await;
     let store = Arc::new(MemoryStore::new());
     let first_sink = Arc::new(RecordingSink::new());
-    poller(&fixture, first_sink.clone(), store.clone(), "a")
-        .tick()
-        .await
-        .unwrap();
+    poller(&fixture, first_sink.clone(), store.clone(), "a").tick().await.unwrap();
     fixture.orders.insert(11..=20, 3).await;
     let second_sink = Arc::new(RecordingSink::new());
-    let outcome = poller(&fixture, second_sink.clone(), store.clone(), "b")
-        .tick()
-        .await
-        .unwrap();
-    assert!(
-        matches!(outcome, TickOutcome::Delivered { rows: 10, .. }),
-        "{outcome:?}"
-    );
+    let outcome = poller(&fixture, second_sink.clone(), store.clone(), "b").tick().await.unwrap();
+    assert!(matches!(outcome, TickOutcome::Delivered { rows: 10, .. }), "{outcome:?}");
     assert_eq!(second_sink.batches()[0].fencing_token, 2);
     assert_eq!(ids(&second_sink), (11..=20).collect::<Vec<i64>>());
 }
@@ -173,10 +121,7 @@ async fn a_live_lease_held_elsewhere_ends_the_tick_without_a_write() {
     });
     store.put_raw(&key(), &document.to_bytes());
     let sink = Arc::new(RecordingSink::new());
-    let outcome = poller(&fixture, sink.clone(), store.clone(), "a")
-        .tick()
-        .await
-        .unwrap();
+    let outcome = poller(&fixture, sink.clone(), store.clone(), "a").tick().await.unwrap();
     assert!(
         matches!(outcome, TickOutcome::LeaseHeld { ref owner_id, .. } if owner_id == "someone-else"),
         "{outcome:?}"
@@ -200,10 +145,7 @@ async fn an_expired_lease_is_taken_over_with_the_next_token() {
     });
     store.put_raw(&key(), &document.to_bytes());
     let sink = Arc::new(RecordingSink::new());
-    poller(&fixture, sink.clone(), store.clone(), "a")
-        .tick()
-        .await
-        .unwrap();
+    poller(&fixture, sink.clone(), store.clone(), "a").tick().await.unwrap();
     assert_eq!(sink.batches()[0].fencing_token, 8);
 }
 
@@ -211,22 +153,13 @@ async fn an_expired_lease_is_taken_over_with_the_next_token() {
 async fn a_changed_source_definition_fails_loudly_and_touches_nothing() {
     let fixture = fixture(10, AppRoot::orders_poller(100)).await;
     let store = Arc::new(MemoryStore::new());
-    store.put_raw(
-        &key(),
-        &StateDocument::new("orders", "sha256:older").to_bytes(),
-    );
+    store.put_raw(&key(), &StateDocument::new("orders", "sha256:older").to_bytes());
     let before = store.raw(&key()).unwrap();
     let sink = Arc::new(RecordingSink::new());
-    let error = poller(&fixture, sink.clone(), store.clone(), "a")
-        .tick()
-        .await
-        .unwrap_err();
+    let error = poller(&fixture, sink.clone(), store.clone(), "a").tick().await.unwrap_err();
     let message = error.to_string();
     assert!(matches!(error, TickError::FingerprintMismatch { .. }));
-    assert!(
-        message.contains("sha256:older") && message.contains(&fixture.config.fingerprint),
-        "{message}"
-    );
+    assert!(message.contains("sha256:older") && message.contains(&fixture.config.fingerprint), "{message}");
     assert!(sink.batches().is_empty());
     assert_eq!(store.raw(&key()).unwrap(), before);
 }
@@ -234,21 +167,12 @@ async fn a_changed_source_definition_fails_loudly_and_touches_nothing() {
 #[tokio::test]
 async fn a_corrupted_state_document_stops_the_poller_and_is_left_untouched() {
     let fixture = fixture(10, AppRoot::orders_poller(100)).await;
-    for garbage in [
-        &b"{\"version\": 1, \"checkpoint\": "[..],
-        &br#"{"version": 99}"#[..],
-    ] {
+    for garbage in [&b"{\"version\": 1, \"checkpoint\": "[..], &br#"{"version": 99}"#[..]] {
         let store = Arc::new(MemoryStore::new());
         store.put_raw(&key(), garbage);
         let sink = Arc::new(RecordingSink::new());
-        let error = poller(&fixture, sink.clone(), store.clone(), "a")
-            .tick()
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(error, TickError::Store(StoreError::Corrupt { .. })),
-            "{error:?}"
-        );
+        let error = poller(&fixture, sink.clone(), store.clone(), "a").tick().await.unwrap_err();
+        assert!(matches!(error, TickError::Store(StoreError::Corrupt { .. })), "{error:?}");
         assert!(error.to_string().contains("left untouched"), "{error}");
         assert!(sink.batches().is_empty(), "nothing delivered");
         assert_eq!(store.raw(&key()).unwrap(), garbage, "nothing overwritten");
@@ -263,11 +187,7 @@ async fn a_failed_delivery_keeps_the_checkpoint_and_the_next_tick_resends_the_sa
     let sink = Arc::new(RecordingSink::new());
     let poller = poller(&fixture, sink.clone(), store.clone(), "a");
     // Batch 1 lands; batch 2 fails.
-    let failing = Arc::new(FailSecond {
-        inner: sink.clone(),
-        calls: Default::default(),
-        failed: Default::default(),
-    });
+    let failing = Arc::new(FailSecond { inner: sink.clone(), calls: Default::default(), failed: Default::default() });
     let failing_poller = Poller::new(
         fixture.config.clone(),
         poller.source.clone(),
@@ -277,34 +197,14 @@ async fn a_failed_delivery_keeps_the_checkpoint_and_the_next_tick_resends_the_sa
         "a".into(),
     );
     let error = failing_poller.tick().await.unwrap_err();
-    assert!(
-        matches!(
-            error,
-            TickError::Delivery {
-                rows_committed: 100,
-                ..
-            }
-        ),
-        "{error:?}"
-    );
+    assert!(matches!(error, TickError::Delivery { rows_committed: 100, .. }), "{error:?}");
     let document = StateDocument::parse(&store.raw(&key()).unwrap()).unwrap();
-    assert_eq!(
-        document.checkpoint.unwrap().cursor.tiebreaker["id"],
-        json!(100)
-    );
-    assert_eq!(
-        document.lease.unwrap().owner_id,
-        None,
-        "released after the failure"
-    );
+    assert_eq!(document.checkpoint.unwrap().cursor.tiebreaker["id"], json!(100));
+    assert_eq!(document.lease.unwrap().owner_id, None, "released after the failure");
 
     poller.tick().await.unwrap();
     let failed_batch = failing.failed.lock().unwrap().clone().unwrap();
-    assert_eq!(
-        sink.batches()[1].batch_id,
-        failed_batch.batch_id,
-        "the same batch again"
-    );
+    assert_eq!(sink.batches()[1].batch_id, failed_batch.batch_id, "the same batch again");
     assert_eq!(ids(&sink), (1..=250).collect::<Vec<i64>>());
 }
 
@@ -317,11 +217,7 @@ struct FailSecond {
 
 #[async_trait]
 impl Sink for FailSecond {
-    async fn deliver(
-        &self,
-        batch: &Batch,
-        deadline: tokio::time::Instant,
-    ) -> Result<(), SinkError> {
+    async fn deliver(&self, batch: &Batch, deadline: tokio::time::Instant) -> Result<(), SinkError> {
         let call = {
             let mut calls = self.calls.lock().unwrap();
             *calls += 1;
@@ -329,10 +225,7 @@ impl Sink for FailSecond {
         };
         if call == 2 {
             *self.failed.lock().unwrap() = Some(batch.clone());
-            return Err(SinkError::Transient {
-                batch_id: batch.batch_id.clone(),
-                reason: "HTTP 503".into(),
-            });
+            return Err(SinkError::Transient { batch_id: batch.batch_id.clone(), reason: "HTTP 503".into() });
         }
         self.inner.deliver(batch, deadline).await
     }
@@ -365,9 +258,7 @@ impl StateStore for LostResponseStore {
         let mut lost = self.lost.lock().unwrap();
         if !*lost && matches!(condition, WriteCondition::Matches(_)) {
             *lost = true;
-            return Err(StoreError::Conflict {
-                location: "lost-response".into(),
-            });
+            return Err(StoreError::Conflict { location: "lost-response".into() });
         }
         Ok(etag)
     }
@@ -380,31 +271,11 @@ impl StateStore for LostResponseStore {
 #[tokio::test]
 async fn a_write_that_landed_but_answered_412_is_recognised_by_its_write_id() {
     let fixture = fixture(300, AppRoot::orders_poller(100)).await;
-    let store = Arc::new(LostResponseStore {
-        inner: MemoryStore::new(),
-        lost: Default::default(),
-    });
+    let store = Arc::new(LostResponseStore { inner: MemoryStore::new(), lost: Default::default() });
     let sink = Arc::new(RecordingSink::new());
-    let outcome = poller(&fixture, sink.clone(), store.clone(), "a")
-        .tick()
-        .await
-        .unwrap();
-    assert!(
-        matches!(
-            outcome,
-            TickOutcome::Delivered {
-                rows: 300,
-                batches: 3,
-                ..
-            }
-        ),
-        "{outcome:?}"
-    );
-    assert_eq!(
-        ids(&sink),
-        (1..=300).collect::<Vec<i64>>(),
-        "no batch delivered twice"
-    );
+    let outcome = poller(&fixture, sink.clone(), store.clone(), "a").tick().await.unwrap();
+    assert!(matches!(outcome, TickOutcome::Delivered { rows: 300, batches: 3, .. }), "{outcome:?}");
+    assert_eq!(ids(&sink), (1..=300).collect::<Vec<i64>>(), "no batch delivered twice");
 }
 
 /// A sink that takes its time.
@@ -417,11 +288,7 @@ struct SlowSink {
 
 #[async_trait]
 impl Sink for SlowSink {
-    async fn deliver(
-        &self,
-        batch: &Batch,
-        deadline: tokio::time::Instant,
-    ) -> Result<(), SinkError> {
+    async fn deliver(&self, batch: &Batch, deadline: tokio::time::Instant) -> Result<(), SinkError> {
         tokio::time::sleep(self.delay / 2).await;
         let action = self.during_first.lock().unwrap().take();
         if let Some(action) = action {
@@ -450,26 +317,13 @@ async fn the_tick_budget_ends_a_tick_with_a_commit_and_the_next_tick_continues()
     });
     let poller = poller(&fixture, sink, store.clone(), "a");
     let outcome = poller.tick().await.unwrap();
-    let TickOutcome::Delivered { batches, stop, .. } = outcome else {
-        panic!("{outcome:?}")
-    };
+    let TickOutcome::Delivered { batches, stop, .. } = outcome else { panic!("{outcome:?}") };
     assert_eq!(stop, StopReason::BudgetExhausted);
-    assert!(
-        (3..=5).contains(&batches),
-        "about a second of 300 ms batches: {batches}"
-    );
+    assert!((3..=5).contains(&batches), "about a second of 300 ms batches: {batches}");
     let document = StateDocument::parse(&store.raw(&key()).unwrap()).unwrap();
-    assert_eq!(
-        document.lease.unwrap().owner_id,
-        None,
-        "the lease is released at the budget too"
-    );
+    assert_eq!(document.lease.unwrap().owner_id, None, "the lease is released at the budget too");
     loop {
-        if let TickOutcome::Delivered {
-            stop: StopReason::CaughtUp,
-            ..
-        } = poller.tick().await.unwrap()
-        {
+        if let TickOutcome::Delivered { stop: StopReason::CaughtUp, .. } = poller.tick().await.unwrap() {
             break;
         }
     }
@@ -493,19 +347,10 @@ async fn a_long_delivery_renews_the_lease_while_it_runs() {
         delay: Duration::from_secs(4),
         during_first: Default::default(),
     });
-    let outcome = poller(&fixture, sink, store.clone(), "a")
-        .tick()
-        .await
-        .unwrap();
-    assert!(
-        matches!(outcome, TickOutcome::Delivered { rows: 5, .. }),
-        "{outcome:?}"
-    );
+    let outcome = poller(&fixture, sink, store.clone(), "a").tick().await.unwrap();
+    assert!(matches!(outcome, TickOutcome::Delivered { rows: 5, .. }), "{outcome:?}");
     let (_, writes) = store.request_counts();
-    assert!(
-        writes >= 5,
-        "acquire + about 3 heartbeats + commit, got {writes} writes"
-    );
+    assert!(writes >= 5, "acquire + about 3 heartbeats + commit, got {writes} writes");
 }
 
 #[tokio::test]
@@ -533,22 +378,10 @@ async fn a_lease_taken_over_mid_delivery_cancels_the_commit() {
         delay: Duration::from_secs(3),
         during_first: std::sync::Mutex::new(Some(steal)),
     });
-    let outcome = poller(&fixture, sink, store.clone(), "a")
-        .tick()
-        .await
-        .unwrap();
-    assert_eq!(
-        outcome,
-        TickOutcome::LeaseLost {
-            rows: 0,
-            batches: 0
-        }
-    );
+    let outcome = poller(&fixture, sink, store.clone(), "a").tick().await.unwrap();
+    assert_eq!(outcome, TickOutcome::LeaseLost { rows: 0, batches: 0 });
     let document = StateDocument::parse(&store.raw(&key()).unwrap()).unwrap();
-    assert!(
-        document.checkpoint.is_none(),
-        "the stale owner committed nothing"
-    );
+    assert!(document.checkpoint.is_none(), "the stale owner committed nothing");
     assert_eq!(document.lease.unwrap().owner_id.as_deref(), Some("thief"));
 }
 
@@ -556,10 +389,7 @@ async fn a_lease_taken_over_mid_delivery_cancels_the_commit() {
 async fn timestamp_cursors_in_sqlite_survive_equal_values_across_batches() {
     let directory = tempfile::tempdir().unwrap();
     let orders = Orders::create(directory.path()).await;
-    sqlx::query("ALTER TABLE orders ADD COLUMN updated_at TEXT")
-        .execute(&orders.pool)
-        .await
-        .unwrap();
+    sqlx::query("ALTER TABLE orders ADD COLUMN updated_at TEXT").execute(&orders.pool).await.unwrap();
     orders.insert(1..=95, 1).await;
     // Seven rows per timestamp, in the text layout of SQLite's own datetime().
     for id in 1..=95i64 {
@@ -577,39 +407,18 @@ async fn timestamp_cursors_in_sqlite_survive_equal_values_across_batches() {
     let app = AppRoot::write(directory.path(), poller_settings);
     let settings = Settings::from_pairs([
         ("ORDERS_DB".to_string(), orders.url()),
-        (
-            "ORDERS_WEBHOOK".to_string(),
-            "http://127.0.0.1:9/unused".to_string(),
-        ),
+        ("ORDERS_WEBHOOK".to_string(), "http://127.0.0.1:9/unused".to_string()),
         ("ORDERS_STATE".to_string(), "file:unused".to_string()),
     ]);
     let config = PollerConfig::load(&app.root, "orders", &settings, None).unwrap();
     let store = Arc::new(MemoryStore::new());
     let recording = Arc::new(RecordingSink::new());
     let source = dbtrigger::source::open(&config.source).unwrap();
-    let poller = Poller::new(
-        config,
-        source,
-        recording.clone(),
-        store.clone(),
-        Arc::new(SystemClock),
-        "a".into(),
-    );
+    let poller = Poller::new(config, source, recording.clone(), store.clone(), Arc::new(SystemClock), "a".into());
     let outcome = poller.tick().await.unwrap();
-    assert!(
-        matches!(
-            outcome,
-            TickOutcome::Delivered {
-                rows: 95,
-                batches: 10,
-                ..
-            }
-        ),
-        "{outcome:?}"
-    );
+    assert!(matches!(outcome, TickOutcome::Delivered { rows: 95, batches: 10, .. }), "{outcome:?}");
     assert_eq!(ids(&recording), (1..=95).collect::<Vec<i64>>());
-    let document =
-        StateDocument::parse(&store.raw(&StateKey::new("local", "orders")).unwrap()).unwrap();
+    let document = StateDocument::parse(&store.raw(&StateKey::new("local", "orders")).unwrap()).unwrap();
     let cursor = document.checkpoint.unwrap().cursor;
     assert_eq!(cursor.kind, "timestamp");
     assert_eq!(cursor.value, json!("2026-01-01T10:00:13.250Z"));

@@ -15,7 +15,6 @@ use sha2::Sha256;
 
 use crate::harness::{AppRoot, Orders, Receiver};
 
-
 const SECRET: &str = "whsec_c2VjcmV0LWtleS1mb3ItdGhlLXRlc3RzLTEyMzQ=";
 
 struct Setup {
@@ -43,19 +42,8 @@ async fn setup(rows: i64, sink: Value) -> Setup {
     let config = PollerConfig::load(&app.root, "orders", &settings, None).unwrap();
     let source = dbtrigger::source::open(&config.source).unwrap();
     let sink: Arc<dyn Sink> = dbtrigger::sink::open(&config.sink).unwrap();
-    let poller = Poller::new(
-        config,
-        source,
-        sink,
-        Arc::new(MemoryStore::new()),
-        Arc::new(SystemClock),
-        "a".into(),
-    );
-    Setup {
-        _directory: directory,
-        receiver,
-        poller,
-    }
+    let poller = Poller::new(config, source, sink, Arc::new(MemoryStore::new()), Arc::new(SystemClock), "a".into());
+    Setup { _directory: directory, receiver, poller }
 }
 
 #[tokio::test]
@@ -69,32 +57,16 @@ async fn signed_deliveries_verify_with_an_independent_hmac() {
     assert_eq!(id, received.envelope["batch_id"].as_str().unwrap());
     assert!((chrono::Utc::now().timestamp() - timestamp.parse::<i64>().unwrap()).abs() < 60);
     // Verify the way a receiver's Standard Webhooks library does.
-    let key = base64::engine::general_purpose::STANDARD
-        .decode(SECRET.trim_start_matches("whsec_"))
-        .unwrap();
+    let key = base64::engine::general_purpose::STANDARD.decode(SECRET.trim_start_matches("whsec_")).unwrap();
     let mut mac = Hmac::<Sha256>::new_from_slice(&key).unwrap();
     mac.update(format!("{id}.{timestamp}.").as_bytes());
     mac.update(&received.body);
-    let expected = format!(
-        "v1,{}",
-        base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
-    );
+    let expected = format!("v1,{}", base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes()));
     assert_eq!(header("webhook-signature"), expected);
-    assert_eq!(
-        header("user-agent"),
-        format!("dbtrigger/{}", env!("CARGO_PKG_VERSION"))
-    );
+    assert_eq!(header("user-agent"), format!("dbtrigger/{}", env!("CARGO_PKG_VERSION")));
     assert_eq!(header("x-dbtrigger-poller"), "orders");
-    assert_eq!(
-        received.envelope["generation"],
-        received.envelope["fencing_token"]
-    );
-    assert!(
-        received.envelope["sent_at"]
-            .as_str()
-            .unwrap()
-            .ends_with('Z')
-    );
+    assert_eq!(received.envelope["generation"], received.envelope["fencing_token"]);
+    assert!(received.envelope["sent_at"].as_str().unwrap().ends_with('Z'));
 }
 
 #[tokio::test]
@@ -102,17 +74,9 @@ async fn a_503_is_retried_and_the_batch_delivered_once_more() {
     let setup = setup(3, json!({"maxRetries": 3})).await;
     setup.receiver.answer_next(503, "busy");
     let outcome = setup.poller.tick().await.unwrap();
-    assert!(
-        matches!(outcome, TickOutcome::Delivered { rows: 3, .. }),
-        "{outcome:?}"
-    );
+    assert!(matches!(outcome, TickOutcome::Delivered { rows: 3, .. }), "{outcome:?}");
     let all = setup.receiver.all();
-    assert_eq!(
-        all.iter()
-            .map(|received| received.status)
-            .collect::<Vec<_>>(),
-        vec![503, 200]
-    );
+    assert_eq!(all.iter().map(|received| received.status).collect::<Vec<_>>(), vec![503, 200]);
     assert_eq!(all[0].envelope["batch_id"], all[1].envelope["batch_id"]);
     assert_eq!(all[0].envelope["events"], all[1].envelope["events"]);
 }
@@ -120,38 +84,24 @@ async fn a_503_is_retried_and_the_batch_delivered_once_more() {
 #[tokio::test]
 async fn a_429_with_retry_after_waits_as_asked() {
     let setup = setup(3, json!({"maxRetries": 3})).await;
-    setup
-        .receiver
-        .answer_next_with(429, "slow down", &[("retry-after", "1")]);
+    setup.receiver.answer_next_with(429, "slow down", &[("retry-after", "1")]);
     setup.poller.tick().await.unwrap();
     let all = setup.receiver.all();
     assert_eq!(all.len(), 2);
     let waited = all[1].at - all[0].at;
-    assert!(
-        waited >= Duration::from_millis(950),
-        "waited only {waited:?}"
-    );
+    assert!(waited >= Duration::from_millis(950), "waited only {waited:?}");
     assert!(waited < Duration::from_secs(3), "waited {waited:?}");
 }
 
 #[tokio::test]
 async fn a_400_is_a_permanent_rejection_with_the_body_in_the_error() {
     let setup = setup(3, json!({"maxRetries": 3})).await;
-    setup
-        .receiver
-        .answer_next(400, "{\"error\": \"field total is required\"}");
+    setup.receiver.answer_next(400, "{\"error\": \"field total is required\"}");
     let error = setup.poller.tick().await.unwrap_err();
     let message = error.to_string();
     assert!(matches!(error, TickError::Delivery { .. }), "{error:?}");
-    assert!(
-        message.contains("HTTP 400") && message.contains("field total is required"),
-        "{message}"
-    );
-    assert_eq!(
-        setup.receiver.all().len(),
-        1,
-        "a permanent rejection is not retried"
-    );
+    assert!(message.contains("HTTP 400") && message.contains("field total is required"), "{message}");
+    assert_eq!(setup.receiver.all().len(), 1, "a permanent rejection is not retried");
 }
 
 #[tokio::test]
@@ -162,17 +112,8 @@ async fn a_receiver_that_hangs_times_out_as_a_transient_failure() {
     let error = setup.poller.tick().await.unwrap_err();
     let message = error.to_string();
     assert!(message.contains("timed out"), "{message}");
-    assert!(matches!(
-        error,
-        TickError::Delivery {
-            error: dbtrigger::sink::SinkError::Transient { .. },
-            ..
-        }
-    ));
-    assert!(
-        started.elapsed() < Duration::from_secs(4),
-        "the timeout cut the hang short"
-    );
+    assert!(matches!(error, TickError::Delivery { error: dbtrigger::sink::SinkError::Transient { .. }, .. }));
+    assert!(started.elapsed() < Duration::from_secs(4), "the timeout cut the hang short");
 }
 
 #[tokio::test]
@@ -180,25 +121,14 @@ async fn a_batch_over_the_body_limit_is_split_into_ordered_parts() {
     let setup = setup(60, json!({"maxBodyBytes": 2048})).await;
     setup.poller.tick().await.unwrap();
     let all = setup.receiver.all();
-    assert!(
-        all.len() > 2,
-        "split into several requests, got {}",
-        all.len()
-    );
+    assert!(all.len() > 2, "split into several requests, got {}", all.len());
     for received in &all {
-        assert!(
-            received.body.len() <= 2048,
-            "a part of {} bytes",
-            received.body.len()
-        );
+        assert!(received.body.len() <= 2048, "a part of {} bytes", received.body.len());
         let id = received.envelope["batch_id"].as_str().unwrap();
         assert_eq!(received.headers["idempotency-key"].to_str().unwrap(), id);
         assert!(id.contains(&format!("of{}", all.len())), "{id}");
     }
-    assert_eq!(
-        setup.receiver.acknowledged_ids(),
-        (1..=60).collect::<Vec<i64>>()
-    );
+    assert_eq!(setup.receiver.acknowledged_ids(), (1..=60).collect::<Vec<i64>>());
 }
 
 /// The example receiver of docs/receivers.md (standard-library Python), run against the real sink.
