@@ -192,6 +192,29 @@ pub struct BatchConfig {
 #[derive(Debug, Clone)]
 pub enum SinkConfig {
     Webhook(WebhookConfig),
+    Queue(QueueConfig),
+}
+
+/// An Azure Storage queue sink.
+#[derive(Debug, Clone)]
+pub struct QueueConfig {
+    pub connection: Box<StorageConnection>,
+    pub queue_name: String,
+    pub encoding: MessageEncoding,
+    pub per: MessagePer,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessageEncoding {
+    /// What a Functions queue trigger expects.
+    Base64,
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessagePer {
+    Row,
+    Batch,
 }
 
 #[derive(Debug, Clone)]
@@ -279,6 +302,10 @@ struct RawSink {
     timeout_seconds: Option<u64>,
     max_retries: Option<u32>,
     max_body_bytes: Option<usize>,
+    connection: Option<String>,
+    queue_name: Option<String>,
+    message_encoding: Option<String>,
+    message_per: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -787,7 +814,60 @@ fn build_source(
 }
 
 fn build_sink(raw: RawSink, settings: &Settings, at: &Located<'_>) -> Result<SinkConfig, ConfigError> {
+    let queue_fields = [
+        ("connection", raw.connection.is_some()),
+        ("queueName", raw.queue_name.is_some()),
+        ("messageEncoding", raw.message_encoding.is_some()),
+        ("messagePer", raw.message_per.is_some()),
+    ];
+    let webhook_fields = [
+        ("url", raw.url.is_some()),
+        ("secret", raw.secret.is_some()),
+        ("timeoutSeconds", raw.timeout_seconds.is_some()),
+        ("maxRetries", raw.max_retries.is_some()),
+        ("maxBodyBytes", raw.max_body_bytes.is_some()),
+    ];
+    let foreign = match raw.kind.as_str() {
+        "webhook" => queue_fields.iter().find(|(_, present)| *present),
+        "queue" => webhook_fields.iter().find(|(_, present)| *present),
+        _ => None,
+    };
+    if let Some((field, _)) = foreign {
+        return Err(at.error(&format!("poller.sink.{field}"), format!("does not apply to a {} sink", raw.kind)));
+    }
     match raw.kind.as_str() {
+        "queue" => {
+            let connection_name = raw.connection.unwrap_or_else(|| defaults::STATE_CONNECTION.to_string());
+            let connection = StorageConnection::from_settings(&connection_name, settings)
+                .map_err(|reason| at.error("poller.sink.connection", reason))?;
+            let queue_name = raw
+                .queue_name
+                .ok_or_else(|| at.error("poller.sink.queueName", "missing: a queue sink needs a queueName"))?;
+            if !is_valid_container_name(&queue_name) {
+                return Err(at.error(
+                    "poller.sink.queueName",
+                    format!("{queue_name:?} is not a valid queue name: 3-63 lowercase letters, digits and single '-'"),
+                ));
+            }
+            let encoding = match raw.message_encoding.as_deref().unwrap_or("base64") {
+                "base64" => MessageEncoding::Base64,
+                "none" => MessageEncoding::None,
+                other => {
+                    return Err(at.error(
+                        "poller.sink.messageEncoding",
+                        format!("{other:?}: expected \"base64\" (what a queue trigger expects) or \"none\""),
+                    ));
+                }
+            };
+            let per = match raw.message_per.as_deref().unwrap_or("row") {
+                "row" => MessagePer::Row,
+                "batch" => MessagePer::Batch,
+                other => {
+                    return Err(at.error("poller.sink.messagePer", format!("{other:?}: expected \"row\" or \"batch\"")));
+                }
+            };
+            Ok(SinkConfig::Queue(QueueConfig { connection: Box::new(connection), queue_name, encoding, per }))
+        }
         "webhook" => {
             let url_text = raw.url.ok_or_else(|| at.error("poller.sink.url", "missing: a webhook sink needs a url"))?;
             let url = url::Url::parse(&url_text)
@@ -828,7 +908,9 @@ fn build_sink(raw: RawSink, settings: &Settings, at: &Located<'_>) -> Result<Sin
             }
             Ok(SinkConfig::Webhook(WebhookConfig { url, signing_key: secret, timeout, max_retries, max_body_bytes }))
         }
-        other => Err(at.error("poller.sink.type", format!("unknown sink type {other:?}: expected \"webhook\""))),
+        other => {
+            Err(at.error("poller.sink.type", format!("unknown sink type {other:?}: expected \"webhook\" or \"queue\"")))
+        }
     }
 }
 

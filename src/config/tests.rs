@@ -47,7 +47,7 @@ fn a_valid_poller_gets_its_defaults_and_settings() {
     assert_eq!(config.lease.ttl, chrono::Duration::seconds(60));
     assert_eq!(config.source.engine, Engine::Sqlite);
     assert_eq!(config.source.target, SourceTarget::Table { schema: Some("main".into()), name: "orders".into() });
-    let SinkConfig::Webhook(webhook) = &config.sink;
+    let SinkConfig::Webhook(webhook) = &config.sink else { panic!("a webhook sink") };
     assert_eq!(webhook.url.as_str(), "http://127.0.0.1:9/hook");
     match &config.state.location {
         StateLocation::File(path) => assert_eq!(path, &root.path().join("state")),
@@ -198,4 +198,32 @@ fn identity_based_state_connections_are_recognised() {
         }
         other => panic!("expected an identity-based blob store, got {other:?}"),
     }
+}
+
+#[test]
+fn a_queue_sink_resolves_its_connection_and_defaults_to_base64_per_row() {
+    let settings = settings().with("QUEUES", "UseDevelopmentStorage=true");
+    let mut poller = valid_poller();
+    poller["sink"] = json!({"type": "queue", "connection": "QUEUES", "queueName": "orders-changes"});
+    let (_root, result) = load(&function_json(poller), &settings);
+    let config = result.unwrap();
+    let SinkConfig::Queue(queue) = &config.sink else { panic!("a queue sink") };
+    assert_eq!(queue.queue_name, "orders-changes");
+    assert_eq!(queue.encoding, MessageEncoding::Base64);
+    assert_eq!(queue.per, MessagePer::Row);
+    assert_eq!(queue.connection.queue_endpoint.as_str(), "http://127.0.0.1:10001/devstoreaccount1");
+}
+
+#[test]
+fn a_queue_sink_refuses_webhook_fields_and_bad_names() {
+    let settings = settings().with("QUEUES", "UseDevelopmentStorage=true");
+    let mut poller = valid_poller();
+    poller["sink"] = json!({"type": "queue", "connection": "QUEUES", "queueName": "orders", "url": "http://x"});
+    assert_eq!(load(&function_json(poller), &settings).1.unwrap_err().field, "poller.sink.url");
+    let mut poller = valid_poller();
+    poller["sink"] = json!({"type": "queue", "connection": "QUEUES", "queueName": "Orders_Changes"});
+    assert_eq!(load(&function_json(poller), &settings).1.unwrap_err().field, "poller.sink.queueName");
+    let mut poller = valid_poller();
+    poller["sink"] = json!({"type": "queue", "connection": "QUEUES", "queueName": "orders", "messageEncoding": "hex"});
+    assert_eq!(load(&function_json(poller), &settings).1.unwrap_err().field, "poller.sink.messageEncoding");
 }

@@ -1,10 +1,11 @@
-//! Where batches go: a trait with one verb, and its implementations ([`webhook`], and
-//! [`recording`] for tests). A sink either acknowledges a whole batch or says why not, and whether
+//! Where batches go: a trait with one verb, and its implementations ([`webhook`],
+//! [`storage_queue`], and [`recording`] for tests). A sink either acknowledges a whole batch or says why not, and whether
 //! trying again may help.
 
 pub mod recording;
 pub mod retry;
 pub mod signing;
+pub mod storage_queue;
 pub mod webhook;
 
 use std::sync::Arc;
@@ -78,5 +79,10 @@ pub trait Sink: Send + Sync {
 pub fn open(config: &SinkConfig) -> Result<Arc<dyn Sink>, SinkError> {
     match config {
         SinkConfig::Webhook(webhook) => Ok(Arc::new(webhook::WebhookSink::new(webhook.clone())?)),
+        SinkConfig::Queue(queue) => {
+            let sink = storage_queue::QueueSink::new(queue.clone())
+                .map_err(|reason| SinkError::Transient { batch_id: String::new(), reason })?;
+            Ok(Arc::new(sink))
+        }
     }
 }

@@ -4,6 +4,7 @@
 mod azure;
 mod harness;
 mod host;
+mod queue;
 mod services;
 mod sources;
 mod store;
