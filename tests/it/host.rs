@@ -183,3 +183,32 @@ async fn the_handler_answers_readiness_with_json() {
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["functions"], json!(["orders"]));
 }
+
+/// The shipped function templates, with the shipped local.settings.json, are valid pollers.
+#[test]
+fn the_function_templates_load_with_the_shipped_local_settings() {
+    let repository = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let local: Value = serde_json::from_slice(&std::fs::read(repository.join("local.settings.json")).unwrap()).unwrap();
+    let values = local["Values"].as_object().unwrap();
+    let settings = dbtrigger::config::Settings::from_pairs(
+        values.iter().map(|(name, value)| (name.clone(), value.as_str().unwrap().to_string())),
+    );
+    let root = tempfile::tempdir().unwrap();
+    std::fs::copy(repository.join("host.json"), root.path().join("host.json")).unwrap();
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(repository.join("function_templates")).unwrap().flatten() {
+        if entry.path().join("function.json").is_file() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            std::fs::create_dir(root.path().join(&name)).unwrap();
+            std::fs::copy(entry.path().join("function.json"), root.path().join(&name).join("function.json")).unwrap();
+            names.push(name);
+        }
+    }
+    assert!(names.len() >= 2, "{names:?}");
+    let app = dbtrigger::config::AppConfig::load(root.path(), &settings).unwrap();
+    for name in names {
+        if let Err(error) = &app.functions[&name] {
+            panic!("template {name}: {error}");
+        }
+    }
+}

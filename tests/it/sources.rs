@@ -344,3 +344,29 @@ async fn an_unreachable_database_is_a_clear_error_without_the_password() {
     assert!(message.contains(&format!("127.0.0.1:{port}")), "{message}");
     assert!(!message.contains("s3cret-pw"), "{message}");
 }
+
+/// A `query` source with a `columns` projection and a `where` filter, on PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_source_with_columns_and_a_filter() {
+    let url = postgres().fresh_database().await;
+    execute(
+        &url,
+        "CREATE TABLE items (id BIGINT PRIMARY KEY, c BIGINT NOT NULL, tenant INT NOT NULL, secret TEXT, note TEXT);\n\
+         INSERT INTO items SELECT g, g / 2, g % 3, 'hidden', 'row ' || g FROM generate_series(1, 40) g;\n",
+    )
+    .await;
+    let (poller, sink, _directory) = items_poller(
+        &url,
+        json!({
+            "table": null,
+            "query": "SELECT id, c, tenant, secret, note FROM items WHERE note IS NOT NULL",
+            "columns": ["note"],
+            "where": "tenant = 1"
+        }),
+    );
+    poller.tick().await.unwrap();
+    let events: Vec<_> = sink.batches().iter().flat_map(|batch| batch.events.clone()).collect();
+    let ids: Vec<i64> = events.iter().map(|event| event.pk["id"].as_i64().unwrap()).collect();
+    assert_eq!(ids, (1..=40).filter(|id| id % 3 == 1).collect::<Vec<i64>>());
+    assert_eq!(Value::Object(events[0].row.clone()), json!({"note": "row 1", "c": 0, "id": 1}), "only the projection");
+}
