@@ -20,7 +20,7 @@ use sqlx::{Database, Encode, Type};
 
 use crate::config::{Engine, SourceConfig};
 use crate::domain::{CursorValue, PkValue, Position};
-use query::Slot;
+use query::{SeekQuery, Slot};
 
 /// One row read from the source: where it sits and what it holds.
 #[derive(Debug, Clone, PartialEq)]
@@ -190,6 +190,47 @@ impl<'a> RowBuilder<'a> {
         }
         Ok(SourceRow { position: Position { cursor, pk }, row: self.values })
     }
+}
+
+/// Runs the seek, from the start or after `after`, and decodes every row with `decode_value`
+/// (which names each value's type and turns it into JSON). One body for every engine.
+pub(crate) async fn fetch_rows<DB, F>(
+    pool: &sqlx::Pool<DB>,
+    config: &SourceConfig,
+    seek: &SeekQuery,
+    after: Option<&Position>,
+    limit: usize,
+    location: &str,
+    decode_value: F,
+) -> Result<Vec<SourceRow>, SourceError>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    <DB as Database>::Arguments: sqlx::IntoArguments<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+    String: for<'t> Encode<'t, DB> + Type<DB>,
+    DateTime<Utc>: for<'t> Encode<'t, DB> + Type<DB>,
+    NaiveDateTime: for<'t> Encode<'t, DB> + Type<DB>,
+    F: Fn(&DB::Row, usize, &str) -> Result<(String, Decoded), SourceError>,
+{
+    let query = match after {
+        None => sqlx::query(sqlx::AssertSqlSafe(seek.from_start.as_str())),
+        Some(position) => {
+            bind_position(sqlx::query(sqlx::AssertSqlSafe(seek.after.as_str())), &seek.after_slots, position)
+        }
+    };
+    let rows = query.bind(limit as i64).fetch_all(pool).await.map_err(|error| classify(location, error))?;
+    let mut decoded = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let mut builder = RowBuilder::new(config);
+        for (index, column) in sqlx::Row::columns(row).iter().enumerate() {
+            let name = sqlx::Column::name(column);
+            let (type_name, value) = decode_value(row, index, name)?;
+            builder.push(name, &type_name, value)?;
+        }
+        decoded.push(builder.finish()?);
+    }
+    Ok(decoded)
 }
 
 /// Binds a position's values to the seek's placeholders, each as its native type.

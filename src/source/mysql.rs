@@ -15,7 +15,7 @@ use tokio::sync::OnceCell;
 use tracing::warn;
 
 use super::query::{CursorType, SeekPlan, SeekQuery, build_seek};
-use super::{Decoded, RowBuilder, Source, SourceError, SourceRow, bind_position, classify, redacted_location};
+use super::{Decoded, Source, SourceError, SourceRow, classify, fetch_rows, redacted_location};
 use crate::config::{SourceConfig, SourceTarget};
 use crate::domain::Position;
 
@@ -96,17 +96,6 @@ impl MySqlSource {
         }
         Ok(build_seek(&self.config, &SeekPlan { cursor_type, placeholder_types: None }))
     }
-
-    fn decode(&self, row: &MySqlRow) -> Result<SourceRow, SourceError> {
-        let mut builder = RowBuilder::new(&self.config);
-        for (index, column) in row.columns().iter().enumerate() {
-            let name = column.name();
-            let type_name = column.type_info().name().to_string();
-            let decoded = decode_value(row, index, name, &type_name)?;
-            builder.push(name, &type_name, decoded)?;
-        }
-        builder.finish()
-    }
 }
 
 fn decode_value(row: &MySqlRow, index: usize, name: &str, type_name: &str) -> Result<Decoded, SourceError> {
@@ -170,25 +159,12 @@ fn float(number: f64) -> Decoded {
 impl Source for MySqlSource {
     async fn fetch_after(&self, after: Option<&Position>, limit: usize) -> Result<Vec<SourceRow>, SourceError> {
         let seek = self.seek().await?;
-        let rows = match after {
-            None => {
-                sqlx::query(sqlx::AssertSqlSafe(seek.from_start.as_str()))
-                    .bind(limit as i64)
-                    .fetch_all(&self.pool)
-                    .await
-            }
-            Some(position) => {
-                let query =
-                    bind_position(sqlx::query(sqlx::AssertSqlSafe(seek.after.as_str())), &seek.after_slots, position);
-                query.bind(limit as i64).fetch_all(&self.pool).await
-            }
-        };
-        let rows = rows.map_err(|error| classify(&self.location, error))?;
-        let mut decoded = Vec::with_capacity(rows.len());
-        for row in &rows {
-            decoded.push(self.decode(row)?);
-        }
-        Ok(decoded)
+        fetch_rows(&self.pool, &self.config, seek, after, limit, &self.location, |row, index, name| {
+            let type_name = row.columns()[index].type_info().name().to_string();
+            let value = decode_value(row, index, name, &type_name)?;
+            Ok((type_name, value))
+        })
+        .await
     }
 
     fn describe(&self) -> String {

@@ -13,12 +13,12 @@ use base64::Engine as _;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use serde_json::Value;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions, SqliteRow};
-use sqlx::{Column, Row, TypeInfo, ValueRef};
+use sqlx::{Row, TypeInfo, ValueRef};
 use tokio::sync::OnceCell;
 use tracing::warn;
 
 use super::query::{CursorType, SeekPlan, SeekQuery, build_seek};
-use super::{Decoded, Role, RowBuilder, Source, SourceError, SourceRow, bind_position, classify, role_of};
+use super::{Decoded, Role, Source, SourceError, SourceRow, classify, fetch_rows, role_of};
 use crate::config::{SourceConfig, SourceTarget};
 use crate::domain::{CursorValue, Position};
 
@@ -85,20 +85,6 @@ impl SqliteSource {
         );
         Ok(())
     }
-
-    fn decode(&self, row: &SqliteRow) -> Result<SourceRow, SourceError> {
-        let mut builder = RowBuilder::new(&self.config);
-        for (index, column) in row.columns().iter().enumerate() {
-            let name = column.name();
-            let raw =
-                row.try_get_raw(index).map_err(|error| SourceError::Position(format!("column {name:?}: {error}")))?;
-            let type_name =
-                if raw.is_null() { "NULL".to_string() } else { raw.type_info().name().to_ascii_uppercase() };
-            let decoded = decode_value(row, index, name, &type_name, role_of(&self.config, name))?;
-            builder.push(name, &type_name, decoded)?;
-        }
-        builder.finish()
-    }
 }
 
 fn decode_value(
@@ -164,25 +150,16 @@ pub fn parse_sqlite_timestamp(text: &str) -> Option<DateTime<Utc>> {
 impl Source for SqliteSource {
     async fn fetch_after(&self, after: Option<&Position>, limit: usize) -> Result<Vec<SourceRow>, SourceError> {
         let seek = self.seek().await?;
-        let rows = match after {
-            None => {
-                sqlx::query(sqlx::AssertSqlSafe(seek.from_start.as_str()))
-                    .bind(limit as i64)
-                    .fetch_all(&self.pool)
-                    .await
-            }
-            Some(position) => {
-                let query =
-                    bind_position(sqlx::query(sqlx::AssertSqlSafe(seek.after.as_str())), &seek.after_slots, position);
-                query.bind(limit as i64).fetch_all(&self.pool).await
-            }
-        };
-        let rows = rows.map_err(|error| classify(&self.location, error))?;
-        let mut decoded = Vec::with_capacity(rows.len());
-        for row in &rows {
-            decoded.push(self.decode(row)?);
-        }
-        Ok(decoded)
+        fetch_rows(&self.pool, &self.config, seek, after, limit, &self.location, |row, index, name| {
+            // SQLite: each value has its own storage class, whatever the column declares.
+            let raw =
+                row.try_get_raw(index).map_err(|error| SourceError::Position(format!("column {name:?}: {error}")))?;
+            let type_name =
+                if raw.is_null() { "NULL".to_string() } else { raw.type_info().name().to_ascii_uppercase() };
+            let value = decode_value(row, index, name, &type_name, role_of(&self.config, name))?;
+            Ok((type_name, value))
+        })
+        .await
     }
 
     fn describe(&self) -> String {
