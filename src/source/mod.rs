@@ -118,6 +118,10 @@ impl Decoded {
         }
     }
 
+    pub fn float(number: f64) -> Self {
+        Decoded::plain(serde_json::Number::from_f64(number).map(Value::Number).unwrap_or(Value::Null))
+    }
+
     pub fn text(text: String) -> Self {
         Decoded { json: Value::from(text.clone()), cursor: None, key: Some(PkValue::Text(text)) }
     }
@@ -131,6 +135,18 @@ impl Decoded {
         let cursor = CursorValue::NaiveTimestamp(at);
         Decoded { json: cursor.to_json(), cursor: Some(cursor), key: None }
     }
+}
+
+/// The pre-flight's warning when no index starts with the cursor column.
+pub(crate) fn warn_missing_index(location: &str, table: &str, config: &SourceConfig) {
+    tracing::warn!(
+        source = %location,
+        table = %table,
+        "no index starts with the cursor column {:?}: each batch scans the table; create one on ({}, {})",
+        config.cursor,
+        config.cursor,
+        config.pk.join(", ")
+    );
 }
 
 /// Puts a row together from its decoded columns: checks that the cursor and every key are there

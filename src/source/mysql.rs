@@ -12,10 +12,9 @@ use serde_json::Value;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{Column, Executor, Row, SqlSafeStr, Statement, TypeInfo, ValueRef};
 use tokio::sync::OnceCell;
-use tracing::warn;
 
 use super::query::{CursorType, SeekPlan, SeekQuery, build_seek};
-use super::{Decoded, Source, SourceError, SourceRow, classify, fetch_rows, redacted_location};
+use super::{Decoded, Source, SourceError, SourceRow, classify, fetch_rows, redacted_location, warn_missing_index};
 use crate::config::{SourceConfig, SourceTarget};
 use crate::domain::Position;
 
@@ -84,14 +83,7 @@ impl MySqlSource {
             .await
             .map_err(|error| classify(&self.location, error))?;
             if indexed == 0 {
-                warn!(
-                    source = %self.location,
-                    table = %name,
-                    "no index starts with the cursor column {:?}: each batch scans the table; create one on ({}, {})",
-                    self.config.cursor,
-                    self.config.cursor,
-                    self.config.pk.join(", ")
-                );
+                warn_missing_index(&self.location, name, &self.config);
             }
         }
         Ok(build_seek(&self.config, &SeekPlan { cursor_type, placeholder_types: None }))
@@ -120,8 +112,8 @@ fn decode_value(row: &MySqlRow, index: usize, name: &str, type_name: &str) -> Re
                 Err(_) => Decoded::plain(Value::from(number)),
             }
         }
-        "FLOAT" => float(f64::from(row.try_get_unchecked::<f32, _>(index).map_err(failed)?)),
-        "DOUBLE" => float(row.try_get_unchecked::<f64, _>(index).map_err(failed)?),
+        "FLOAT" => Decoded::float(f64::from(row.try_get_unchecked::<f32, _>(index).map_err(failed)?)),
+        "DOUBLE" => Decoded::float(row.try_get_unchecked::<f64, _>(index).map_err(failed)?),
         // As a string: no precision is lost.
         "DECIMAL" => Decoded::plain(Value::from(
             row.try_get_unchecked::<sqlx::types::BigDecimal, _>(index).map_err(failed)?.to_string(),
@@ -149,10 +141,6 @@ fn decode_value(row: &MySqlRow, index: usize, name: &str, type_name: &str) -> Re
         }
     };
     Ok(decoded)
-}
-
-fn float(number: f64) -> Decoded {
-    Decoded::plain(serde_json::Number::from_f64(number).map(Value::Number).unwrap_or(Value::Null))
 }
 
 #[async_trait]

@@ -11,10 +11,9 @@ use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Column, Executor, Row, SqlSafeStr, Statement, TypeInfo, ValueRef};
 use tokio::sync::OnceCell;
-use tracing::warn;
 
 use super::query::{CursorType, SeekPlan, SeekQuery, build_seek};
-use super::{Decoded, Source, SourceError, SourceRow, classify, fetch_rows, redacted_location};
+use super::{Decoded, Source, SourceError, SourceRow, classify, fetch_rows, redacted_location, warn_missing_index};
 use crate::config::{SourceConfig, SourceTarget};
 use crate::domain::Position;
 
@@ -90,14 +89,7 @@ impl PostgresSource {
             .await
             .map_err(|error| classify(&self.location, error))?;
             if indexed == 0 {
-                warn!(
-                    source = %self.location,
-                    table = %qualified,
-                    "no index starts with the cursor column {:?}: each batch scans the table; create one on ({}, {})",
-                    self.config.cursor,
-                    self.config.cursor,
-                    self.config.pk.join(", ")
-                );
+                warn_missing_index(&self.location, &qualified, &self.config);
             }
         }
         Ok(build_seek(&self.config, &SeekPlan { cursor_type, placeholder_types: Some(placeholder_types) }))
@@ -118,8 +110,8 @@ fn decode_value(row: &PgRow, index: usize, name: &str, type_name: &str) -> Resul
         "INT2" => Decoded::integer(i64::from(row.try_get::<i16, _>(index).map_err(failed)?)),
         "INT4" => Decoded::integer(i64::from(row.try_get::<i32, _>(index).map_err(failed)?)),
         "INT8" => Decoded::integer(row.try_get::<i64, _>(index).map_err(failed)?),
-        "FLOAT4" => float(f64::from(row.try_get::<f32, _>(index).map_err(failed)?)),
-        "FLOAT8" => float(row.try_get::<f64, _>(index).map_err(failed)?),
+        "FLOAT4" => Decoded::float(f64::from(row.try_get::<f32, _>(index).map_err(failed)?)),
+        "FLOAT8" => Decoded::float(row.try_get::<f64, _>(index).map_err(failed)?),
         // As a string, exactly as PostgreSQL prints it (same digits, same scale).
         "NUMERIC" => {
             let bytes = row.try_get_unchecked::<&[u8], _>(index).map_err(failed)?;
@@ -194,10 +186,6 @@ pub fn numeric_text(bytes: &[u8]) -> Option<String> {
         text.push_str(&fraction);
     }
     Some(text)
-}
-
-fn float(number: f64) -> Decoded {
-    Decoded::plain(serde_json::Number::from_f64(number).map(Value::Number).unwrap_or(Value::Null))
 }
 
 #[async_trait]

@@ -15,10 +15,9 @@ use serde_json::Value;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions, SqliteRow};
 use sqlx::{Row, TypeInfo, ValueRef};
 use tokio::sync::OnceCell;
-use tracing::warn;
 
 use super::query::{CursorType, SeekPlan, SeekQuery, build_seek};
-use super::{Decoded, Role, Source, SourceError, SourceRow, classify, fetch_rows, role_of};
+use super::{Decoded, Role, Source, SourceError, SourceRow, classify, fetch_rows, role_of, warn_missing_index};
 use crate::config::{SourceConfig, SourceTarget};
 use crate::domain::{CursorValue, Position};
 
@@ -75,14 +74,7 @@ impl SqliteSource {
                 return Ok(());
             }
         }
-        warn!(
-            source = %self.location,
-            table = %name,
-            "no index starts with the cursor column {:?}: each batch scans the table; create one on ({}, {})",
-            self.config.cursor,
-            self.config.cursor,
-            self.config.pk.join(", ")
-        );
+        warn_missing_index(&self.location, name, &self.config);
         Ok(())
     }
 }
@@ -103,7 +95,7 @@ fn decode_value(
         "INTEGER" | "INT" | "BIGINT" | "BOOLEAN" => Ok(Decoded::integer(row.try_get_unchecked(index).map_err(failed)?)),
         "REAL" | "FLOAT" | "DOUBLE" | "NUMERIC" => {
             let number: f64 = row.try_get_unchecked(index).map_err(failed)?;
-            Ok(Decoded::plain(serde_json::Number::from_f64(number).map(Value::Number).unwrap_or(Value::Null)))
+            Ok(Decoded::float(number))
         }
         "TEXT" | "DATETIME" | "DATE" | "TIME" => {
             let text: String = row.try_get_unchecked(index).map_err(failed)?;
