@@ -5,8 +5,9 @@
 //!    fingerprint fails it loudly;
 //! 2. fetch the first batch after the checkpoint; nothing there ends the tick with no write at all;
 //! 3. take the lease by CAS on the ETag just read (a conflict means someone moved first: stop);
-//! 4. deliver the batch while fetching the next one, heartbeating only if delivery outlasts the
-//!    heartbeat interval; commit by CAS (a commit renews the lease); repeat;
+//! 4. deliver batches, up to `maxInFlight` at once, fetching each next batch as the previous one
+//!    leaves; commit by CAS the contiguous prefix of acknowledged batches (a commit renews the
+//!    lease); heartbeat only when no commit happened for a heartbeat interval;
 //! 5. stop when caught up or at the tick budget; the last commit releases the lease.
 //!
 //! A failed delivery leaves the checkpoint where it was and releases the lease, so the next tick,
@@ -14,10 +15,10 @@
 //! write: a tick that delivers k batches costs 1 GET and k + 1 PUTs.
 
 use std::fmt;
-use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use chrono::{DateTime, Utc};
@@ -27,9 +28,10 @@ use crate::config::PollerConfig;
 use crate::domain::ids::batch_id;
 use crate::domain::lease::{self, LeaseStatus};
 use crate::domain::state::{CheckpointRegression, advance_checkpoint, describe};
-use crate::domain::{DocumentError, StateDocument};
+use crate::domain::window::BatchWindow;
+use crate::domain::{DocumentError, Position, StateDocument};
 use crate::sink::{Batch, Sink, SinkError};
-use crate::source::{Source, SourceError};
+use crate::source::{Source, SourceError, SourceRow};
 use crate::store::{ETag, StateKey, StateStore, StoreError, WriteCondition};
 
 /// Where `now` comes from. Production reads the system clock; the domain never does.
@@ -144,11 +146,39 @@ enum WriteFailure {
     Store(StoreError),
 }
 
-/// Why a delivery did not finish.
+/// Why a heartbeat stopped the deliveries.
 enum DeliveryFailure {
-    Sink(SinkError),
     LeaseLost,
     Store(StoreError),
+}
+
+/// A batch handed to the sink, awaiting its acknowledgement.
+struct Sent {
+    batch_id: String,
+    last: Position,
+    rows: usize,
+}
+
+/// What the tick has committed so far.
+#[derive(Default)]
+struct Totals {
+    rows: u64,
+    batches: u64,
+    checkpoint: Option<String>,
+}
+
+impl Totals {
+    fn add(&mut self, committed: &[Sent]) {
+        self.rows += committed.iter().map(|sent| sent.rows as u64).sum::<u64>();
+        self.batches += committed.len() as u64;
+        if let Some(last) = committed.last() {
+            self.checkpoint = Some(describe(&last.last));
+        }
+    }
+
+    fn lease_lost(&self) -> TickOutcome {
+        TickOutcome::LeaseLost { rows: self.rows, batches: self.batches }
+    }
 }
 
 impl Poller {
@@ -197,7 +227,7 @@ impl Poller {
         // 2. Anything to do?
         let checkpoint = document.position()?;
         let size = self.config.batch.size;
-        let mut rows = self.source.fetch_after(checkpoint.as_ref(), size).await?;
+        let rows = self.source.fetch_after(checkpoint.as_ref(), size).await?;
         if rows.is_empty() {
             return Ok(TickOutcome::Idle);
         }
@@ -215,137 +245,209 @@ impl Poller {
             Some(etag) => WriteCondition::Matches(etag),
             None => WriteCondition::Absent,
         };
-        let mut etag = match self.write_state(&key, &mut document, condition).await {
+        let etag = match self.write_state(&key, &mut document, condition).await {
             Ok(etag) => etag,
             Err(WriteFailure::Conflict(current)) => return Ok(held_by_whoever_wrote(current)),
             Err(WriteFailure::Store(error)) => return Err(error.into()),
         };
 
-        // 4. Deliver and commit, batch after batch.
-        let mut delivered_rows: u64 = 0;
-        let mut delivered_batches: u64 = 0;
-        loop {
-            let first = rows.first().expect("a batch is never empty").position.clone();
-            let last = rows.last().expect("a batch is never empty").position.clone();
-            let id = batch_id(&self.config.poller_name, &self.config.fingerprint, &first, &last, rows.len());
-            let batch =
-                Batch::new(&self.config.poller_name, &self.config.fingerprint, id.clone(), fencing_token, &rows);
-            // A short batch means the source had no more rows when it was read: no need to ask again.
-            let fetch_next = async {
-                if rows.len() < size { Ok(Vec::new()) } else { self.source.fetch_after(Some(&last), size).await }
-            };
-            let (delivery, next) =
-                tokio::join!(self.deliver_fenced(&batch, deadline, &key, &mut document, &mut etag), fetch_next);
-            match delivery {
-                Ok(()) => {}
-                Err(DeliveryFailure::LeaseLost) => {
-                    warn!(poller = %self.config.poller_name, batch = %id, "lease lost during delivery; not committing");
-                    return Ok(TickOutcome::LeaseLost { rows: delivered_rows, batches: delivered_batches });
-                }
-                Err(DeliveryFailure::Store(error)) => {
-                    self.release_after_failure(&key, &mut document, etag).await;
-                    return Err(error.into());
-                }
-                Err(DeliveryFailure::Sink(error)) => {
-                    warn!(poller = %self.config.poller_name, batch = %id, error = %error, "delivery failed; checkpoint unchanged");
-                    self.release_after_failure(&key, &mut document, etag).await;
-                    return Err(TickError::Delivery { error, rows_committed: delivered_rows });
-                }
-            }
-
-            // Commit. The last commit of the tick releases the lease.
-            let now = self.clock.now();
-            let out_of_budget = Instant::now() >= deadline;
-            let is_last = out_of_budget || !matches!(&next, Ok(next_rows) if !next_rows.is_empty());
-            document.checkpoint = Some(advance_checkpoint(document.checkpoint.as_ref(), &last, &id, rows.len(), now)?);
-            document.stats.rows_delivered += rows.len() as u64;
-            document.stats.batches_delivered += 1;
-            document.stats.last_tick_at = Some(now);
-            let current_lease = document.lease.clone().expect("the lease was taken above");
-            let next_lease = if is_last {
-                lease::release(&current_lease, &self.owner_id, now)
-            } else {
-                lease::renew(&current_lease, &self.owner_id, now, &terms)
-            };
-            let Ok(next_lease) = next_lease else {
-                return Ok(TickOutcome::LeaseLost { rows: delivered_rows, batches: delivered_batches });
-            };
-            document.lease = Some(next_lease);
-            etag = match self.write_state(&key, &mut document, WriteCondition::Matches(etag)).await {
-                Ok(new_etag) => new_etag,
-                Err(WriteFailure::Conflict(_)) => {
-                    warn!(poller = %self.config.poller_name, batch = %id, "commit refused: the lease was taken over; the batch will be delivered again by the new owner");
-                    return Ok(TickOutcome::LeaseLost { rows: delivered_rows, batches: delivered_batches });
-                }
-                Err(WriteFailure::Store(error)) => return Err(error.into()),
-            };
-            delivered_rows += rows.len() as u64;
-            delivered_batches += 1;
-            info!(
-                poller = %self.config.poller_name,
-                batch = %id,
-                rows = rows.len(),
-                fencing_token,
-                checkpoint = %describe(&last),
-                "batch delivered and committed"
-            );
-
-            let next_rows = next?;
-            if next_rows.is_empty() || out_of_budget {
-                let stop = if next_rows.is_empty() { StopReason::CaughtUp } else { StopReason::BudgetExhausted };
-                return Ok(TickOutcome::Delivered {
-                    rows: delivered_rows,
-                    batches: delivered_batches,
-                    checkpoint: describe(&last),
-                    stop,
-                });
-            }
-            rows = next_rows;
-        }
+        // 4 and 5. Deliver and commit until caught up or out of budget.
+        self.deliver_and_commit(&key, &mut document, etag, rows, fencing_token, deadline).await
     }
 
-    /// Delivers one batch; renews the lease if the delivery outlasts the heartbeat interval, and
-    /// abandons the delivery if the lease is lost.
-    async fn deliver_fenced(
+    /// Keeps up to `maxInFlight` batches in flight, fetching each next batch as the previous one
+    /// leaves, and commits the contiguous prefix of acknowledged batches as soon as it grows (seed
+    /// 004): a batch acknowledged early waits for the ones before it. A commit is a heartbeat; a
+    /// separate heartbeat is written only when no commit happened for a heartbeat interval. The
+    /// commit that empties the window with nothing left to send releases the lease.
+    async fn deliver_and_commit(
         &self,
-        batch: &Batch,
-        deadline: Instant,
         key: &StateKey,
         document: &mut StateDocument,
-        etag: &mut ETag,
-    ) -> Result<(), DeliveryFailure> {
+        mut etag: ETag,
+        first_rows: Vec<SourceRow>,
+        fencing_token: u64,
+        deadline: Instant,
+    ) -> Result<TickOutcome, TickError> {
         let terms = self.config.lease;
-        let mut delivery = pin!(self.sink.deliver(batch, deadline));
+        let size = self.config.batch.size;
+        let mut window: BatchWindow<Sent> = BatchWindow::new();
+        let mut in_flight: JoinSet<(u64, Result<(), SinkError>)> = JoinSet::new();
+        let mut next: Option<Vec<SourceRow>> = Some(first_rows);
+        let mut fetch_error: Option<SourceError> = None;
+        let mut totals = Totals::default();
         loop {
+            // Fill the window.
+            while in_flight.len() < self.config.batch.max_in_flight && Instant::now() < deadline {
+                let Some(rows) = next.take() else {
+                    break;
+                };
+                let first = rows.first().expect("a batch is never empty").position.clone();
+                let last = rows.last().expect("a batch is never empty").position.clone();
+                let id = batch_id(&self.config.poller_name, &self.config.fingerprint, &first, &last, rows.len());
+                let batch =
+                    Batch::new(&self.config.poller_name, &self.config.fingerprint, id.clone(), fencing_token, &rows);
+                let sequence = window.open(Sent { batch_id: id, last: last.clone(), rows: rows.len() });
+                let sink = self.sink.clone();
+                in_flight.spawn(async move { (sequence, sink.deliver(&batch, deadline).await) });
+                // A short batch means the source had no more rows when it was read: no need to ask again.
+                if rows.len() == size {
+                    match self.source.fetch_after(Some(&last), size).await {
+                        Ok(more) if !more.is_empty() => next = Some(more),
+                        Ok(_) => {}
+                        Err(error) => fetch_error = Some(error),
+                    }
+                }
+            }
+            if in_flight.is_empty() {
+                break;
+            }
+
             let current = document.lease.clone().expect("the lease is held while delivering");
             let now = self.clock.now();
             if !lease::holder_may_act(&current, &self.owner_id, now, &terms) {
-                return Err(DeliveryFailure::LeaseLost);
+                in_flight.abort_all();
+                warn!(poller = %self.config.poller_name, "the lease is about to expire without a heartbeat; stopping");
+                return Ok(totals.lease_lost());
             }
             let due = lease::next_heartbeat_due(&current, &terms).unwrap_or(now);
             let wait = (due - now).to_std().unwrap_or(Duration::ZERO);
             tokio::select! {
-                result = &mut delivery => return result.map_err(DeliveryFailure::Sink),
-                _ = tokio::time::sleep(wait) => {
-                    let now = self.clock.now();
-                    let Ok(renewed) = lease::renew(&current, &self.owner_id, now, &terms) else {
-                        return Err(DeliveryFailure::LeaseLost);
+                joined = in_flight.join_next() => {
+                    let (sequence, result) = match joined.expect("the set is not empty") {
+                        Ok(finished) => finished,
+                        Err(join_error) => {
+                            in_flight.abort_all();
+                            self.release_after_failure(key, document, etag).await;
+                            let error = SinkError::Transient { batch_id: String::new(), reason: format!("the delivery task failed: {join_error}") };
+                            return Err(TickError::Delivery { error, rows_committed: totals.rows });
+                        }
                     };
-                    document.lease = Some(renewed);
-                    match self.write_state(key, document, WriteCondition::Matches(etag.clone())).await {
-                        Ok(new_etag) => *etag = new_etag,
-                        Err(WriteFailure::Conflict(_)) => return Err(DeliveryFailure::LeaseLost),
-                        Err(WriteFailure::Store(error)) => {
-                            // The lease is still ours until it expires: keep delivering, try again at the
-                            // next heartbeat, and stop at expiry (holder_may_act above).
-                            warn!(poller = %self.config.poller_name, error = %error, "heartbeat failed, retrying");
-                            document.lease = Some(current);
-                            if !error_is_retryable(&error) {
-                                return Err(DeliveryFailure::Store(error));
-                            }
+                    if let Err(error) = result {
+                        // Batches after it may have landed: they are delivered again next tick.
+                        in_flight.abort_all();
+                        warn!(poller = %self.config.poller_name, error = %error, "delivery failed; checkpoint left before this batch");
+                        self.release_after_failure(key, document, etag).await;
+                        return Err(TickError::Delivery { error, rows_committed: totals.rows });
+                    }
+                    let ready = window.acknowledge(sequence);
+                    if ready.is_empty() {
+                        continue;
+                    }
+                    let nothing_more = next.is_none() || fetch_error.is_some() || Instant::now() >= deadline;
+                    let release = in_flight.is_empty() && window.is_empty() && nothing_more;
+                    match self.commit(key, document, etag, &ready, release).await? {
+                        Some(new_etag) => etag = new_etag,
+                        None => {
+                            in_flight.abort_all();
+                            warn!(poller = %self.config.poller_name, "commit refused: the lease was taken over; the new owner delivers these batches again");
+                            return Ok(totals.lease_lost());
+                        }
+                    }
+                    totals.add(&ready);
+                }
+                _ = tokio::time::sleep(wait) => {
+                    match self.heartbeat(key, document, &etag).await {
+                        Ok(Some(new_etag)) => etag = new_etag,
+                        Ok(None) => {}
+                        Err(DeliveryFailure::LeaseLost) => {
+                            in_flight.abort_all();
+                            return Ok(totals.lease_lost());
+                        }
+                        Err(DeliveryFailure::Store(error)) => {
+                            in_flight.abort_all();
+                            self.release_after_failure(key, document, etag).await;
+                            return Err(error.into());
                         }
                     }
                 }
+            }
+        }
+
+        // The tick budget can run out between the last commit and the check above: then the last
+        // commit renewed the lease, and it is released here.
+        if document.lease.as_ref().and_then(|lease| lease.owner_id.as_deref()) == Some(self.owner_id.as_str()) {
+            self.release_after_failure(key, document, etag).await;
+        }
+        if let Some(error) = fetch_error {
+            return Err(error.into());
+        }
+        let stop = if next.is_some() { StopReason::BudgetExhausted } else { StopReason::CaughtUp };
+        Ok(TickOutcome::Delivered {
+            rows: totals.rows,
+            batches: totals.batches,
+            checkpoint: totals.checkpoint.clone().unwrap_or_default(),
+            stop,
+        })
+    }
+
+    /// Moves the checkpoint over `ready` (acknowledged, contiguous batches) in one CAS that also
+    /// renews or releases the lease. `None`: the lease was taken over, nothing was committed.
+    async fn commit(
+        &self,
+        key: &StateKey,
+        document: &mut StateDocument,
+        etag: ETag,
+        ready: &[Sent],
+        release: bool,
+    ) -> Result<Option<ETag>, TickError> {
+        let last = ready.last().expect("a commit covers at least one batch");
+        let rows: usize = ready.iter().map(|sent| sent.rows).sum();
+        let now = self.clock.now();
+        document.checkpoint =
+            Some(advance_checkpoint(document.checkpoint.as_ref(), &last.last, &last.batch_id, rows, now)?);
+        document.stats.rows_delivered += rows as u64;
+        document.stats.batches_delivered += ready.len() as u64;
+        document.stats.last_tick_at = Some(now);
+        let current_lease = document.lease.clone().expect("the lease is held while committing");
+        let next_lease = if release {
+            lease::release(&current_lease, &self.owner_id, now)
+        } else {
+            lease::renew(&current_lease, &self.owner_id, now, &self.config.lease)
+        };
+        let Ok(next_lease) = next_lease else {
+            return Ok(None);
+        };
+        document.lease = Some(next_lease);
+        match self.write_state(key, document, WriteCondition::Matches(etag)).await {
+            Ok(new_etag) => {
+                for sent in ready {
+                    info!(
+                        poller = %self.config.poller_name,
+                        batch = %sent.batch_id,
+                        rows = sent.rows,
+                        fencing_token = current_lease.fencing_token,
+                        checkpoint = %describe(&sent.last),
+                        "batch delivered and committed"
+                    );
+                }
+                Ok(Some(new_etag))
+            }
+            Err(WriteFailure::Conflict(_)) => Ok(None),
+            Err(WriteFailure::Store(error)) => Err(error.into()),
+        }
+    }
+
+    /// Renews the lease while deliveries run. `Ok(Some)`: renewed; `Ok(None)`: the write failed
+    /// in a way worth retrying at the next interval (the lease is ours until it expires).
+    async fn heartbeat(
+        &self,
+        key: &StateKey,
+        document: &mut StateDocument,
+        etag: &ETag,
+    ) -> Result<Option<ETag>, DeliveryFailure> {
+        let current = document.lease.clone().expect("the lease is held while delivering");
+        let Ok(renewed) = lease::renew(&current, &self.owner_id, self.clock.now(), &self.config.lease) else {
+            return Err(DeliveryFailure::LeaseLost);
+        };
+        document.lease = Some(renewed);
+        match self.write_state(key, document, WriteCondition::Matches(etag.clone())).await {
+            Ok(new_etag) => Ok(Some(new_etag)),
+            Err(WriteFailure::Conflict(_)) => Err(DeliveryFailure::LeaseLost),
+            Err(WriteFailure::Store(error)) => {
+                warn!(poller = %self.config.poller_name, error = %error, "heartbeat failed, retrying");
+                document.lease = Some(current);
+                if error_is_retryable(&error) { Ok(None) } else { Err(DeliveryFailure::Store(error)) }
             }
         }
     }

@@ -333,7 +333,9 @@ struct RawState {
 pub mod defaults {
     pub const BATCH_SIZE: usize = 500;
     pub const MAX_BATCH_SIZE: usize = 10_000;
-    pub const MAX_IN_FLIGHT: usize = 4;
+    /// One batch at a time keeps deliveries in (cursor, pk) order across batches; more trades that
+    /// order for throughput against slow receivers.
+    pub const MAX_IN_FLIGHT: usize = 1;
     pub const TICK_BUDGET_SECONDS: u64 = 240;
     pub const WEBHOOK_TIMEOUT_SECONDS: u64 = 30;
     pub const WEBHOOK_MAX_RETRIES: u32 = 3;

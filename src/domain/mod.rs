@@ -4,11 +4,13 @@
 //! - [`state`]: the state document (seed 000, `version: 1`), its parsing and its checkpoint rules.
 //! - [`lease`]: lease decisions (acquire, renew, release) with the fencing token and skew margin.
 //! - [`ids`]: deterministic event and batch ids, and the source fingerprint.
+//! - [`window`]: batches in flight, acknowledged out of order, committed in order (seed 004).
 
 pub mod cursor;
 pub mod ids;
 pub mod lease;
 pub mod state;
+pub mod window;
 
 pub use cursor::{CursorValue, PkValue, Position};
 pub use lease::{LeaseRecord, LeaseStatus, LeaseTerms};

@@ -49,6 +49,9 @@ struct ReceiverState {
     planned: VecDeque<Answer>,
     /// How long to wait before answering each delivery.
     delay: Duration,
+    /// Requests being answered right now, and the most there ever were at once.
+    concurrent: usize,
+    max_concurrent: usize,
 }
 
 /// An HTTP receiver on loopback that records every delivery and answers what it is told.
@@ -65,11 +68,17 @@ async fn record(
 ) -> (StatusCode, HeaderMap, String) {
     let at = Instant::now();
     let envelope: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let delay = state.lock().unwrap().delay;
+    let delay = {
+        let mut state = state.lock().unwrap();
+        state.concurrent += 1;
+        state.max_concurrent = state.max_concurrent.max(state.concurrent);
+        state.delay
+    };
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
     let mut state = state.lock().unwrap();
+    state.concurrent -= 1;
     let answer = state.planned.pop_front().unwrap_or(Answer {
         status: 200,
         body: "{\"ok\":true}".to_string(),
@@ -108,6 +117,11 @@ impl Receiver {
     /// Every later delivery is answered after `delay`.
     pub fn set_delay(&self, delay: Duration) {
         self.state.lock().unwrap().delay = delay;
+    }
+
+    /// The most deliveries it was answering at one time.
+    pub fn max_concurrent(&self) -> usize {
+        self.state.lock().unwrap().max_concurrent
     }
 
     pub fn all(&self) -> Vec<Received> {

@@ -424,3 +424,51 @@ async fn timestamp_cursors_in_sqlite_survive_equal_values_across_batches() {
     assert_eq!(cursor.value, json!("2026-01-01T10:00:13.250Z"));
     assert_eq!(poller.tick().await.unwrap(), TickOutcome::Idle);
 }
+
+/// Fails the first batch it is given, slowly; delivers the others at once.
+struct FirstFailsSlowly {
+    inner: Arc<RecordingSink>,
+    calls: std::sync::Mutex<u32>,
+}
+
+#[async_trait]
+impl Sink for FirstFailsSlowly {
+    async fn deliver(&self, batch: &Batch, deadline: tokio::time::Instant) -> Result<(), SinkError> {
+        let call = {
+            let mut calls = self.calls.lock().unwrap();
+            *calls += 1;
+            *calls
+        };
+        if call == 1 {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            return Err(SinkError::Transient { batch_id: batch.batch_id.clone(), reason: "HTTP 503".into() });
+        }
+        self.inner.deliver(batch, deadline).await
+    }
+
+    fn describe(&self) -> String {
+        "first-fails-slowly".into()
+    }
+}
+
+/// Seed 004's invariant: later batches acknowledged while an earlier one is still in flight do not
+/// move the checkpoint past it; when it fails, the checkpoint stays before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_acknowledgement_never_moves_the_checkpoint_past_a_failed_batch() {
+    let mut settings = AppRoot::orders_poller(10);
+    settings["batch"]["maxInFlight"] = json!(4);
+    let fixture = fixture(40, settings).await;
+    let store = Arc::new(MemoryStore::new());
+    let recording = Arc::new(RecordingSink::new());
+    let failing = Arc::new(FirstFailsSlowly { inner: recording.clone(), calls: Default::default() });
+    let error = poller(&fixture, failing, store.clone(), "a").tick().await.unwrap_err();
+    assert!(matches!(error, TickError::Delivery { rows_committed: 0, .. }), "{error:?}");
+    assert!(recording.batches().len() >= 3, "the later batches were acknowledged: {}", recording.batches().len());
+    let document = StateDocument::parse(&store.raw(&key()).unwrap()).unwrap();
+    assert!(document.checkpoint.is_none(), "nothing committed past the failed first batch");
+    assert_eq!(document.lease.unwrap().owner_id, None, "and the lease was released");
+
+    let retry = Arc::new(RecordingSink::new());
+    poller(&fixture, retry.clone(), store.clone(), "a").tick().await.unwrap();
+    assert_eq!(ids(&retry), (1..=40).collect::<Vec<i64>>(), "the next tick resends from the first batch");
+}

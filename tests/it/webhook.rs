@@ -200,3 +200,41 @@ async fn the_documented_example_receiver_verifies_and_deduplicates() {
     let error = poller_for(&receiver.url, &orders, directory.path(), "whsec_d3Jvbmcta2V5").tick().await.unwrap_err();
     assert!(error.to_string().contains("HTTP 401") && error.to_string().contains("bad signature"), "{error}");
 }
+
+/// With `maxInFlight` 4, a slow receiver gets up to four batches at once; every row arrives once
+/// and the checkpoint ends at the last row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_batches_in_flight_deliver_every_row_once() {
+    let directory = tempfile::tempdir().unwrap();
+    let orders = Orders::create(directory.path()).await;
+    orders.insert(1..=200, 1).await;
+    let receiver = Receiver::start().await;
+    receiver.set_delay(Duration::from_millis(100));
+    let mut poller_json = AppRoot::orders_poller(10);
+    poller_json["batch"]["maxInFlight"] = json!(4);
+    let app = AppRoot::write(directory.path(), poller_json);
+    let settings = Settings::from_pairs([
+        ("ORDERS_DB".to_string(), orders.url()),
+        ("ORDERS_WEBHOOK".to_string(), receiver.url.clone()),
+        ("ORDERS_STATE".to_string(), "file:unused".to_string()),
+    ]);
+    let config = PollerConfig::load(&app.root, "orders", &settings, None).unwrap();
+    let source = dbtrigger::source::open(&config.source).unwrap();
+    let sink = dbtrigger::sink::open(&config.sink).unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let poller = Poller::new(config, source, sink, store.clone(), Arc::new(SystemClock), "a".into());
+    let outcome = poller.tick().await.unwrap();
+    assert!(matches!(outcome, TickOutcome::Delivered { rows: 200, batches: 20, .. }), "{outcome:?}");
+    assert_eq!(receiver.max_concurrent(), 4, "four batches in flight at once");
+    let mut ids = receiver.acknowledged_ids();
+    ids.sort_unstable();
+    assert_eq!(ids, (1..=200).collect::<Vec<i64>>());
+    let (_, writes) = store.request_counts();
+    assert!(writes <= 21, "1 lease write and at most one commit per batch: {writes}");
+    let document = dbtrigger::domain::StateDocument::parse(
+        &store.raw(&dbtrigger::store::StateKey::new("local", "orders")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(document.checkpoint.unwrap().cursor.tiebreaker["id"], json!(200));
+    assert_eq!(document.lease.unwrap().owner_id, None);
+}
