@@ -318,7 +318,7 @@ impl Poller {
                         Ok(finished) => finished,
                         Err(join_error) => {
                             in_flight.abort_all();
-                            self.release_after_failure(key, document, etag).await;
+                            self.release_lease(key, document, etag).await;
                             let error = SinkError::Transient { batch_id: String::new(), reason: format!("the delivery task failed: {join_error}") };
                             return Err(TickError::Delivery { error, rows_committed: totals.rows });
                         }
@@ -327,7 +327,7 @@ impl Poller {
                         // Batches after it may have landed: they are delivered again next tick.
                         in_flight.abort_all();
                         warn!(poller = %self.config.poller_name, error = %error, "delivery failed; checkpoint left before this batch");
-                        self.release_after_failure(key, document, etag).await;
+                        self.release_lease(key, document, etag).await;
                         return Err(TickError::Delivery { error, rows_committed: totals.rows });
                     }
                     let ready = window.acknowledge(sequence);
@@ -356,7 +356,7 @@ impl Poller {
                         }
                         Err(DeliveryFailure::Store(error)) => {
                             in_flight.abort_all();
-                            self.release_after_failure(key, document, etag).await;
+                            self.release_lease(key, document, etag).await;
                             return Err(error.into());
                         }
                     }
@@ -367,7 +367,7 @@ impl Poller {
         // The tick budget can run out between the last commit and the check above: then the last
         // commit renewed the lease, and it is released here.
         if document.lease.as_ref().and_then(|lease| lease.owner_id.as_deref()) == Some(self.owner_id.as_str()) {
-            self.release_after_failure(key, document, etag).await;
+            self.release_lease(key, document, etag).await;
         }
         if let Some(error) = fetch_error {
             return Err(error.into());
@@ -473,9 +473,10 @@ impl Poller {
         }
     }
 
-    /// After a failed delivery: give the lease back (checkpoint unchanged) so that the retry, on any
-    /// instance, need not wait for expiry. Best effort: if it fails, the lease simply expires.
-    async fn release_after_failure(&self, key: &StateKey, document: &mut StateDocument, etag: ETag) {
+    /// Gives the lease back without moving the checkpoint: after a failure, so that the retry on any
+    /// instance need not wait for expiry, or when the tick ends without a releasing commit. Best
+    /// effort: if the write fails, the lease simply expires.
+    async fn release_lease(&self, key: &StateKey, document: &mut StateDocument, etag: ETag) {
         let Some(current) = document.lease.clone() else {
             return;
         };
@@ -484,7 +485,7 @@ impl Poller {
         };
         document.lease = Some(released);
         if let Err(WriteFailure::Store(error)) = self.write_state(key, document, WriteCondition::Matches(etag)).await {
-            warn!(poller = %self.config.poller_name, error = %error, "could not release the lease after a failure; it will expire");
+            warn!(poller = %self.config.poller_name, error = %error, "could not release the lease; it will expire");
         }
     }
 }
