@@ -64,14 +64,6 @@ impl AppConfig {
         }
         Ok(AppConfig { app_root: app_root.to_path_buf(), app_name: settings.app_name(), functions })
     }
-
-    /// Finds a function by name: exact first, then ignoring case (the host keeps the folder's case,
-    /// people often do not).
-    pub fn find(&self, name: &str) -> Option<(&String, &Result<PollerConfig, ConfigError>)> {
-        self.functions
-            .get_key_value(name)
-            .or_else(|| self.functions.iter().find(|(function_name, _)| function_name.eq_ignore_ascii_case(name)))
-    }
 }
 
 /// host.json `functionTimeout`, when given: each tick must end well before it.

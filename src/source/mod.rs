@@ -41,13 +41,6 @@ pub enum SourceError {
     Position(String),
 }
 
-impl SourceError {
-    /// Whether trying again later may help.
-    pub fn is_retryable(&self) -> bool {
-        matches!(self, SourceError::Unreachable { .. })
-    }
-}
-
 #[async_trait]
 pub trait Source: Send + Sync {
     /// Up to `limit` rows strictly after `after` (all rows from the start when `None`), in
