@@ -2,7 +2,6 @@
 //! through the host protocol, concurrent processes, corrupted blobs, wrong keys, dead accounts, and
 //! the blob budget.
 
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,7 +14,7 @@ use dbtrigger::store::{StateKey, StateStore, StoreError, WriteCondition, conform
 use dbtrigger::tick::{Poller, SystemClock, TickError, TickOutcome};
 use serde_json::json;
 
-use crate::harness::{AppRoot, Orders, Receiver};
+use crate::harness::{AppRoot, Orders, Receiver, race_tick_processes};
 use crate::services::azurite;
 
 fn connection() -> StorageConnection {
@@ -148,34 +147,7 @@ async fn two_processes_share_one_poller_through_azurite() {
     let app =
         AppRoot::write(directory.path(), AppRoot::orders_poller(50)).with_azure_state(&azurite().connection_string());
     let settings = app.settings(&orders, &receiver);
-    let mut outputs = Vec::new();
-    for _round in 0..30 {
-        let mut children = Vec::new();
-        for _ in 0..2 {
-            children.push(
-                Command::new(env!("CARGO_BIN_EXE_dbtrigger"))
-                    .args(["tick", "orders", "--app-root"])
-                    .arg(&app.root)
-                    .envs(settings.iter().map(|(key, value)| (key.as_str(), value.as_str())))
-                    .env("RUST_LOG", "warn")
-                    .stdout(std::process::Stdio::piped())
-                    .spawn()
-                    .unwrap(),
-            );
-        }
-        let mut round = Vec::new();
-        for child in children {
-            let output = tokio::task::spawn_blocking(move || child.wait_with_output()).await.unwrap().unwrap();
-            let text = String::from_utf8_lossy(&output.stdout).to_string();
-            assert!(output.status.success(), "a tick failed: {text}");
-            round.push(text);
-        }
-        let done = round.iter().all(|line| line.contains("nothing new"));
-        outputs.extend(round);
-        if done {
-            break;
-        }
-    }
+    let outputs = race_tick_processes(&app, &settings, 2, 30).await;
     let ids = receiver.acknowledged_ids();
     let mut unique = ids.clone();
     unique.sort_unstable();

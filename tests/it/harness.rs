@@ -272,6 +272,44 @@ impl AppRoot {
     }
 }
 
+/// Runs `processes` `dbtrigger tick orders` processes at once, round after round, until a whole
+/// round finds nothing new (at most `rounds`). Returns every line they printed.
+pub async fn race_tick_processes(
+    app: &AppRoot,
+    settings: &[(String, String)],
+    processes: usize,
+    rounds: usize,
+) -> Vec<String> {
+    let mut outputs = Vec::new();
+    for _round in 0..rounds {
+        let mut children = Vec::new();
+        for _ in 0..processes {
+            let child = Command::new(env!("CARGO_BIN_EXE_dbtrigger"))
+                .args(["tick", "orders", "--app-root"])
+                .arg(&app.root)
+                .envs(settings.iter().map(|(key, value)| (key.as_str(), value.as_str())))
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            children.push(child);
+        }
+        let mut round = Vec::new();
+        for child in children {
+            let output = tokio::task::spawn_blocking(move || child.wait_with_output()).await.unwrap().unwrap();
+            let text = String::from_utf8_lossy(&output.stdout).to_string();
+            assert!(output.status.success(), "a tick failed: {text}");
+            round.push(text);
+        }
+        let done = round.iter().all(|line| line.contains("nothing new"));
+        outputs.extend(round);
+        if done {
+            return outputs;
+        }
+    }
+    panic!("the processes did not catch up in {rounds} rounds: {outputs:?}");
+}
+
 /// The real binary, started the way the Functions host starts a custom handler.
 pub struct Handler {
     child: Child,

@@ -1,6 +1,5 @@
 //! The state store conformance suite against every implementation, and what only files can show.
 
-use std::process::Command;
 use std::sync::Arc;
 
 use dbtrigger::domain::StateDocument;
@@ -9,7 +8,7 @@ use dbtrigger::store::memory::MemoryStore;
 use dbtrigger::store::{StateKey, StateStore, StoreError, WriteCondition, conformance};
 use serde_json::json;
 
-use crate::harness::{AppRoot, Orders, Receiver};
+use crate::harness::{AppRoot, Orders, Receiver, race_tick_processes};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_memory_store_passes_the_conformance_suite() {
@@ -63,33 +62,7 @@ async fn concurrent_tick_processes_share_one_poller_safely() {
     let app = AppRoot::write(directory.path(), AppRoot::orders_poller(100));
     let settings = app.settings(&orders, &receiver);
 
-    let mut outputs = Vec::new();
-    for _round in 0..20 {
-        let mut children = Vec::new();
-        for _ in 0..4 {
-            let child = Command::new(env!("CARGO_BIN_EXE_dbtrigger"))
-                .args(["tick", "orders", "--app-root"])
-                .arg(&app.root)
-                .envs(settings.iter().map(|(key, value)| (key.as_str(), value.as_str())))
-                .env("RUST_LOG", "warn")
-                .stdout(std::process::Stdio::piped())
-                .spawn()
-                .unwrap();
-            children.push(child);
-        }
-        let mut round = Vec::new();
-        for child in children {
-            let output = tokio::task::spawn_blocking(move || child.wait_with_output()).await.unwrap().unwrap();
-            let text = String::from_utf8_lossy(&output.stdout).to_string();
-            assert!(output.status.success(), "a tick failed: {text}");
-            round.push(text);
-        }
-        let done = round.iter().all(|line| line.contains("nothing new"));
-        outputs.extend(round);
-        if done {
-            break;
-        }
-    }
+    let outputs = race_tick_processes(&app, &settings, 4, 20).await;
     let mut ids = receiver.acknowledged_ids();
     let delivered = ids.len();
     ids.sort_unstable();
