@@ -34,6 +34,10 @@ use crate::sink::{Batch, Sink, SinkError};
 use crate::source::{Source, SourceError, SourceRow};
 use crate::store::{ETag, StateKey, StateStore, StoreError, WriteCondition};
 
+/// How long after a failed heartbeat the next attempt is made (the lease stays ours until it
+/// expires; `holder_may_act` stops the tick before that).
+const HEARTBEAT_RETRY_DELAY: Duration = Duration::from_secs(1);
+
 /// Where `now` comes from. Production reads the system clock; the domain never does.
 pub trait Clock: Send + Sync {
     fn now(&self) -> DateTime<Utc>;
@@ -276,6 +280,8 @@ impl Poller {
         let mut next: Option<Vec<SourceRow>> = Some(first_rows);
         let mut fetch_error: Option<SourceError> = None;
         let mut totals = Totals::default();
+        // After a failed heartbeat, the next attempt waits a little instead of following at once.
+        let mut heartbeat_retry_at: Option<Instant> = None;
         loop {
             // Fill the window.
             while in_flight.len() < self.config.batch.max_in_flight && Instant::now() < deadline {
@@ -311,7 +317,10 @@ impl Poller {
                 return Ok(totals.lease_lost());
             }
             let due = lease::next_heartbeat_due(&current, &terms).unwrap_or(now);
-            let wait = (due - now).to_std().unwrap_or(Duration::ZERO);
+            let wait = match heartbeat_retry_at {
+                Some(retry_at) => retry_at.saturating_duration_since(Instant::now()),
+                None => (due - now).to_std().unwrap_or(Duration::ZERO),
+            };
             tokio::select! {
                 joined = in_flight.join_next() => {
                     let (sequence, result) = match joined.expect("the set is not empty") {
@@ -337,7 +346,10 @@ impl Poller {
                     let nothing_more = next.is_none() || fetch_error.is_some() || Instant::now() >= deadline;
                     let release = in_flight.is_empty() && window.is_empty() && nothing_more;
                     match self.commit(key, document, etag, &ready, release).await? {
-                        Some(new_etag) => etag = new_etag,
+                        Some(new_etag) => {
+                            etag = new_etag;
+                            heartbeat_retry_at = None;
+                        }
                         None => {
                             in_flight.abort_all();
                             warn!(poller = %self.config.poller_name, "commit refused: the lease was taken over; the new owner delivers these batches again");
@@ -348,8 +360,11 @@ impl Poller {
                 }
                 _ = tokio::time::sleep(wait) => {
                     match self.heartbeat(key, document, &etag).await {
-                        Ok(Some(new_etag)) => etag = new_etag,
-                        Ok(None) => {}
+                        Ok(Some(new_etag)) => {
+                            etag = new_etag;
+                            heartbeat_retry_at = None;
+                        }
+                        Ok(None) => heartbeat_retry_at = Some(Instant::now() + HEARTBEAT_RETRY_DELAY),
                         Err(DeliveryFailure::LeaseLost) => {
                             in_flight.abort_all();
                             return Ok(totals.lease_lost());

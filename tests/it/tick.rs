@@ -472,3 +472,68 @@ async fn an_early_acknowledgement_never_moves_the_checkpoint_past_a_failed_batch
     poller(&fixture, retry.clone(), store.clone(), "a").tick().await.unwrap();
     assert_eq!(ids(&retry), (1..=40).collect::<Vec<i64>>(), "the next tick resends from the first batch");
 }
+
+/// A store whose writes fail for a while (from 0.9 s to 1.6 s after it was made): a passing outage
+/// during the first heartbeat.
+struct HeartbeatHiccupStore {
+    inner: MemoryStore,
+    writes: std::sync::Mutex<u32>,
+    started: std::time::Instant,
+}
+
+#[async_trait]
+impl StateStore for HeartbeatHiccupStore {
+    async fn read(&self, key: &StateKey) -> Result<Option<Versioned>, StoreError> {
+        self.inner.read(key).await
+    }
+
+    async fn write(
+        &self,
+        key: &StateKey,
+        document: &StateDocument,
+        condition: WriteCondition,
+    ) -> Result<ETag, StoreError> {
+        let write = {
+            let mut writes = self.writes.lock().unwrap();
+            *writes += 1;
+            *writes
+        };
+        let elapsed = self.started.elapsed();
+        if write > 1 && elapsed > Duration::from_millis(900) && elapsed < Duration::from_millis(1600) {
+            return Err(StoreError::Unavailable {
+                location: "hiccup".into(),
+                reason: "HTTP 503".into(),
+                retryable: true,
+            });
+        }
+        self.inner.write(key, document, condition).await
+    }
+
+    fn describe(&self) -> String {
+        "hiccup".into()
+    }
+}
+
+#[tokio::test]
+async fn a_failed_heartbeat_is_retried_after_a_pause_and_the_tick_goes_on() {
+    let mut settings = AppRoot::orders_poller(100);
+    settings["lease"] = json!({"ttlSeconds": 4, "heartbeatSeconds": 1, "clockSkewSeconds": 1});
+    let fixture = fixture(5, settings).await;
+    let store = Arc::new(HeartbeatHiccupStore {
+        inner: MemoryStore::new(),
+        writes: Default::default(),
+        started: std::time::Instant::now(),
+    });
+    let recording = Arc::new(RecordingSink::new());
+    let sink = Arc::new(SlowSink {
+        inner: recording.clone(),
+        delay: Duration::from_millis(3500),
+        during_first: Default::default(),
+    });
+    let outcome = poller(&fixture, sink, store.clone(), "a").tick().await.unwrap();
+    assert!(matches!(outcome, TickOutcome::Delivered { rows: 5, .. }), "{outcome:?}");
+    let writes = *store.writes.lock().unwrap();
+    // Acquire, a failed heartbeat, its retry a second later, another heartbeat, the commit: the
+    // outage is not hammered with attempts.
+    assert!((4..=7).contains(&writes), "{writes} writes");
+}
