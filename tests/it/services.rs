@@ -89,6 +89,17 @@ fn wait_for_port(port: u16, what: &str, log: &Path) {
     );
 }
 
+/// Kills `child` and removes `directory` when the test binary exits.
+fn stop_at_exit(child: Child, directory: PathBuf) {
+    let child = Mutex::new(child);
+    at_exit(move || {
+        let mut child = child.lock().unwrap_or_else(|poison| poison.into_inner());
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = std::fs::remove_dir_all(&directory);
+    });
+}
+
 pub struct Postgres {
     pub port: u16,
     directory: PathBuf,
@@ -214,15 +225,8 @@ fn start_mariadb() -> MariaDb {
         server_command.arg("--user=root");
     }
     let child: Child = server_command.spawn().expect("mariadbd starts");
+    stop_at_exit(child, directory.clone());
     wait_for_port(port, "MariaDB", &directory.join("server.err"));
-    let child = Mutex::new(child);
-    let stop_directory = directory.clone();
-    at_exit(move || {
-        let mut child = child.lock().unwrap();
-        let _ = child.kill();
-        let _ = child.wait();
-        let _ = std::fs::remove_dir_all(&stop_directory);
-    });
     MariaDb { port, directory }
 }
 
@@ -279,16 +283,9 @@ fn start_azurite() -> Azurite {
         .stderr(Stdio::from(std::fs::File::create(directory.join("azurite.err")).unwrap()))
         .spawn()
         .expect("azurite starts");
+    stop_at_exit(child, directory.clone());
     wait_for_port(blob_port, "Azurite (blob)", &directory.join("azurite.err"));
     wait_for_port(queue_port, "Azurite (queue)", &directory.join("azurite.err"));
-    let child = Mutex::new(child);
-    let stop_directory = directory.clone();
-    at_exit(move || {
-        let mut child = child.lock().unwrap();
-        let _ = child.kill();
-        let _ = child.wait();
-        let _ = std::fs::remove_dir_all(&stop_directory);
-    });
     Azurite { blob_port, queue_port }
 }
 
