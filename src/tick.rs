@@ -323,40 +323,48 @@ impl Poller {
             };
             tokio::select! {
                 joined = in_flight.join_next() => {
-                    let (sequence, result) = match joined.expect("the set is not empty") {
-                        Ok(finished) => finished,
-                        Err(join_error) => {
-                            in_flight.abort_all();
-                            self.release_lease(key, document, etag).await;
-                            let error = SinkError::Transient { batch_id: String::new(), reason: format!("the delivery task failed: {join_error}") };
-                            return Err(TickError::Delivery { error, rows_committed: totals.rows });
+                    // Take every delivery that has finished by now, so that one commit covers them all.
+                    let mut finished = vec![joined.expect("the set is not empty")];
+                    while let Some(more) = in_flight.try_join_next() {
+                        finished.push(more);
+                    }
+                    let mut ready = Vec::new();
+                    let mut failure: Option<SinkError> = None;
+                    for joined in finished {
+                        match joined {
+                            Ok((sequence, Ok(()))) => ready.extend(window.acknowledge(sequence)),
+                            Ok((_, Err(error))) => failure = failure.or(Some(error)),
+                            Err(join_error) => {
+                                let reason = format!("the delivery task failed: {join_error}");
+                                failure = failure.or(Some(SinkError::Transient { batch_id: String::new(), reason }));
+                            }
                         }
-                    };
-                    if let Err(error) = result {
-                        // Batches after it may have landed: they are delivered again next tick.
+                    }
+                    if let Some(error) = &failure {
+                        // Batches after the failed one may have landed: the next tick delivers them again.
                         in_flight.abort_all();
                         warn!(poller = %self.config.poller_name, error = %error, "delivery failed; checkpoint left before this batch");
+                    }
+                    if !ready.is_empty() {
+                        let nothing_more = next.is_none() || fetch_error.is_some() || Instant::now() >= deadline;
+                        let release = failure.is_some() || (in_flight.is_empty() && window.is_empty() && nothing_more);
+                        match self.commit(key, document, etag.clone(), &ready, release).await? {
+                            Some(new_etag) => {
+                                etag = new_etag;
+                                heartbeat_retry_at = None;
+                            }
+                            None => {
+                                in_flight.abort_all();
+                                warn!(poller = %self.config.poller_name, "commit refused: the lease was taken over; the new owner delivers these batches again");
+                                return Ok(totals.lease_lost());
+                            }
+                        }
+                        totals.add(&ready);
+                    }
+                    if let Some(error) = failure {
                         self.release_lease(key, document, etag).await;
                         return Err(TickError::Delivery { error, rows_committed: totals.rows });
                     }
-                    let ready = window.acknowledge(sequence);
-                    if ready.is_empty() {
-                        continue;
-                    }
-                    let nothing_more = next.is_none() || fetch_error.is_some() || Instant::now() >= deadline;
-                    let release = in_flight.is_empty() && window.is_empty() && nothing_more;
-                    match self.commit(key, document, etag, &ready, release).await? {
-                        Some(new_etag) => {
-                            etag = new_etag;
-                            heartbeat_retry_at = None;
-                        }
-                        None => {
-                            in_flight.abort_all();
-                            warn!(poller = %self.config.poller_name, "commit refused: the lease was taken over; the new owner delivers these batches again");
-                            return Ok(totals.lease_lost());
-                        }
-                    }
-                    totals.add(&ready);
                 }
                 _ = tokio::time::sleep(wait) => {
                     match self.heartbeat(key, document, &etag).await {
