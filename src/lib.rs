@@ -7,15 +7,16 @@
 //!
 //! | module       | what it holds                                                                 |
 //! |--------------|-------------------------------------------------------------------------------|
-//! | [`domain`]   | the pure core: state document, cursor order, lease decisions, ids. No I/O.     |
+//! | [`domain`]   | the pure core: state, cursor order, lease, ids, window, schedule. No I/O.      |
 //! | [`config`]   | function.json + app settings, parsed once into a validated `PollerConfig`.     |
-//! | [`store`]    | `StateStore` (ETag compare-and-swap): memory, file; the conformance suite.     |
-//! | [`source`]   | `Source`: the keyset query over sqlx.                                          |
-//! | [`sink`]     | `Sink`: webhook, and a recording sink for tests.                               |
+//! | [`store`]    | `StateStore` (ETag compare-and-swap): Azure Blob, file, memory; conformance.   |
+//! | [`storage`]  | Azure Storage connections and the Shared Key signing policy.                   |
+//! | [`source`]   | `Source`: the keyset query over sqlx (PostgreSQL, MySQL/MariaDB, SQLite).     |
+//! | [`sink`]     | `Sink`: webhook, Storage queue, and a recording sink for tests.                |
 //! | [`tick`]     | one tick: the orchestrator that carries out the domain's decisions.            |
 //! | [`app`]      | every function of the app, opened once into pollers.                           |
 //! | [`handler`]  | the custom-handler HTTP server the Functions host calls.                       |
-//! | [`cli`]      | `serve`, `tick`, `demo`.                                                       |
+//! | [`cli`]      | `serve`, `tick`, `dev`, `demo`.                                                |
 //!
 //! The invariant everything serves: the checkpoint moves only after the sink acknowledged every row
 //! up to it, and only by a compare-and-swap that also proves the lease is still ours. So a row is

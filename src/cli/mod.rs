@@ -2,6 +2,7 @@
 //! path) and `demo` (the quickstart). Thin: parse, call the library, print.
 
 mod demo;
+mod dev;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -44,6 +45,15 @@ pub enum Command {
         poller: String,
         #[command(flatten)]
         app_root: AppRoot,
+    },
+    /// Local work without Core Tools: the handler plus a timer firing each function's schedule at it.
+    /// Settings come from the environment, then the app root's local.settings.json.
+    Dev {
+        #[command(flatten)]
+        app_root: AppRoot,
+        /// Port for the handler [default: any free port].
+        #[arg(long)]
+        port: Option<u16>,
     },
     /// The quickstart: a SQLite table, a file state store and a built-in receiver, no setup at all.
     Demo {
@@ -108,6 +118,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             }
         }
+        Command::Dev { app_root, port } => dev::run(&app_root.resolve()?, port).await,
         Command::Demo { rows, keep } => demo::run(rows, keep).await,
     }
 }

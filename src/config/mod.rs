@@ -18,6 +18,7 @@ pub use settings::{Secret, Settings};
 
 use crate::domain::LeaseTerms;
 use crate::domain::ids::{FingerprintInput, source_fingerprint};
+use crate::domain::schedule::Schedule;
 use crate::sink::signing::SigningKey;
 use crate::storage::StorageConnection;
 
@@ -117,8 +118,9 @@ pub struct PollerConfig {
     pub poller_name: String,
     pub app_name: String,
     pub file: PathBuf,
-    /// The timer's NCRONTAB schedule, resolved.
-    pub schedule: Option<String>,
+    /// The timer's schedule (resolved and parsed), and whether the host runs it at start-up.
+    pub schedule: Option<Schedule>,
+    pub run_on_startup: bool,
     pub source: SourceConfig,
     pub batch: BatchConfig,
     pub sink: SinkConfig,
@@ -376,7 +378,7 @@ impl PollerConfig {
         let document: Value = serde_json::from_str(&text).map_err(|error| {
             at.error("(document)", format!("invalid JSON at line {} column {}: {error}", error.line(), error.column()))
         })?;
-        let schedule = timer_schedule(&document, &at, settings)?;
+        let (schedule, run_on_startup) = timer_schedule(&document, &at, settings)?;
         let Some(poller) = document.get("poller") else {
             return Err(
                 at.error("poller", "missing: this function has no `poller` section, so dbtrigger cannot run it")
@@ -389,7 +391,9 @@ impl PollerConfig {
             let field = if path == "." { "poller".to_string() } else { format!("poller.{path}") };
             at.error(&field, error.into_inner().to_string())
         })?;
-        build(raw, function_name, schedule, settings, app_root, function_timeout, &at)
+        let mut config = build(raw, function_name, schedule, settings, app_root, function_timeout, &at)?;
+        config.run_on_startup = run_on_startup;
+        Ok(config)
     }
 }
 
@@ -404,7 +408,11 @@ fn is_valid_function_name(name: &str) -> bool {
         && !name.eq_ignore_ascii_case("host")
 }
 
-fn timer_schedule(document: &Value, at: &Located<'_>, settings: &Settings) -> Result<Option<String>, ConfigError> {
+fn timer_schedule(
+    document: &Value,
+    at: &Located<'_>,
+    settings: &Settings,
+) -> Result<(Option<Schedule>, bool), ConfigError> {
     let Some(bindings) = document.get("bindings") else {
         return Err(at.error("bindings", "missing: a poller needs a timerTrigger binding"));
     };
@@ -421,9 +429,15 @@ fn timer_schedule(document: &Value, at: &Located<'_>, settings: &Settings) -> Re
                 "must not be set: the Functions host adds its own and fails on a duplicate",
             ));
         }
+        let field = format!("bindings[{index}].schedule");
         let mut schedule = binding.get("schedule").cloned().unwrap_or(Value::Null);
-        substitute_settings(&mut schedule, &format!("bindings[{index}].schedule"), settings, at)?;
-        return Ok(schedule.as_str().map(str::to_string));
+        substitute_settings(&mut schedule, &field, settings, at)?;
+        let schedule = match schedule.as_str() {
+            Some(text) => Some(Schedule::parse(text).map_err(|reason| at.error(&field, reason))?),
+            None => None,
+        };
+        let run_on_startup = binding.get("runOnStartup").and_then(Value::as_bool).unwrap_or(false);
+        return Ok((schedule, run_on_startup));
     }
     Err(at.error("bindings", "no timerTrigger binding: a poller runs on a timer"))
 }
@@ -543,7 +557,7 @@ fn seconds(value: Option<u64>, default: u64) -> Duration {
 fn build(
     raw: RawPoller,
     function_name: &str,
-    schedule: Option<String>,
+    schedule: Option<Schedule>,
     settings: &Settings,
     app_root: &Path,
     function_timeout: Option<Duration>,
@@ -632,6 +646,7 @@ fn build(
         app_name,
         file: at.file.to_path_buf(),
         schedule,
+        run_on_startup: false,
         source,
         batch,
         sink,

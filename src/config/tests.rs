@@ -42,7 +42,7 @@ fn a_valid_poller_gets_its_defaults_and_settings() {
     let (root, result) = load(&function_json(valid_poller()), &settings());
     let config = result.unwrap();
     assert_eq!(config.poller_name, "orders");
-    assert_eq!(config.schedule.as_deref(), Some("0 */1 * * * *"));
+    assert_eq!(config.schedule.as_ref().map(ToString::to_string).as_deref(), Some("0 */1 * * * *"));
     assert_eq!(config.batch.size, 500);
     assert_eq!(config.lease.ttl, chrono::Duration::seconds(60));
     assert_eq!(config.source.engine, Engine::Sqlite);
@@ -226,4 +226,13 @@ fn a_queue_sink_refuses_webhook_fields_and_bad_names() {
     let mut poller = valid_poller();
     poller["sink"] = json!({"type": "queue", "connection": "QUEUES", "queueName": "orders", "messageEncoding": "hex"});
     assert_eq!(load(&function_json(poller), &settings).1.unwrap_err().field, "poller.sink.messageEncoding");
+}
+
+#[test]
+fn a_bad_schedule_is_named_with_its_binding() {
+    let settings = settings().with("ORDERS_SCHEDULE", "every five minutes");
+    let (_root, result) = load(&function_json(valid_poller()), &settings);
+    let error = result.unwrap_err();
+    assert_eq!(error.field, "bindings[0].schedule");
+    assert!(error.reason.contains("six"), "{}", error.reason);
 }

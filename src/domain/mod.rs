@@ -9,6 +9,7 @@
 pub mod cursor;
 pub mod ids;
 pub mod lease;
+pub mod schedule;
 pub mod state;
 pub mod window;
 
