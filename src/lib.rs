@@ -17,6 +17,7 @@
 //! | [`app`]      | every function of the app, opened once into pollers.                           |
 //! | [`handler`]  | the custom-handler HTTP server the Functions host calls.                       |
 //! | [`cli`]      | `serve`, `tick`, `dev`, `demo`.                                                |
+//! | [`logging`]  | logs to stdout, as the Functions host expects.                                 |
 //!
 //! The invariant everything serves: the checkpoint moves only after the sink acknowledged every row
 //! up to it, and only by a compare-and-swap that also proves the lease is still ours. So a row is

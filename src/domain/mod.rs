@@ -5,6 +5,7 @@
 //! - [`lease`]: lease decisions (acquire, renew, release) with the fencing token and skew margin.
 //! - [`ids`]: deterministic event and batch ids, and the source fingerprint.
 //! - [`window`]: batches in flight, acknowledged out of order, committed in order (seed 004).
+//! - [`schedule`]: NCRONTAB and time-span timer schedules (for `dbtrigger dev`).
 
 pub mod cursor;
 pub mod ids;
