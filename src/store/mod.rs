@@ -1,6 +1,6 @@
 //! Where state documents live, behind one small trait with ETag compare-and-swap semantics.
 //!
-//! Implementations: [`azure_blob`] (production), [`file`] (local work, `file:<dir>`), [`memory`]
+//! Implementations: [`azure_blob`] (production), [`file`](mod@file) (local work, `file:<dir>`), [`memory`]
 //! (tests). Every implementation
 //! passes the same [`conformance`] suite, including a race of tasks incrementing through CAS.
 
