@@ -235,15 +235,36 @@ impl Sink for FailSecond {
     }
 }
 
-/// A store whose first update lands but answers 412, as when a retried PUT's first try had
-/// landed and its response was lost (seed 001 case G).
-struct LostResponseStore {
+/// What a [`FaultyStore`] does with a write.
+enum Fault {
+    /// Pass it through.
+    None,
+    /// Refuse it without writing.
+    Refuse(StoreError),
+    /// Write it, then answer this error (a response lost after the write landed).
+    LandThenAnswer(StoreError),
+}
+
+/// A memory store that counts writes and lets a rule decide, for each one (numbered from 1), what
+/// goes wrong.
+struct FaultyStore {
     inner: MemoryStore,
-    lost: std::sync::Mutex<bool>,
+    writes: std::sync::Mutex<u32>,
+    rule: Box<dyn Fn(u32, &WriteCondition) -> Fault + Send + Sync>,
+}
+
+impl FaultyStore {
+    fn new(rule: impl Fn(u32, &WriteCondition) -> Fault + Send + Sync + 'static) -> FaultyStore {
+        FaultyStore { inner: MemoryStore::new(), writes: Default::default(), rule: Box::new(rule) }
+    }
+
+    fn writes(&self) -> u32 {
+        *self.writes.lock().unwrap()
+    }
 }
 
 #[async_trait]
-impl StateStore for LostResponseStore {
+impl StateStore for FaultyStore {
     async fn read(&self, key: &StateKey) -> Result<Option<Versioned>, StoreError> {
         self.inner.read(key).await
     }
@@ -254,24 +275,38 @@ impl StateStore for LostResponseStore {
         document: &StateDocument,
         condition: WriteCondition,
     ) -> Result<ETag, StoreError> {
-        let etag = self.inner.write(key, document, condition.clone()).await?;
-        let mut lost = self.lost.lock().unwrap();
-        if !*lost && matches!(condition, WriteCondition::Matches(_)) {
-            *lost = true;
-            return Err(StoreError::Conflict { location: "lost-response".into() });
+        let number = {
+            let mut writes = self.writes.lock().unwrap();
+            *writes += 1;
+            *writes
+        };
+        match (self.rule)(number, &condition) {
+            Fault::None => self.inner.write(key, document, condition).await,
+            Fault::Refuse(error) => Err(error),
+            Fault::LandThenAnswer(error) => {
+                self.inner.write(key, document, condition).await?;
+                Err(error)
+            }
         }
-        Ok(etag)
     }
 
     fn describe(&self) -> String {
-        "lost-response".into()
+        "faulty".into()
     }
 }
 
 #[tokio::test]
 async fn a_write_that_landed_but_answered_412_is_recognised_by_its_write_id() {
     let fixture = fixture(300, AppRoot::orders_poller(100)).await;
-    let store = Arc::new(LostResponseStore { inner: MemoryStore::new(), lost: Default::default() });
+    // The first update lands but answers 412, as when a retried PUT's first try had landed and its
+    // response was lost (seed 001 case G). Write 1 is the lease's create.
+    let store = Arc::new(FaultyStore::new(|number, _| {
+        if number == 2 {
+            Fault::LandThenAnswer(StoreError::Conflict { location: "lost-response".into() })
+        } else {
+            Fault::None
+        }
+    }));
     let sink = Arc::new(RecordingSink::new());
     let outcome = poller(&fixture, sink.clone(), store.clone(), "a").tick().await.unwrap();
     assert!(matches!(outcome, TickOutcome::Delivered { rows: 300, batches: 3, .. }), "{outcome:?}");
@@ -473,57 +508,25 @@ async fn an_early_acknowledgement_never_moves_the_checkpoint_past_a_failed_batch
     assert_eq!(ids(&retry), (1..=40).collect::<Vec<i64>>(), "the next tick resends from the first batch");
 }
 
-/// A store whose writes fail for a while (from 0.9 s to 1.6 s after it was made): a passing outage
-/// during the first heartbeat.
-struct HeartbeatHiccupStore {
-    inner: MemoryStore,
-    writes: std::sync::Mutex<u32>,
-    started: std::time::Instant,
-}
-
-#[async_trait]
-impl StateStore for HeartbeatHiccupStore {
-    async fn read(&self, key: &StateKey) -> Result<Option<Versioned>, StoreError> {
-        self.inner.read(key).await
-    }
-
-    async fn write(
-        &self,
-        key: &StateKey,
-        document: &StateDocument,
-        condition: WriteCondition,
-    ) -> Result<ETag, StoreError> {
-        let write = {
-            let mut writes = self.writes.lock().unwrap();
-            *writes += 1;
-            *writes
-        };
-        let elapsed = self.started.elapsed();
-        if write > 1 && elapsed > Duration::from_millis(900) && elapsed < Duration::from_millis(1600) {
-            return Err(StoreError::Unavailable {
-                location: "hiccup".into(),
-                reason: "HTTP 503".into(),
-                retryable: true,
-            });
-        }
-        self.inner.write(key, document, condition).await
-    }
-
-    fn describe(&self) -> String {
-        "hiccup".into()
-    }
-}
-
 #[tokio::test]
 async fn a_failed_heartbeat_is_retried_after_a_pause_and_the_tick_goes_on() {
     let mut settings = AppRoot::orders_poller(100);
     settings["lease"] = json!({"ttlSeconds": 4, "heartbeatSeconds": 1, "clockSkewSeconds": 1});
     let fixture = fixture(5, settings).await;
-    let store = Arc::new(HeartbeatHiccupStore {
-        inner: MemoryStore::new(),
-        writes: Default::default(),
-        started: std::time::Instant::now(),
-    });
+    // Writes fail from 0.9 s to 1.6 s: a passing outage during the first heartbeat.
+    let started = std::time::Instant::now();
+    let store = Arc::new(FaultyStore::new(move |number, _| {
+        let elapsed = started.elapsed();
+        if number > 1 && elapsed > Duration::from_millis(900) && elapsed < Duration::from_millis(1600) {
+            Fault::Refuse(StoreError::Unavailable {
+                location: "hiccup".into(),
+                reason: "HTTP 503".into(),
+                retryable: true,
+            })
+        } else {
+            Fault::None
+        }
+    }));
     let recording = Arc::new(RecordingSink::new());
     let sink = Arc::new(SlowSink {
         inner: recording.clone(),
@@ -532,7 +535,7 @@ async fn a_failed_heartbeat_is_retried_after_a_pause_and_the_tick_goes_on() {
     });
     let outcome = poller(&fixture, sink, store.clone(), "a").tick().await.unwrap();
     assert!(matches!(outcome, TickOutcome::Delivered { rows: 5, .. }), "{outcome:?}");
-    let writes = *store.writes.lock().unwrap();
+    let writes = store.writes();
     // Acquire, a failed heartbeat, its retry a second later, another heartbeat, the commit: the
     // outage is not hammered with attempts.
     assert!((4..=7).contains(&writes), "{writes} writes");
