@@ -6,7 +6,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::cursor::{CursorJson, Position, PositionOrder};
 use super::lease::LeaseRecord;
@@ -29,6 +29,11 @@ pub struct StateDocument {
     /// document carries our id, the write landed and only its response was lost (seed 001 case G).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub write_id: Option<String>,
+    /// Fields this build does not know (written by a newer build of the same version: poison,
+    /// quarantine, history...). Kept through every read-modify-write, so that an older build
+    /// running beside a newer one (a slot swap, a rollback) never erases them.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -38,6 +43,9 @@ pub struct Checkpoint {
     pub updated_at: DateTime<Utc>,
     #[serde(default)]
     pub metadata: Value,
+    /// Unknown checkpoint fields, kept (see [`StateDocument::extra`]).
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
 }
 
 /// Running totals, for `status` and for people reading the blob.
@@ -49,6 +57,9 @@ pub struct Stats {
     pub batches_delivered: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_tick_at: Option<DateTime<Utc>>,
+    /// Unknown stats fields, kept (see [`StateDocument::extra`]).
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
 }
 
 /// Why a stored document cannot be used.
@@ -81,6 +92,7 @@ impl StateDocument {
             lease: None,
             stats: Stats::default(),
             write_id: None,
+            extra: Map::new(),
         }
     }
 
@@ -162,6 +174,7 @@ pub fn advance_checkpoint(
         last_successful_batch_id: batch_id.to_string(),
         updated_at: now,
         metadata: serde_json::json!({ "row_count": rows_in_batch }),
+        extra: current.map(|checkpoint| checkpoint.extra.clone()).unwrap_or_default(),
     })
 }
 
@@ -187,6 +200,31 @@ mod tests {
         document.checkpoint = Some(advance_checkpoint(None, &position(5, 2), "b1", 10, Utc::now()).unwrap());
         let parsed = StateDocument::parse(&document.to_bytes()).unwrap();
         assert_eq!(parsed, document);
+    }
+
+    /// Regression (issue 9, item 9): fields a newer build added to a `version: 1` document
+    /// survive a read-modify-write by this build.
+    #[test]
+    fn unknown_fields_survive_a_read_modify_write() {
+        let mut document = StateDocument::new("orders", "sha256:abc");
+        document.checkpoint = Some(advance_checkpoint(None, &position(5, 2), "b1", 10, Utc::now()).unwrap());
+        let mut stored: Value = serde_json::from_slice(&document.to_bytes()).unwrap();
+        stored["poison"] = serde_json::json!({"attempts": 3, "last_error": "HTTP 422"});
+        stored["history"] = serde_json::json!([{"who": "ops", "what": "reset"}]);
+        stored["checkpoint"]["generation"] = serde_json::json!("load-7");
+        stored["stats"]["quarantined"] = serde_json::json!(2);
+
+        let mut read = StateDocument::parse(&serde_json::to_vec(&stored).unwrap()).unwrap();
+        read.checkpoint =
+            Some(advance_checkpoint(read.checkpoint.as_ref(), &position(6, 1), "b2", 10, Utc::now()).unwrap());
+        read.stats.rows_delivered += 10;
+        let written: Value = serde_json::from_slice(&read.to_bytes()).unwrap();
+
+        assert_eq!(written["poison"], stored["poison"]);
+        assert_eq!(written["history"], stored["history"]);
+        assert_eq!(written["checkpoint"]["generation"], "load-7");
+        assert_eq!(written["stats"]["quarantined"], 2);
+        assert_eq!(written["checkpoint"]["cursor"]["value"], 6, "and the known fields did change");
     }
 
     #[test]
