@@ -64,6 +64,16 @@ pub struct HeldElsewhere {
     pub expires_at: Option<DateTime<Utc>>,
 }
 
+/// The fencing token of the first lease of a document that has no lease record at all (a new
+/// document, or one recreated after it was deleted): the clock in milliseconds. Every token issued
+/// before for this poller came from an older document whose tokens started at an earlier clock
+/// reading and grew by one per acquisition, so the new token exceeds them all (as long as a poller
+/// is acquired fewer than 1,000 times a second), and a receiver that fences on the token keeps
+/// accepting deliveries after the state document is deleted.
+pub fn first_fencing_token(now: DateTime<Utc>) -> u64 {
+    u64::try_from(now.timestamp_millis()).unwrap_or(0).max(1)
+}
+
 /// The lease to write for `me` to hold the poller from `now`.
 pub fn acquire(
     current: Option<&LeaseRecord>,
@@ -86,7 +96,10 @@ pub fn acquire(
         }
         LeaseStatus::Free => Ok(LeaseRecord {
             owner_id: Some(me.to_string()),
-            fencing_token: previous_token + 1,
+            fencing_token: match current {
+                Some(_) => previous_token + 1,
+                None => first_fencing_token(now),
+            },
             acquired_at: Some(now),
             heartbeat_at: Some(now),
             expires_at: Some(now + terms.ttl),
@@ -158,10 +171,22 @@ mod tests {
         DateTime::from_timestamp(1_700_000_000 + seconds, 0).unwrap()
     }
 
+    /// Regression (issue 9, item 6): a document recreated after deletion must not restart its
+    /// tokens at 1, below the ones receivers have already seen.
     #[test]
-    fn first_acquire_takes_token_one() {
+    fn the_first_acquire_takes_its_token_from_the_clock() {
         let lease = acquire(None, "a", at(0), &terms()).unwrap();
-        assert_eq!(lease.fencing_token, 1);
+        assert_eq!(lease.fencing_token, 1_700_000_000_000);
+        // A thousand acquisitions later, a recreated document still starts above them.
+        let mut previous = lease.clone();
+        for step in 1..=1000 {
+            let next =
+                acquire(Some(&previous), if step % 2 == 0 { "a" } else { "b" }, at(70 * step), &terms()).unwrap();
+            previous = next;
+        }
+        assert_eq!(previous.fencing_token, 1_700_000_001_000);
+        let recreated = acquire(None, "c", at(70 * 1000), &terms()).unwrap();
+        assert!(recreated.fencing_token > previous.fencing_token);
         assert_eq!(lease.owner_id.as_deref(), Some("a"));
         assert_eq!(lease.expires_at, Some(at(60)));
     }
@@ -173,7 +198,7 @@ mod tests {
         // Expired by b's clock, but within the skew margin: a's clock may lag behind ours.
         assert!(acquire(Some(&lease), "b", at(64), &terms()).is_err());
         let taken = acquire(Some(&lease), "b", at(66), &terms()).unwrap();
-        assert_eq!(taken.fencing_token, 2);
+        assert_eq!(taken.fencing_token, lease.fencing_token + 1);
     }
 
     #[test]
@@ -181,16 +206,16 @@ mod tests {
         let lease = acquire(None, "a", at(0), &terms()).unwrap();
         let released = release(&lease, "a", at(1)).unwrap();
         assert_eq!(released.owner_id, None);
-        assert_eq!(released.fencing_token, 1);
+        assert_eq!(released.fencing_token, lease.fencing_token);
         let taken = acquire(Some(&released), "b", at(1), &terms()).unwrap();
-        assert_eq!(taken.fencing_token, 2);
+        assert_eq!(taken.fencing_token, lease.fencing_token + 1);
     }
 
     #[test]
     fn reacquiring_our_own_lease_keeps_the_token() {
         let lease = acquire(None, "a", at(0), &terms()).unwrap();
         let again = acquire(Some(&lease), "a", at(10), &terms()).unwrap();
-        assert_eq!(again.fencing_token, 1);
+        assert_eq!(again.fencing_token, lease.fencing_token);
         assert_eq!(again.expires_at, Some(at(70)));
     }
 
