@@ -46,10 +46,20 @@ impl CursorValue {
         }
     }
 
-    /// Orders two cursor values of the same kind; values of different kinds are not comparable.
+    /// Orders two cursor values of the same kind the way the database orders them; values of
+    /// different kinds are not comparable.
+    ///
+    /// Two timestamps that both carry the text SQLite stored are ordered by that text, byte by byte:
+    /// that is the order of SQLite's index, its ORDER BY and the seek predicate (BINARY collation).
+    /// Ordering them by instant instead would call a commit a regression whenever offsets mix
+    /// (`10:30+02:00` sorts after `09:00+00:00` but happens before it) and stall the poller.
     pub fn compare(&self, other: &CursorValue) -> Option<Ordering> {
         match (self, other) {
             (CursorValue::Integer(left), CursorValue::Integer(right)) => Some(left.cmp(right)),
+            (
+                CursorValue::Timestamp { source_text: Some(left), .. },
+                CursorValue::Timestamp { source_text: Some(right), .. },
+            ) => Some(left.as_bytes().cmp(right.as_bytes())),
             (CursorValue::Timestamp { at: left, .. }, CursorValue::Timestamp { at: right, .. }) => {
                 Some(left.cmp(right))
             }
@@ -272,6 +282,32 @@ mod tests {
         let json = serde_json::to_value(CursorJson::from(&int_position(42, 7))).unwrap();
         assert_eq!(json["value"], serde_json::json!(42));
         assert_eq!(json["kind"], "integer");
+    }
+
+    /// Regression (issue 9, item 2): SQLite timestamps with mixed offsets are ordered as SQLite's
+    /// seek orders them (by their text), so a commit after such a row is not a "regression".
+    #[test]
+    fn sqlite_timestamps_order_by_their_stored_text_like_the_seek() {
+        let stored = |text: &str| CursorValue::Timestamp {
+            at: DateTime::parse_from_rfc3339(text).unwrap().with_timezone(&Utc),
+            source_text: Some(text.to_string()),
+        };
+        let earlier_text = stored("2026-01-01T09:00:00+00:00");
+        // 08:30 UTC: earlier in time, later in text order (and so later in the seek).
+        let later_text = stored("2026-01-01T10:30:00+02:00");
+        assert_eq!(later_text.compare(&earlier_text), Some(Ordering::Greater));
+        assert_eq!(earlier_text.compare(&later_text), Some(Ordering::Less));
+        let position = |cursor: CursorValue| Position { cursor, pk: vec![("id".to_string(), PkValue::Integer(1))] };
+        assert_eq!(position(later_text).order(&position(earlier_text)), Ok(PositionOrder::After));
+        // Without stored text (PostgreSQL, MySQL) timestamps are instants.
+        let instant = |text: &str| CursorValue::Timestamp {
+            at: DateTime::parse_from_rfc3339(text).unwrap().with_timezone(&Utc),
+            source_text: None,
+        };
+        assert_eq!(
+            instant("2026-01-01T10:30:00+02:00").compare(&instant("2026-01-01T09:00:00+00:00")),
+            Some(Ordering::Less)
+        );
     }
 
     #[test]
