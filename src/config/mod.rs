@@ -4,11 +4,14 @@
 //! Errors name the file, the field and the reason. One bad poller does not take the others down: the
 //! app keeps a `Result` per function, and invocations of a bad one fail with its error.
 
+pub mod redact;
 mod settings;
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -63,7 +66,39 @@ impl AppConfig {
             let parsed = PollerConfig::load(app_root, &function_name, settings, function_timeout);
             functions.insert(function_name, parsed);
         }
+        refuse_shared_poller_names(&mut functions);
         Ok(AppConfig { app_root: app_root.to_path_buf(), app_name: settings.app_name(), functions })
+    }
+}
+
+/// Two functions with one `poller.name` would share one state document and one lease owner id
+/// (one per process), so both would believe they hold the lease and deliver at once: every
+/// function that shares its poller name with another becomes a configuration error naming them all.
+fn refuse_shared_poller_names(functions: &mut BTreeMap<String, Result<PollerConfig, ConfigError>>) {
+    let mut by_poller: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (function_name, parsed) in functions.iter() {
+        if let Ok(config) = parsed {
+            by_poller.entry(config.poller_name.clone()).or_default().push(function_name.clone());
+        }
+    }
+    for (poller_name, sharing) in by_poller {
+        if sharing.len() < 2 {
+            continue;
+        }
+        for function_name in &sharing {
+            let Some(Ok(config)) = functions.get(function_name) else {
+                continue;
+            };
+            let error = ConfigError {
+                file: config.file.clone(),
+                field: "poller.name".to_string(),
+                reason: format!(
+                    "poller name {poller_name:?} is used by functions {}: each poller needs its own name (its own state document and lease)",
+                    sharing.join(", ")
+                ),
+            };
+            functions.insert(function_name.clone(), Err(error));
+        }
     }
 }
 
@@ -127,8 +162,20 @@ pub struct PollerConfig {
     pub lease: LeaseTerms,
     pub poison: PoisonConfig,
     pub state: StateConfig,
-    /// `sha256:...` of the source definition, without the password.
+    /// `sha256:...` of the source definition, without the password: the effective target (host,
+    /// port, database, user, options, as the driver resolves the URL) and the query's shape.
     pub fingerprint: String,
+    /// The fingerprint earlier builds computed from the URL's surface, accepted (and replaced at the
+    /// next write) when it identifies the same target: only when the URL has no query parameter
+    /// that changes the target, so that an upgrade does not stop every poller.
+    pub legacy_fingerprint: Option<String>,
+}
+
+impl PollerConfig {
+    /// Whether a state document written with `stored` belongs to this source definition.
+    pub fn fingerprint_matches(&self, stored: &str) -> bool {
+        stored == self.fingerprint || self.legacy_fingerprint.as_deref() == Some(stored)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,6 +219,12 @@ pub struct SourceConfig {
     pub where_clause: Option<String>,
     /// Timestamp cursors only read rows older than the database's `now - settle`.
     pub settle: Duration,
+    /// Whether `settleSeconds` was written in function.json (an integer cursor ignores it, and
+    /// says so once when it was asked for).
+    pub settle_configured: bool,
+    /// Each fetch is cancelled after this long (and PostgreSQL's `statement_timeout` is set to
+    /// it), so a slow query fails the tick instead of holding it.
+    pub query_timeout: Duration,
     /// The zone naive timestamp cursors are written in (for `settle` only): `UTC` by default.
     pub cursor_time_zone: String,
 }
@@ -179,6 +232,9 @@ pub struct SourceConfig {
 #[derive(Debug, Clone, Copy)]
 pub struct BatchConfig {
     pub size: usize,
+    /// A batch ends early once its rows add up to this many bytes (as JSON), so that memory is
+    /// bounded by bytes and not only by row count.
+    pub max_bytes: usize,
     pub max_in_flight: usize,
     pub tick_budget: Duration,
 }
@@ -276,12 +332,14 @@ struct RawSource {
     where_clause: Option<String>,
     settle_seconds: Option<u64>,
     cursor_time_zone: Option<String>,
+    query_timeout_seconds: Option<u64>,
 }
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct RawBatch {
     size: Option<usize>,
+    max_bytes: Option<usize>,
     max_in_flight: Option<usize>,
     tick_budget_seconds: Option<u64>,
 }
@@ -327,6 +385,9 @@ struct RawState {
 pub mod defaults {
     pub const BATCH_SIZE: usize = 500;
     pub const MAX_BATCH_SIZE: usize = 10_000;
+    /// A batch holds at most this many bytes of rows (as JSON), whatever its row count.
+    pub const BATCH_MAX_BYTES: usize = 4 * 1024 * 1024;
+    pub const QUERY_TIMEOUT_SECONDS: u64 = 60;
     /// One batch at a time keeps deliveries in (cursor, pk) order across batches; more trades that
     /// order for throughput against slow receivers.
     pub const MAX_IN_FLIGHT: usize = 1;
@@ -539,18 +600,84 @@ fn validate_time_zone(engine: Engine, zone: &str) -> Result<(), String> {
     }
 }
 
+/// A `where` or `query` fragment is inlined into the seek, inside parentheses: it must be one
+/// expression that cannot close them (`tenant = 7) OR (1 = 1` would bypass the seek and redeliver
+/// forever), end the statement, or comment out what follows (`;`, `--`, `/*`, MySQL's `#`).
+/// Parentheses are counted outside quoted text; a quote must be closed, and a backslash inside
+/// quoted text is refused because MySQL and the others disagree on what it escapes.
 fn validate_fragment(value: &str) -> Result<(), String> {
-    if value.contains(';') || value.contains("--") || value.contains("/*") {
-        return Err("must be one SQL expression: ';', '--' and '/*' are not allowed".to_string());
-    }
     if value.trim().is_empty() {
         return Err("is empty".to_string());
+    }
+    if value.contains(';') || value.contains("--") || value.contains("/*") || value.contains('#') {
+        return Err("must be one SQL expression: ';', '--', '/*' and '#' are not allowed".to_string());
+    }
+    let mut depth: i64 = 0;
+    let mut quote: Option<char> = None;
+    for (offset, character) in value.char_indices() {
+        match quote {
+            Some(open) => {
+                if character == '\\' {
+                    return Err(format!(
+                        "a backslash inside quoted text (at byte {offset}) is not allowed: write a quote twice to escape it"
+                    ));
+                }
+                if character == open {
+                    // A doubled quote is an escaped quote: the next character reopens the same quote.
+                    quote = None;
+                }
+            }
+            None => match character {
+                '\'' | '"' | '`' => quote = Some(character),
+                '(' => depth += 1,
+                ')' => {
+                    depth -= 1;
+                    if depth < 0 {
+                        return Err(format!(
+                            "closes a parenthesis it did not open (at byte {offset}): the fragment must stay inside its own parentheses"
+                        ));
+                    }
+                }
+                _ => {}
+            },
+        }
+    }
+    if let Some(open) = quote {
+        return Err(format!("has an unclosed {open} quote"));
+    }
+    if depth != 0 {
+        return Err(format!("has {depth} unclosed parenthesis(es)"));
     }
     Ok(())
 }
 
-fn seconds(value: Option<u64>, default: u64) -> Duration {
-    Duration::from_secs(value.unwrap_or(default))
+/// Upper bounds that keep every number of function.json far from any overflow in the time and
+/// size arithmetic that follows (one absurd function.json must not panic the process).
+pub mod limits {
+    /// Every duration given in seconds: a day.
+    pub const SECONDS: u64 = 86_400;
+    pub const BATCH_MAX_BYTES: usize = 1024 * 1024 * 1024;
+    pub const WEBHOOK_MAX_BODY_BYTES: usize = 256 * 1024 * 1024;
+}
+
+/// A number from function.json (or its default), refused with the field and the range when it
+/// falls outside `range`.
+fn in_range<T>(
+    at: &Located<'_>,
+    field: &str,
+    value: Option<T>,
+    default: T,
+    range: RangeInclusive<T>,
+) -> Result<T, ConfigError>
+where
+    T: PartialOrd + Copy + fmt::Display,
+{
+    let value = value.unwrap_or(default);
+    if range.contains(&value) {
+        Ok(value)
+    } else {
+        Err(at.error(field, format!("{value} is out of range {}..={}", range.start(), range.end())))
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -577,23 +704,28 @@ fn build(
         return Err(at.error("(app name)", format!("app name {app_name:?} (WEBSITE_SITE_NAME / DBTRIGGER_APP_NAME) may hold only letters, digits, '-', '_' and '.'")));
     }
 
-    let (source, fingerprint) = build_source(raw.source, settings, app_root, at)?;
+    let (source, fingerprints) = build_source(raw.source, settings, app_root, at)?;
 
-    let size = raw.batch.size.unwrap_or(defaults::BATCH_SIZE);
-    if size == 0 || size > defaults::MAX_BATCH_SIZE {
-        return Err(at.error("poller.batch.size", format!("{size} is out of range 1..={}", defaults::MAX_BATCH_SIZE)));
-    }
-    let max_in_flight = raw.batch.max_in_flight.unwrap_or(defaults::MAX_IN_FLIGHT);
-    if max_in_flight == 0 || max_in_flight > 64 {
-        return Err(at.error("poller.batch.maxInFlight", format!("{max_in_flight} is out of range 1..=64")));
-    }
-    let tick_budget = seconds(raw.batch.tick_budget_seconds, defaults::TICK_BUDGET_SECONDS);
-    if tick_budget.is_zero() {
-        return Err(at.error("poller.batch.tickBudgetSeconds", "must be at least 1"));
-    }
+    let size = in_range(at, "poller.batch.size", raw.batch.size, defaults::BATCH_SIZE, 1..=defaults::MAX_BATCH_SIZE)?;
+    let max_bytes = in_range(
+        at,
+        "poller.batch.maxBytes",
+        raw.batch.max_bytes,
+        defaults::BATCH_MAX_BYTES,
+        1024..=limits::BATCH_MAX_BYTES,
+    )?;
+    let max_in_flight =
+        in_range(at, "poller.batch.maxInFlight", raw.batch.max_in_flight, defaults::MAX_IN_FLIGHT, 1..=64)?;
+    let tick_budget = Duration::from_secs(in_range(
+        at,
+        "poller.batch.tickBudgetSeconds",
+        raw.batch.tick_budget_seconds,
+        defaults::TICK_BUDGET_SECONDS,
+        1..=limits::SECONDS,
+    )?);
     if let Some(timeout) = function_timeout {
         let margin = Duration::from_secs(defaults::TIMEOUT_MARGIN_SECONDS);
-        if tick_budget + margin > timeout {
+        if tick_budget.saturating_add(margin) > timeout {
             return Err(at.error(
                 "poller.batch.tickBudgetSeconds",
                 format!(
@@ -605,16 +737,32 @@ fn build(
             ));
         }
     }
-    let batch = BatchConfig { size, max_in_flight, tick_budget };
+    let batch = BatchConfig { size, max_bytes, max_in_flight, tick_budget };
 
     let sink = build_sink(raw.sink, settings, at)?;
 
-    let ttl = raw.lease.ttl_seconds.unwrap_or(defaults::LEASE_TTL_SECONDS);
-    let heartbeat = raw.lease.heartbeat_seconds.unwrap_or(defaults::LEASE_HEARTBEAT_SECONDS);
-    let skew = raw.lease.clock_skew_seconds.unwrap_or(defaults::LEASE_CLOCK_SKEW_SECONDS);
-    if heartbeat == 0 {
-        return Err(at.error("poller.lease.heartbeatSeconds", "must be at least 1"));
-    }
+    let ttl = in_range(
+        at,
+        "poller.lease.ttlSeconds",
+        raw.lease.ttl_seconds,
+        defaults::LEASE_TTL_SECONDS,
+        3..=limits::SECONDS,
+    )?;
+    let heartbeat = in_range(
+        at,
+        "poller.lease.heartbeatSeconds",
+        raw.lease.heartbeat_seconds,
+        defaults::LEASE_HEARTBEAT_SECONDS,
+        1..=limits::SECONDS,
+    )?;
+    let skew = in_range(
+        at,
+        "poller.lease.clockSkewSeconds",
+        raw.lease.clock_skew_seconds,
+        defaults::LEASE_CLOCK_SKEW_SECONDS,
+        0..=limits::SECONDS,
+    )?;
+    // Every value is at most a day here, so the products below cannot overflow.
     if ttl < 3 * heartbeat {
         return Err(at.error(
             "poller.lease.ttlSeconds",
@@ -633,10 +781,8 @@ fn build(
         clock_skew: chrono::Duration::seconds(skew as i64),
     };
 
-    let max_attempts = raw.poison.max_attempts.unwrap_or(defaults::POISON_MAX_ATTEMPTS);
-    if max_attempts == 0 {
-        return Err(at.error("poller.poison.maxAttempts", "must be at least 1"));
-    }
+    let max_attempts =
+        in_range(at, "poller.poison.maxAttempts", raw.poison.max_attempts, defaults::POISON_MAX_ATTEMPTS, 1..=1000)?;
 
     let state = build_state(raw.state, settings, app_root, at)?;
 
@@ -653,7 +799,8 @@ fn build(
         lease,
         poison: PoisonConfig { max_attempts },
         state,
-        fingerprint,
+        fingerprint: fingerprints.current,
+        legacy_fingerprint: fingerprints.legacy,
     })
 }
 
@@ -706,11 +853,59 @@ fn parse_source_url(url: &str, app_root: &Path) -> Result<(UrlIdentity, String),
                 database: parsed.path().trim_start_matches('/').to_string(),
                 user: parsed.username().to_string(),
             };
-            let resolved = if scheme == "mariadb" { url.replacen("mariadb", "mysql", 1) } else { url.to_string() };
+            let resolved = match engine {
+                Engine::Postgres => without_unsupported_postgres_parameters(parsed),
+                _ if scheme == "mariadb" => url.replacen("mariadb", "mysql", 1),
+                _ => url.to_string(),
+            };
             Ok((identity, resolved))
         }
         _ => Err(format!("unsupported database URL scheme {scheme:?}: expected postgres://, mysql:// or sqlite://")),
     }
+}
+
+/// The query parameters PostgreSQL's driver understands. It logs any other one *with its value*
+/// ("ignoring unrecognized connect parameter"), which would print an `sslpassword` or a misspelt
+/// `pasword` in clear: those are removed here, and named (never their value) in a warning.
+const POSTGRES_PARAMETERS: [&str; 18] = [
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+];
+
+fn without_unsupported_postgres_parameters(mut parsed: url::Url) -> String {
+    if parsed.query().is_none() {
+        return parsed.to_string();
+    }
+    let mut kept = Vec::new();
+    for (name, value) in parsed.query_pairs() {
+        if POSTGRES_PARAMETERS.contains(&name.as_ref()) {
+            kept.push((name.into_owned(), value.into_owned()));
+        } else {
+            tracing::warn!(parameter = %name, "ignoring a database URL parameter the PostgreSQL driver does not support");
+        }
+    }
+    if kept.is_empty() {
+        parsed.set_query(None);
+    } else {
+        parsed.query_pairs_mut().clear().extend_pairs(kept);
+    }
+    parsed.to_string()
 }
 
 fn build_source(
@@ -718,7 +913,7 @@ fn build_source(
     settings: &Settings,
     app_root: &Path,
     at: &Located<'_>,
-) -> Result<(SourceConfig, String), ConfigError> {
+) -> Result<(SourceConfig, Fingerprints), ConfigError> {
     let url_value = settings.get(&raw.connection).ok_or_else(|| {
         at.error(
             "poller.source.connection",
@@ -787,6 +982,15 @@ fn build_source(
     if let Some(where_clause) = &raw.where_clause {
         validate_fragment(where_clause).map_err(|reason| at.error("poller.source.where", reason))?;
     }
+    let settle_seconds =
+        in_range(at, "poller.source.settleSeconds", raw.settle_seconds, defaults::SETTLE_SECONDS, 0..=limits::SECONDS)?;
+    let query_timeout_seconds = in_range(
+        at,
+        "poller.source.queryTimeoutSeconds",
+        raw.query_timeout_seconds,
+        defaults::QUERY_TIMEOUT_SECONDS,
+        1..=limits::SECONDS,
+    )?;
     let cursor_time_zone = raw.cursor_time_zone.clone().unwrap_or_else(|| "UTC".to_string());
     validate_time_zone(identity.engine, &cursor_time_zone)
         .map_err(|reason| at.error("poller.source.cursorTimeZone", reason))?;
@@ -795,18 +999,41 @@ fn build_source(
         SourceTarget::Table { schema: None, name } => format!("table:{name}"),
         SourceTarget::Query(query) => format!("query:{query}"),
     };
+    let effective = effective_target(&identity, &resolved_url)
+        .map_err(|reason| at.error("poller.source.connection", format!("app setting {}: {reason}", raw.connection)))?;
     let fingerprint = source_fingerprint(&FingerprintInput {
         engine: identity.engine.name(),
-        host: &identity.host,
-        port: identity.port,
-        database: &identity.database,
-        user: &identity.user,
-        target: target_text,
+        host: &effective.host,
+        port: effective.port,
+        database: &effective.database,
+        user: &effective.user,
+        socket: effective.socket.as_deref(),
+        options: effective.options.as_deref(),
+        target: target_text.clone(),
         cursor: &raw.cursor,
         pk: &raw.pk,
         columns: raw.columns.as_deref(),
         where_clause: raw.where_clause.as_deref(),
     });
+    let legacy_fingerprint = if url_changes_target_in_query(url_value) {
+        None
+    } else {
+        Some(source_fingerprint(&FingerprintInput {
+            engine: identity.engine.name(),
+            host: &identity.host,
+            port: identity.port,
+            database: &identity.database,
+            user: &identity.user,
+            socket: None,
+            options: None,
+            target: target_text,
+            cursor: &raw.cursor,
+            pk: &raw.pk,
+            columns: raw.columns.as_deref(),
+            where_clause: raw.where_clause.as_deref(),
+        }))
+        .filter(|legacy| *legacy != fingerprint)
+    };
     let source = SourceConfig {
         connection: raw.connection,
         engine: identity.engine,
@@ -816,10 +1043,80 @@ fn build_source(
         pk: raw.pk,
         columns: raw.columns,
         where_clause: raw.where_clause,
-        settle: Duration::from_secs(raw.settle_seconds.unwrap_or(defaults::SETTLE_SECONDS)),
+        settle: Duration::from_secs(settle_seconds),
+        settle_configured: raw.settle_seconds.is_some(),
+        query_timeout: Duration::from_secs(query_timeout_seconds),
         cursor_time_zone,
     };
-    Ok((source, fingerprint))
+    Ok((source, Fingerprints { current: fingerprint, legacy: legacy_fingerprint }))
+}
+
+struct Fingerprints {
+    current: String,
+    legacy: Option<String>,
+}
+
+/// The database a URL really points at, as the driver resolves it: query parameters
+/// (`?host=`, `?port=`, `?dbname=`, `?user=`, `?options=`) and the driver's defaults included.
+struct EffectiveTarget {
+    host: String,
+    port: Option<u16>,
+    socket: Option<String>,
+    database: String,
+    user: String,
+    options: Option<String>,
+}
+
+fn effective_target(identity: &UrlIdentity, resolved_url: &str) -> Result<EffectiveTarget, String> {
+    let redaction = redact::Redaction::of_url(resolved_url);
+    let invalid = |error: sqlx::Error| format!("not a valid database URL: {}", redaction.scrub(&error.to_string()));
+    match identity.engine {
+        Engine::Sqlite => Ok(EffectiveTarget {
+            host: identity.host.clone(),
+            port: identity.port,
+            socket: None,
+            database: identity.database.clone(),
+            user: identity.user.clone(),
+            options: None,
+        }),
+        Engine::Postgres => {
+            let options = sqlx::postgres::PgConnectOptions::from_str(resolved_url).map_err(invalid)?;
+            let user = options.get_username().to_string();
+            Ok(EffectiveTarget {
+                host: options.get_host().to_string(),
+                port: Some(options.get_port()),
+                socket: options.get_socket().map(|path| path.display().to_string()),
+                // PostgreSQL's default database is the user's name.
+                database: options.get_database().map(str::to_string).unwrap_or_else(|| user.clone()),
+                user,
+                options: options.get_options().map(str::to_string),
+            })
+        }
+        Engine::MySql => {
+            let options = sqlx::mysql::MySqlConnectOptions::from_str(resolved_url).map_err(invalid)?;
+            Ok(EffectiveTarget {
+                host: options.get_host().to_string(),
+                port: Some(options.get_port()),
+                socket: options.get_socket().map(|path| path.display().to_string()),
+                database: options.get_database().unwrap_or_default().to_string(),
+                user: options.get_username().to_string(),
+                options: None,
+            })
+        }
+    }
+}
+
+/// Whether the URL's query names a different target than its surface (host, port, database,
+/// user, options, socket): then the surface-only fingerprint of earlier builds cannot be trusted.
+fn url_changes_target_in_query(url: &str) -> bool {
+    const TARGET_PARAMETERS: [&str; 8] = ["host", "hostaddr", "port", "dbname", "user", "options", "socket", "service"];
+    let Some((_, query)) = url.split_once('?') else {
+        return false;
+    };
+    query.split('&').any(|pair| {
+        let name = pair.split('=').next().unwrap_or_default().to_ascii_lowercase();
+        TARGET_PARAMETERS.contains(&name.as_str())
+    })
 }
 
 fn build_sink(raw: RawSink, settings: &Settings, at: &Located<'_>) -> Result<SinkConfig, ConfigError> {
@@ -901,20 +1198,22 @@ fn build_sink(raw: RawSink, settings: &Settings, at: &Located<'_>) -> Result<Sin
                     Some(key)
                 }
             };
-            let timeout = seconds(raw.timeout_seconds, defaults::WEBHOOK_TIMEOUT_SECONDS);
-            if timeout.is_zero() {
-                return Err(at.error("poller.sink.timeoutSeconds", "must be at least 1"));
-            }
-            let max_retries = raw.max_retries.unwrap_or(defaults::WEBHOOK_MAX_RETRIES);
-            if max_retries > 20 {
-                return Err(at.error("poller.sink.maxRetries", format!("{max_retries} is out of range 0..=20")));
-            }
-            let max_body_bytes = raw.max_body_bytes.unwrap_or(defaults::WEBHOOK_MAX_BODY_BYTES);
-            if max_body_bytes < 1024 {
-                return Err(
-                    at.error("poller.sink.maxBodyBytes", format!("{max_body_bytes} is below the minimum of 1024"))
-                );
-            }
+            let timeout = Duration::from_secs(in_range(
+                at,
+                "poller.sink.timeoutSeconds",
+                raw.timeout_seconds,
+                defaults::WEBHOOK_TIMEOUT_SECONDS,
+                1..=limits::SECONDS,
+            )?);
+            let max_retries =
+                in_range(at, "poller.sink.maxRetries", raw.max_retries, defaults::WEBHOOK_MAX_RETRIES, 0..=20)?;
+            let max_body_bytes = in_range(
+                at,
+                "poller.sink.maxBodyBytes",
+                raw.max_body_bytes,
+                defaults::WEBHOOK_MAX_BODY_BYTES,
+                1024..=limits::WEBHOOK_MAX_BODY_BYTES,
+            )?;
             Ok(SinkConfig::Webhook(WebhookConfig { url, signing_key: secret, timeout, max_retries, max_body_bytes }))
         }
         other => {

@@ -236,3 +236,133 @@ fn a_bad_schedule_is_named_with_its_binding() {
     assert_eq!(error.field, "bindings[0].schedule");
     assert!(error.reason.contains("six"), "{}", error.reason);
 }
+
+fn postgres_fingerprint(url: &str) -> (String, Option<String>) {
+    let mut poller = valid_poller();
+    poller["source"]["table"] = json!("public.orders");
+    let (_root, result) = load(&function_json(poller), &settings().with("ORDERS_DB", url));
+    let config = result.unwrap();
+    (config.fingerprint, config.legacy_fingerprint)
+}
+
+/// Regression (issue 9, item 5): parameters in the URL's query that point the driver at another
+/// database, server, user or schema change the fingerprint, so an old checkpoint is never reused
+/// against another table.
+#[test]
+fn the_fingerprint_follows_the_effective_target_not_the_url_surface() {
+    let (base, legacy) = postgres_fingerprint("postgres://app@db.example:5432/orders");
+    assert_eq!(legacy, None, "the effective target is the URL's surface here: one fingerprint for both");
+    for changed in [
+        "postgres://app@db.example:5432/orders?dbname=archive",
+        "postgres://app@db.example:5432/orders?host=replica.example",
+        "postgres://app@db.example:5432/orders?port=6432",
+        "postgres://app@db.example:5432/orders?user=reporting",
+        "postgres://app@db.example:5432/orders?options=-c%20search_path%3Darchive",
+    ] {
+        let (fingerprint, changed_legacy) = postgres_fingerprint(changed);
+        assert_ne!(fingerprint, base, "{changed}");
+        assert_eq!(changed_legacy, None, "{changed}: the surface-only fingerprint is not trusted");
+    }
+    // What does not change the target does not change the fingerprint.
+    assert_eq!(postgres_fingerprint("postgres://app:secret@db.example:5432/orders?sslmode=require").0, base);
+    assert_eq!(postgres_fingerprint("postgres://app@db.example/orders").0, base, "5432 is the default port");
+    // Earlier builds fingerprinted an omitted port as none: that fingerprint is still accepted.
+    let legacy = postgres_fingerprint("postgres://app@db.example/orders").1;
+    assert!(
+        legacy.is_some_and(|legacy| legacy != base),
+        "a URL without target parameters keeps its earlier fingerprint"
+    );
+    let mysql_base = postgres_fingerprint("mysql://app@db.example/orders").0;
+    assert_ne!(postgres_fingerprint("mysql://app@db.example/orders?socket=/tmp/other.sock").0, mysql_base);
+}
+
+/// Regression (issue 9, item 12): absurd numbers are refused with the field, never a panic in the
+/// arithmetic that follows (`3 * heartbeat`, `skew * 2`, `budget + margin`, chrono durations).
+#[test]
+fn absurd_numbers_are_refused_with_their_field_not_a_panic() {
+    let huge = json!(u64::MAX);
+    for (section, field, value) in [
+        ("lease", "ttlSeconds", huge.clone()),
+        ("lease", "heartbeatSeconds", huge.clone()),
+        ("lease", "clockSkewSeconds", huge.clone()),
+        ("batch", "tickBudgetSeconds", huge.clone()),
+        ("batch", "size", huge.clone()),
+        ("batch", "maxBytes", huge.clone()),
+        ("batch", "maxInFlight", huge.clone()),
+        ("source", "settleSeconds", huge.clone()),
+        ("source", "queryTimeoutSeconds", huge.clone()),
+        ("sink", "timeoutSeconds", huge.clone()),
+        ("sink", "maxBodyBytes", huge.clone()),
+        ("poison", "maxAttempts", json!(u32::MAX)),
+    ] {
+        let mut poller = valid_poller();
+        if poller.get(section).is_none() {
+            poller[section] = json!({});
+        }
+        poller[section][field] = value;
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("orders")).unwrap();
+        std::fs::write(root.path().join("orders/function.json"), serde_json::to_vec(&function_json(poller)).unwrap())
+            .unwrap();
+        std::fs::write(root.path().join("host.json"), br#"{"version": "2.0", "functionTimeout": "00:10:00"}"#).unwrap();
+        let outcome =
+            std::panic::catch_unwind(|| AppConfig::load(root.path(), &settings()).unwrap().functions.remove("orders"));
+        let parsed = outcome.unwrap_or_else(|_| panic!("{section}.{field} = huge panicked"));
+        let error = parsed.unwrap().unwrap_err();
+        assert_eq!(error.field, format!("poller.{section}.{field}"), "{error}");
+        assert!(error.reason.contains("out of range"), "{error}");
+    }
+}
+
+/// Regression (issue 9, item 13): a `where` that closes its own parentheses, or comments out the
+/// rest with MySQL's `#`, would bypass the seek; it is refused.
+#[test]
+fn a_where_that_escapes_its_parentheses_is_refused() {
+    for (bad, expected) in [
+        ("tenant = 7) OR (1 = 1", "closes a parenthesis"),
+        ("tenant = 7 # and the seek is gone", "'#'"),
+        ("(tenant = 7", "unclosed parenthesis"),
+        ("name = 'o''brien", "unclosed ' quote"),
+        ("name = 'a\\' OR 1=1 OR ''", "backslash"),
+    ] {
+        let mut poller = valid_poller();
+        poller["source"]["where"] = json!(bad);
+        let error = load_error(poller);
+        assert_eq!(error.field, "poller.source.where", "{bad}");
+        assert!(error.reason.contains(expected), "{bad}: {error}");
+    }
+    for good in ["tenant = 7", "(a = 1 OR b = 2) AND c IN (1, 2)", "name = 'x) OR (1 = 1'", "note = 'it''s'"] {
+        let mut poller = valid_poller();
+        poller["source"]["where"] = json!(good);
+        let (_root, result) = load(&function_json(poller), &settings());
+        assert!(result.is_ok(), "{good}: {:?}", result.err());
+    }
+    let mut poller = valid_poller();
+    poller["source"].as_object_mut().unwrap().remove("table");
+    poller["source"]["query"] = json!("SELECT * FROM orders) AS x UNION (SELECT * FROM secrets");
+    assert_eq!(load_error(poller).field, "poller.source.query");
+}
+
+/// Regression (issue 9, item 14): two functions with one poller name would both believe they hold
+/// the lease; both are refused, each naming the other.
+#[test]
+fn two_functions_sharing_a_poller_name_are_both_refused() {
+    let root = tempfile::tempdir().unwrap();
+    for (function, name) in [("orders", "orders"), ("orders_copy", "orders"), ("other", "other")] {
+        let mut poller = valid_poller();
+        poller["name"] = json!(name);
+        std::fs::create_dir(root.path().join(function)).unwrap();
+        std::fs::write(
+            root.path().join(function).join("function.json"),
+            serde_json::to_vec(&function_json(poller)).unwrap(),
+        )
+        .unwrap();
+    }
+    let app = AppConfig::load(root.path(), &settings()).unwrap();
+    for function in ["orders", "orders_copy"] {
+        let error = app.functions[function].as_ref().unwrap_err();
+        assert_eq!(error.field, "poller.name");
+        assert!(error.reason.contains("orders, orders_copy"), "{error}");
+    }
+    assert!(app.functions["other"].is_ok(), "a poller with its own name is not affected");
+}

@@ -46,6 +46,12 @@ pub struct FingerprintInput<'a> {
     pub port: Option<u16>,
     pub database: &'a str,
     pub user: &'a str,
+    /// A Unix socket path, when the driver connects through one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub socket: Option<&'a str>,
+    /// PostgreSQL's `options` (`-c search_path=…` changes which table a name means).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub options: Option<&'a str>,
     /// `table:schema.name` or `query:<sql>`.
     pub target: String,
     pub cursor: &'a str,
@@ -87,6 +93,8 @@ mod tests {
             port: None,
             database: "/data/app.db",
             user: "",
+            socket: None,
+            options: None,
             target: "table:orders".to_string(),
             cursor: "updated_at",
             pk,
