@@ -232,10 +232,21 @@ fn oversize(batch: &Batch, event: &Event, size: usize) -> SinkError {
 
 #[async_trait]
 impl Sink for QueueSink {
-    async fn deliver(&self, batch: &Batch, _deadline: Instant) -> Result<(), SinkError> {
+    /// Sends every message of the batch; none outlasts `deadline` (the tick's budget): what has not
+    /// been acknowledged by then fails the batch as a transient error, retried next tick.
+    async fn deliver(&self, batch: &Batch, deadline: Instant) -> Result<(), SinkError> {
         let messages = self.messages(batch)?;
-        let mut sends = futures::stream::iter(messages.into_iter().map(|text| self.send_creating_queue(text)))
-            .buffer_unordered(CONCURRENCY);
+        let mut sends = futures::stream::iter(messages.into_iter().map(|text| async move {
+            match tokio::time::timeout_at(deadline, self.send_creating_queue(text)).await {
+                Ok(result) => result,
+                Err(_) => Err(Failure::Other {
+                    status: None,
+                    reason: "the tick budget was used up before the queue answered".to_string(),
+                    retryable: true,
+                }),
+            }
+        }))
+        .buffer_unordered(CONCURRENCY);
         while let Some(result) = sends.next().await {
             match result {
                 Ok(()) => {}

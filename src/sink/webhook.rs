@@ -107,12 +107,22 @@ impl WebhookSink {
             .collect()
     }
 
-    async fn attempt(&self, batch: &Batch, part: &Part<'_>) -> Attempt {
+    /// One POST, never outlasting the tick: its timeout is the configured one or the time left
+    /// before `deadline`, whichever is shorter, and no attempt starts once the deadline has passed.
+    async fn attempt(&self, batch: &Batch, part: &Part<'_>, deadline: Instant) -> Attempt {
+        let time_left = deadline.saturating_duration_since(Instant::now());
+        if time_left.is_zero() {
+            return Attempt::Transient {
+                reason: "the tick budget was used up before this attempt".to_string(),
+                retry_after: None,
+            };
+        }
         let body = self.body(batch, part);
         let timestamp = Utc::now().timestamp();
         let mut request = self
             .client
             .post(self.config.url.clone())
+            .timeout(self.config.timeout.min(time_left))
             .header("content-type", "application/json")
             .header("idempotency-key", &part.id)
             .header("x-dbtrigger-poller", &batch.poller)
@@ -154,7 +164,7 @@ impl WebhookSink {
         let mut attempt_number: u32 = 0;
         loop {
             attempt_number += 1;
-            let (reason, retry_after) = match self.attempt(batch, part).await {
+            let (reason, retry_after) = match self.attempt(batch, part, deadline).await {
                 Attempt::Delivered => return Ok(()),
                 Attempt::Rejected { status, body } => {
                     return Err(SinkError::Rejected { batch_id: part.id.clone(), status, body });
