@@ -15,11 +15,13 @@ use std::time::{Duration, Instant};
 
 use dbtrigger::config::{PollerConfig, Settings};
 use dbtrigger::domain::{CursorValue, PkValue, Position};
-use dbtrigger::source::Source;
+use dbtrigger::source::{FetchLimit, Source};
 use serde_json::json;
 
 const ROWS: i64 = 1_000_000;
 const BATCH: usize = 500;
+/// The batch size, with a byte budget no row of this table comes near.
+const LIMIT: FetchLimit = FetchLimit { rows: BATCH, bytes: usize::MAX };
 const REPEAT: u32 = 30;
 
 fn position(row: i64) -> Position {
@@ -71,10 +73,11 @@ struct Figures {
 }
 
 async fn measure_seek(source: &dyn Source) -> (Duration, Duration) {
-    let first = median(|| async { source.fetch_after(Some(&position(10)), BATCH).await.unwrap().len() }).await;
-    let last =
-        median(|| async { source.fetch_after(Some(&position(ROWS - 2 * BATCH as i64)), BATCH).await.unwrap().len() })
-            .await;
+    let first = median(|| async { source.fetch_after(Some(&position(10)), LIMIT).await.unwrap().rows.len() }).await;
+    let last = median(|| async {
+        source.fetch_after(Some(&position(ROWS - 2 * BATCH as i64)), LIMIT).await.unwrap().rows.len()
+    })
+    .await;
     (first, last)
 }
 

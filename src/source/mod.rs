@@ -11,13 +11,17 @@ pub mod postgres;
 pub mod query;
 pub mod sqlite;
 
+use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDateTime, Utc};
+use futures::TryStreamExt;
 use serde_json::{Map, Value};
 use sqlx::{Database, Encode, Type};
 
+use crate::config::redact::Redaction;
 use crate::config::{Engine, SourceConfig};
 use crate::domain::{CursorValue, PkValue, Position};
 use query::{SeekQuery, Slot};
@@ -27,6 +31,23 @@ use query::{SeekQuery, Slot};
 pub struct SourceRow {
     pub position: Position,
     pub row: Map<String, Value>,
+}
+
+/// How much one fetch may return: a row count (the batch size) and a byte budget (the rows as
+/// JSON), whichever is reached first. At least one row is returned whatever its size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FetchLimit {
+    pub rows: usize,
+    pub bytes: usize,
+}
+
+/// What one fetch returned.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Fetched {
+    pub rows: Vec<SourceRow>,
+    /// The fetch stopped at a limit, so more rows may follow; `false` means the source had no more
+    /// rows when it was read (no need to ask again this tick).
+    pub full: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,16 +60,58 @@ pub enum SourceError {
     UnsupportedType { column: String, type_name: String },
     #[error("cursor/key column problem: {0}")]
     Position(String),
+    #[error("the query on {location} took longer than {seconds} s (source.queryTimeoutSeconds) and was cancelled")]
+    Timeout { location: String, seconds: u64 },
+    /// A row that cannot be delivered, named by its primary key.
+    #[error("{error} (in the row with {row})")]
+    InRow { row: String, error: Box<SourceError> },
 }
 
 #[async_trait]
 pub trait Source: Send + Sync {
-    /// Up to `limit` rows strictly after `after` (all rows from the start when `None`), in
-    /// (cursor, pk...) order.
-    async fn fetch_after(&self, after: Option<&Position>, limit: usize) -> Result<Vec<SourceRow>, SourceError>;
+    /// The rows strictly after `after` (from the start when `None`), in (cursor, pk...) order, up
+    /// to `limit`.
+    async fn fetch_after(&self, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError>;
 
     /// Where the source is, for messages; never includes a password.
     fn describe(&self) -> String;
+}
+
+/// Runs a fetch under the source's query timeout: a query that does not answer in time is
+/// cancelled (its future dropped, which closes the connection) and reported as such.
+pub(crate) async fn within_query_timeout<F>(
+    config: &SourceConfig,
+    location: &str,
+    fetch: F,
+) -> Result<Fetched, SourceError>
+where
+    F: Future<Output = Result<Fetched, SourceError>>,
+{
+    match tokio::time::timeout(config.query_timeout, fetch).await {
+        Ok(result) => result,
+        Err(_) => Err(SourceError::Timeout { location: location.to_string(), seconds: config.query_timeout.as_secs() }),
+    }
+}
+
+/// Warns once per source when `settleSeconds` was set but the cursor turned out to be an integer:
+/// settle holds back young timestamps only. What protects an integer cursor from late commits is
+/// that its values are handed out in commit order (a sequence read after commit, or a version
+/// bumped inside the writing transaction); an identity or auto-increment column alone is not.
+pub(crate) fn warn_if_settle_ignored(config: &SourceConfig, fetched: &Fetched, warned: &AtomicBool, location: &str) {
+    if !config.settle_configured || config.settle.is_zero() {
+        return;
+    }
+    let Some(first) = fetched.rows.first() else {
+        return;
+    };
+    if matches!(first.position.cursor, CursorValue::Integer(_)) && !warned.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            source = %location,
+            cursor = %config.cursor,
+            settle_seconds = config.settle.as_secs(),
+            "settleSeconds applies to timestamp cursors only: this integer cursor is read without it (see the README, \"Sources\")"
+        );
+    }
 }
 
 /// Opens a source for a poller. Connections are made lazily, on first use, and pooled: the source
@@ -61,16 +124,10 @@ pub fn open(config: &SourceConfig) -> Result<Arc<dyn Source>, SourceError> {
     }
 }
 
-/// A database URL without its password, for messages.
+/// A database URL with every credential masked (user-info password and credential query
+/// parameters), for messages.
 pub fn redacted_location(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            let _ = parsed.set_password(Some("***"));
-            parsed.to_string()
-        }
-        Ok(parsed) => parsed.to_string(),
-        Err(_) => url.split('?').next().unwrap_or_default().to_string(),
-    }
+    crate::config::redact::redacted_url(url)
 }
 
 /// What a column is to the poller.
@@ -96,11 +153,14 @@ pub(crate) struct Decoded {
     pub json: Value,
     pub cursor: Option<CursorValue>,
     pub key: Option<PkValue>,
+    /// Why this value cannot be a cursor position, when it looks like one but is not usable
+    /// (an unreadable timestamp layout, an infinite timestamp): an error if it is the cursor.
+    pub invalid_cursor: Option<String>,
 }
 
 impl Decoded {
     pub fn plain(json: Value) -> Self {
-        Decoded { json, cursor: None, key: None }
+        Decoded { json, cursor: None, key: None, invalid_cursor: None }
     }
 
     pub fn integer(number: i64) -> Self {
@@ -108,6 +168,7 @@ impl Decoded {
             json: Value::from(number),
             cursor: Some(CursorValue::Integer(number)),
             key: Some(PkValue::Integer(number)),
+            invalid_cursor: None,
         }
     }
 
@@ -116,17 +177,22 @@ impl Decoded {
     }
 
     pub fn text(text: String) -> Self {
-        Decoded { json: Value::from(text.clone()), cursor: None, key: Some(PkValue::Text(text)) }
+        Decoded { json: Value::from(text.clone()), cursor: None, key: Some(PkValue::Text(text)), invalid_cursor: None }
     }
 
     pub fn timestamp(at: DateTime<Utc>) -> Self {
         let cursor = CursorValue::Timestamp { at, source_text: None };
-        Decoded { json: cursor.to_json(), cursor: Some(cursor), key: None }
+        Decoded { json: cursor.to_json(), cursor: Some(cursor), key: None, invalid_cursor: None }
     }
 
     pub fn naive_timestamp(at: NaiveDateTime) -> Self {
         let cursor = CursorValue::NaiveTimestamp(at);
-        Decoded { json: cursor.to_json(), cursor: Some(cursor), key: None }
+        Decoded { json: cursor.to_json(), cursor: Some(cursor), key: None, invalid_cursor: None }
+    }
+
+    /// A value delivered as it is but unusable as a cursor position.
+    pub fn not_a_position(json: Value, why: String) -> Self {
+        Decoded { json, cursor: None, key: None, invalid_cursor: Some(why) }
     }
 }
 
@@ -143,50 +209,86 @@ pub(crate) fn warn_missing_index(location: &str, table: &str, config: &SourceCon
 }
 
 /// Puts a row together from its decoded columns: checks that the cursor and every key are there
-/// and usable, with errors that name the column.
+/// and usable, with errors that name the column and the row.
 pub(crate) struct RowBuilder<'a> {
     config: &'a SourceConfig,
     values: Map<String, Value>,
     cursor: Option<CursorValue>,
     keys: Vec<Option<PkValue>>,
+    /// The first problem met; reported by `finish` with the row's primary key.
+    error: Option<SourceError>,
+    /// The row's size as JSON, roughly: what it will weigh in a delivery.
+    bytes: usize,
 }
 
 impl<'a> RowBuilder<'a> {
     pub fn new(config: &'a SourceConfig) -> Self {
-        RowBuilder { config, values: Map::new(), cursor: None, keys: vec![None; config.pk.len()] }
+        RowBuilder {
+            config,
+            values: Map::new(),
+            cursor: None,
+            keys: vec![None; config.pk.len()],
+            error: None,
+            bytes: ROW_OVERHEAD_BYTES,
+        }
     }
 
-    pub fn push(&mut self, name: &str, type_name: &str, decoded: Decoded) -> Result<(), SourceError> {
+    /// A column that could not be decoded: the row fails, named by its key once all is read.
+    pub fn fail(&mut self, error: SourceError) {
+        self.error.get_or_insert(error);
+    }
+
+    pub fn push(&mut self, name: &str, type_name: &str, decoded: Decoded) {
         match role_of(self.config, name) {
             Role::Cursor => {
                 if decoded.json.is_null() {
-                    return Err(SourceError::Position(format!(
+                    self.fail(SourceError::Position(format!(
                         "cursor column {name:?} is NULL in a row: a cursor must never be NULL (filter such rows with `where`)"
                     )));
+                } else if let Some(invalid) = &decoded.invalid_cursor {
+                    self.fail(SourceError::Position(format!("cursor column {name:?}: {invalid}")));
+                } else {
+                    match decoded.cursor.clone() {
+                        Some(cursor) => self.cursor = Some(cursor),
+                        None => self.fail(SourceError::Position(format!(
+                            "cursor column {name:?} has type {type_name}: use an integer or a timestamp column"
+                        ))),
+                    }
                 }
-                let cursor = decoded.cursor.clone().ok_or_else(|| {
-                    SourceError::Position(format!(
-                        "cursor column {name:?} has type {type_name}: use an integer or a timestamp column"
-                    ))
-                })?;
-                self.cursor = Some(cursor);
             }
-            Role::Key(index) => {
-                let key = decoded.key.clone().ok_or_else(|| {
-                    SourceError::Position(format!(
-                        "primary key column {name:?} holds {} ({type_name}): keys must be integers or text, never NULL",
-                        decoded.json
-                    ))
-                })?;
-                self.keys[index] = Some(key);
-            }
+            Role::Key(index) => match decoded.key.clone() {
+                Some(key) => self.keys[index] = Some(key),
+                None => self.fail(SourceError::Position(format!(
+                    "primary key column {name:?} holds {} ({type_name}): keys must be integers or text, never NULL",
+                    decoded.json
+                ))),
+            },
             Role::Plain => {}
         }
+        self.bytes += name.len() + json_size(&decoded.json);
         self.values.insert(name.to_string(), decoded.json);
-        Ok(())
     }
 
-    pub fn finish(self) -> Result<SourceRow, SourceError> {
+    /// The row's primary key as far as it was read, for messages: `id=7, tenant=?`.
+    fn describe_key(&self) -> String {
+        let parts: Vec<String> = self
+            .config
+            .pk
+            .iter()
+            .zip(&self.keys)
+            .map(|(name, key)| match key {
+                Some(key) => format!("{name}={}", key.to_json()),
+                None => format!("{name}=?"),
+            })
+            .collect();
+        parts.join(", ")
+    }
+
+    /// The row and its size as JSON.
+    pub fn finish(self) -> Result<(SourceRow, usize), SourceError> {
+        if let Some(error) = &self.error {
+            return Err(SourceError::InRow { row: self.describe_key(), error: Box::new(error.clone()) });
+        }
         let cursor = self.cursor.ok_or_else(|| {
             SourceError::Position(format!("the cursor column {:?} is not in the result", self.config.cursor))
         })?;
@@ -197,21 +299,38 @@ impl<'a> RowBuilder<'a> {
             })?;
             pk.push((name.clone(), key));
         }
-        Ok(SourceRow { position: Position { cursor, pk }, row: self.values })
+        Ok((SourceRow { position: Position { cursor, pk }, row: self.values }, self.bytes))
     }
 }
 
-/// Runs the seek, from the start or after `after`, and decodes every row with `decode_value`
-/// (which names each value's type and turns it into JSON). One body for every engine.
+/// What an event adds around its row (event id, op, cursor, pk), roughly, in bytes.
+const ROW_OVERHEAD_BYTES: usize = 128;
+
+/// The size of a value as JSON, roughly (strings unescaped): enough to bound a batch by bytes.
+pub(crate) fn json_size(value: &Value) -> usize {
+    match value {
+        Value::Null => 4,
+        Value::Bool(_) => 5,
+        Value::Number(_) => 20,
+        Value::String(text) => text.len() + 2,
+        Value::Array(items) => 2 + items.iter().map(|item| json_size(item) + 1).sum::<usize>(),
+        Value::Object(map) => 2 + map.iter().map(|(key, item)| key.len() + 4 + json_size(item)).sum::<usize>(),
+    }
+}
+
+/// Runs the seek, from the start or after `after`, and decodes rows with `decode_value` (which
+/// names each value's type and turns it into JSON) as they stream in, stopping at `limit.rows`
+/// rows or once they add up to `limit.bytes`. One body for every engine.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn fetch_rows<DB, F>(
     pool: &sqlx::Pool<DB>,
     config: &SourceConfig,
     seek: &SeekQuery,
     after: Option<&Position>,
-    limit: usize,
-    location: &str,
+    limit: FetchLimit,
+    redaction: &Redaction,
     decode_value: F,
-) -> Result<Vec<SourceRow>, SourceError>
+) -> Result<Fetched, SourceError>
 where
     DB: Database,
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
@@ -228,18 +347,29 @@ where
             bind_position(sqlx::query(sqlx::AssertSqlSafe(seek.after.as_str())), &seek.after_slots, position)
         }
     };
-    let rows = query.bind(limit as i64).fetch_all(pool).await.map_err(|error| classify(location, error))?;
-    let mut decoded = Vec::with_capacity(rows.len());
-    for row in &rows {
+    let mut stream = query.bind(limit.rows as i64).fetch(pool);
+    let mut fetched = Fetched { rows: Vec::with_capacity(limit.rows.min(1024)), full: false };
+    let mut bytes = 0usize;
+    while let Some(row) = stream.try_next().await.map_err(|error| classify(redaction, error))? {
         let mut builder = RowBuilder::new(config);
-        for (index, column) in sqlx::Row::columns(row).iter().enumerate() {
+        for (index, column) in sqlx::Row::columns(&row).iter().enumerate() {
             let name = sqlx::Column::name(column);
-            let (type_name, value) = decode_value(row, index, name)?;
-            builder.push(name, &type_name, value)?;
+            match decode_value(&row, index, name) {
+                Ok((type_name, value)) => builder.push(name, &type_name, value),
+                Err(error) => builder.fail(error),
+            }
         }
-        decoded.push(builder.finish()?);
+        let (decoded, size) = builder.finish()?;
+        fetched.rows.push(decoded);
+        bytes += size;
+        if bytes >= limit.bytes {
+            // Stop reading: the rest of the LIMIT is left to the next fetch.
+            fetched.full = true;
+            return Ok(fetched);
+        }
     }
-    Ok(decoded)
+    fetched.full = fetched.rows.len() >= limit.rows;
+    Ok(fetched)
 }
 
 /// Binds a position's values to the seek's placeholders, each as its native type.
@@ -273,28 +403,30 @@ where
     query
 }
 
-/// Maps a driver error to what it means for the poller.
-pub(crate) fn classify(location: &str, error: sqlx::Error) -> SourceError {
+/// Maps a driver error to what it means for the poller, scrubbed of the URL's secrets (a driver
+/// may quote its configuration).
+pub(crate) fn classify(redaction: &Redaction, error: sqlx::Error) -> SourceError {
+    let location = redaction.location.clone();
     match error {
         sqlx::Error::Io(_)
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
         | sqlx::Error::Tls(_)
         | sqlx::Error::Configuration(_) => {
-            SourceError::Unreachable { location: location.to_string(), reason: error.to_string() }
+            SourceError::Unreachable { location, reason: redaction.scrub(&error.to_string()) }
         }
         sqlx::Error::Database(database_error) => {
-            let message = database_error.message().to_string();
+            let message = redaction.scrub(database_error.message());
             let unreachable = message.contains("unable to open")
                 || message.contains("password authentication failed")
                 || message.contains("Access denied")
                 || message.contains("does not exist") && message.contains("database");
             if unreachable {
-                SourceError::Unreachable { location: location.to_string(), reason: message }
+                SourceError::Unreachable { location, reason: message }
             } else {
-                SourceError::Query { location: location.to_string(), reason: message }
+                SourceError::Query { location, reason: message }
             }
         }
-        other => SourceError::Query { location: location.to_string(), reason: other.to_string() },
+        other => SourceError::Query { location, reason: redaction.scrub(&other.to_string()) },
     }
 }

@@ -3,6 +3,7 @@
 //! as its own type.
 
 use std::str::FromStr;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -14,28 +15,42 @@ use sqlx::{Column, Executor, Row, SqlSafeStr, Statement, TypeInfo, ValueRef};
 use tokio::sync::OnceCell;
 
 use super::query::{CursorType, SeekPlan, SeekQuery, build_seek};
-use super::{Decoded, Source, SourceError, SourceRow, classify, fetch_rows, redacted_location, warn_missing_index};
+use super::{
+    Decoded, FetchLimit, Fetched, Source, SourceError, classify, fetch_rows, warn_if_settle_ignored,
+    warn_missing_index, within_query_timeout,
+};
+use crate::config::redact::Redaction;
 use crate::config::{SourceConfig, SourceTarget};
 use crate::domain::Position;
 
 pub struct MySqlSource {
     pool: MySqlPool,
     config: SourceConfig,
-    location: String,
+    redaction: Redaction,
     query: OnceCell<SeekQuery>,
+    settle_warned: AtomicBool,
 }
 
 impl MySqlSource {
     pub fn open(config: &SourceConfig) -> Result<Self, SourceError> {
-        let location = redacted_location(config.url.expose());
+        let redaction = Redaction::of_url(config.url.expose());
         let options = MySqlConnectOptions::from_str(config.url.expose())
-            .map_err(|error| SourceError::Unreachable { location: location.clone(), reason: error.to_string() })?
+            .map_err(|error| SourceError::Unreachable {
+                location: redaction.location.clone(),
+                reason: redaction.scrub(&error.to_string()),
+            })?
             .timezone(Some("+00:00".to_string()));
         let pool = MySqlPoolOptions::new()
             .max_connections(2)
             .acquire_timeout(Duration::from_secs(10))
             .connect_lazy_with(options);
-        Ok(MySqlSource { pool, config: config.clone(), location, query: OnceCell::new() })
+        Ok(MySqlSource {
+            pool,
+            config: config.clone(),
+            redaction,
+            query: OnceCell::new(),
+            settle_warned: AtomicBool::new(false),
+        })
     }
 
     async fn seek(&self) -> Result<&SeekQuery, SourceError> {
@@ -48,7 +63,7 @@ impl MySqlSource {
             .pool
             .prepare(sqlx::AssertSqlSafe(probe.from_start).into_sql_str())
             .await
-            .map_err(|error| classify(&self.location, error))?;
+            .map_err(|error| classify(&self.redaction, error))?;
         let cursor_type_name = statement
             .columns()
             .iter()
@@ -81,9 +96,9 @@ impl MySqlSource {
             .bind(&self.config.cursor)
             .fetch_one(&self.pool)
             .await
-            .map_err(|error| classify(&self.location, error))?;
+            .map_err(|error| classify(&self.redaction, error))?;
             if indexed == 0 {
-                warn_missing_index(&self.location, name, &self.config);
+                warn_missing_index(&self.redaction.location, name, &self.config);
             }
         }
         Ok(build_seek(&self.config, &SeekPlan { cursor_type, placeholder_types: None }))
@@ -145,17 +160,22 @@ fn decode_value(row: &MySqlRow, index: usize, name: &str, type_name: &str) -> Re
 
 #[async_trait]
 impl Source for MySqlSource {
-    async fn fetch_after(&self, after: Option<&Position>, limit: usize) -> Result<Vec<SourceRow>, SourceError> {
-        let seek = self.seek().await?;
-        fetch_rows(&self.pool, &self.config, seek, after, limit, &self.location, |row, index, name| {
-            let type_name = row.columns()[index].type_info().name().to_string();
-            let value = decode_value(row, index, name, &type_name)?;
-            Ok((type_name, value))
-        })
-        .await
+    async fn fetch_after(&self, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
+        let fetch = async {
+            let seek = self.seek().await?;
+            fetch_rows(&self.pool, &self.config, seek, after, limit, &self.redaction, |row, index, name| {
+                let type_name = row.columns()[index].type_info().name().to_string();
+                let value = decode_value(row, index, name, &type_name)?;
+                Ok((type_name, value))
+            })
+            .await
+        };
+        let fetched = within_query_timeout(&self.config, &self.redaction.location, fetch).await?;
+        warn_if_settle_ignored(&self.config, &fetched, &self.settle_warned, &self.redaction.location);
+        Ok(fetched)
     }
 
     fn describe(&self) -> String {
-        self.location.clone()
+        self.redaction.location.clone()
     }
 }

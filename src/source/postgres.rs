@@ -2,6 +2,7 @@
 //! (timestamptz, or timestamp without time zone) and are bound back as that type.
 
 use std::str::FromStr;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,26 +14,42 @@ use sqlx::{Column, Executor, Row, SqlSafeStr, Statement, TypeInfo, ValueRef};
 use tokio::sync::OnceCell;
 
 use super::query::{CursorType, SeekPlan, SeekQuery, build_seek};
-use super::{Decoded, Source, SourceError, SourceRow, classify, fetch_rows, redacted_location, warn_missing_index};
+use super::{
+    Decoded, FetchLimit, Fetched, Source, SourceError, classify, fetch_rows, warn_if_settle_ignored,
+    warn_missing_index, within_query_timeout,
+};
+use crate::config::redact::Redaction;
 use crate::config::{SourceConfig, SourceTarget};
 use crate::domain::Position;
 
 pub struct PostgresSource {
     pool: PgPool,
     config: SourceConfig,
-    location: String,
+    redaction: Redaction,
     query: OnceCell<SeekQuery>,
+    settle_warned: AtomicBool,
 }
 
 impl PostgresSource {
     pub fn open(config: &SourceConfig) -> Result<Self, SourceError> {
-        let location = redacted_location(config.url.expose());
+        let redaction = Redaction::of_url(config.url.expose());
         let options = PgConnectOptions::from_str(config.url.expose())
-            .map_err(|error| SourceError::Unreachable { location: location.clone(), reason: error.to_string() })?
-            .application_name("dbtrigger");
+            .map_err(|error| SourceError::Unreachable {
+                location: redaction.location.clone(),
+                reason: redaction.scrub(&error.to_string()),
+            })?
+            .application_name("dbtrigger")
+            // The server gives up on a seek that outlasts the query timeout too, not only the client.
+            .options([("statement_timeout", format!("{}ms", config.query_timeout.as_millis()))]);
         let pool =
             PgPoolOptions::new().max_connections(2).acquire_timeout(Duration::from_secs(10)).connect_lazy_with(options);
-        Ok(PostgresSource { pool, config: config.clone(), location, query: OnceCell::new() })
+        Ok(PostgresSource {
+            pool,
+            config: config.clone(),
+            redaction,
+            query: OnceCell::new(),
+            settle_warned: AtomicBool::new(false),
+        })
     }
 
     async fn seek(&self) -> Result<&SeekQuery, SourceError> {
@@ -47,7 +64,7 @@ impl PostgresSource {
             .pool
             .prepare(sqlx::AssertSqlSafe(probe.from_start).into_sql_str())
             .await
-            .map_err(|error| classify(&self.location, error))?;
+            .map_err(|error| classify(&self.redaction, error))?;
         let type_of = |column: &str| -> Result<String, SourceError> {
             statement
                 .columns()
@@ -87,9 +104,9 @@ impl PostgresSource {
             .bind(&self.config.cursor)
             .fetch_one(&self.pool)
             .await
-            .map_err(|error| classify(&self.location, error))?;
+            .map_err(|error| classify(&self.redaction, error))?;
             if indexed == 0 {
-                warn_missing_index(&self.location, &qualified, &self.config);
+                warn_missing_index(&self.redaction.location, &qualified, &self.config);
             }
         }
         Ok(build_seek(&self.config, &SeekPlan { cursor_type, placeholder_types: Some(placeholder_types) }))
@@ -129,15 +146,82 @@ fn decode_value(row: &PgRow, index: usize, name: &str, type_name: &str) -> Resul
         "BYTEA" => Decoded::plain(Value::from(
             base64::engine::general_purpose::STANDARD.encode(row.try_get::<Vec<u8>, _>(index).map_err(failed)?),
         )),
-        "DATE" => Decoded::plain(Value::from(row.try_get::<NaiveDate, _>(index).map_err(failed)?.to_string())),
+        "DATE" | "TIMESTAMP" | "TIMESTAMPTZ" => match decode_moment(&raw, type_name) {
+            Moment::Infinite(text) => Decoded::not_a_position(
+                Value::from(text),
+                format!("holds {text}, which is not a position a checkpoint can hold"),
+            ),
+            Moment::OutOfRange => {
+                return Err(SourceError::UnsupportedType {
+                    column: name.to_string(),
+                    type_name: format!("{type_name} (a value beyond the years dbtrigger can represent)"),
+                });
+            }
+            Moment::Date(date) => Decoded::plain(Value::from(date.to_string())),
+            Moment::Naive(at) if type_name == "TIMESTAMP" => Decoded::naive_timestamp(at),
+            Moment::Naive(at) => Decoded::timestamp(at.and_utc()),
+            Moment::Text => match type_name {
+                "DATE" => Decoded::plain(Value::from(row.try_get::<NaiveDate, _>(index).map_err(failed)?.to_string())),
+                "TIMESTAMP" => Decoded::naive_timestamp(row.try_get::<NaiveDateTime, _>(index).map_err(failed)?),
+                _ => Decoded::timestamp(row.try_get::<DateTime<Utc>, _>(index).map_err(failed)?),
+            },
+        },
         "TIME" => Decoded::plain(Value::from(row.try_get::<NaiveTime, _>(index).map_err(failed)?.to_string())),
-        "TIMESTAMP" => Decoded::naive_timestamp(row.try_get::<NaiveDateTime, _>(index).map_err(failed)?),
-        "TIMESTAMPTZ" => Decoded::timestamp(row.try_get::<DateTime<Utc>, _>(index).map_err(failed)?),
         other => {
             return Err(SourceError::UnsupportedType { column: name.to_string(), type_name: other.to_string() });
         }
     };
     Ok(decoded)
+}
+
+/// A date or timestamp read from PostgreSQL's binary form without the driver's arithmetic, which
+/// overflows (and panics) on `infinity`, `-infinity` and years past chrono's range.
+enum Moment {
+    /// `"infinity"` or `"-infinity"`: delivered as that string.
+    Infinite(&'static str),
+    /// A finite value chrono cannot hold.
+    OutOfRange,
+    Date(NaiveDate),
+    /// A timestamp (a timestamptz is this in UTC).
+    Naive(NaiveDateTime),
+    /// Not the binary form: left to the driver's text decoding.
+    Text,
+}
+
+fn decode_moment(raw: &sqlx::postgres::PgValueRef<'_>, type_name: &str) -> Moment {
+    if !matches!(raw.format(), sqlx::postgres::PgValueFormat::Binary) {
+        return Moment::Text;
+    }
+    let Ok(bytes) = raw.as_bytes() else {
+        return Moment::OutOfRange;
+    };
+    let epoch = NaiveDate::from_ymd_opt(2000, 1, 1).expect("a valid date");
+    if type_name == "DATE" {
+        let Ok(days) = <[u8; 4]>::try_from(bytes).map(i32::from_be_bytes) else {
+            return Moment::OutOfRange;
+        };
+        return match days {
+            i32::MAX => Moment::Infinite("infinity"),
+            i32::MIN => Moment::Infinite("-infinity"),
+            _ => epoch
+                .checked_add_signed(chrono::Duration::days(i64::from(days)))
+                .map(Moment::Date)
+                .unwrap_or(Moment::OutOfRange),
+        };
+    }
+    let Ok(micros) = <[u8; 8]>::try_from(bytes).map(i64::from_be_bytes) else {
+        return Moment::OutOfRange;
+    };
+    match micros {
+        i64::MAX => Moment::Infinite("infinity"),
+        i64::MIN => Moment::Infinite("-infinity"),
+        _ => epoch
+            .and_hms_opt(0, 0, 0)
+            .expect("midnight")
+            .checked_add_signed(chrono::Duration::microseconds(micros))
+            .map(Moment::Naive)
+            .unwrap_or(Moment::OutOfRange),
+    }
 }
 
 /// Formats PostgreSQL's binary NUMERIC (base-10000 digit groups, a weight, a sign and a display
@@ -190,18 +274,23 @@ pub fn numeric_text(bytes: &[u8]) -> Option<String> {
 
 #[async_trait]
 impl Source for PostgresSource {
-    async fn fetch_after(&self, after: Option<&Position>, limit: usize) -> Result<Vec<SourceRow>, SourceError> {
-        let seek = self.seek().await?;
-        fetch_rows(&self.pool, &self.config, seek, after, limit, &self.location, |row, index, name| {
-            let type_name = row.columns()[index].type_info().name().to_string();
-            let value = decode_value(row, index, name, &type_name)?;
-            Ok((type_name, value))
-        })
-        .await
+    async fn fetch_after(&self, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
+        let fetch = async {
+            let seek = self.seek().await?;
+            fetch_rows(&self.pool, &self.config, seek, after, limit, &self.redaction, |row, index, name| {
+                let type_name = row.columns()[index].type_info().name().to_string();
+                let value = decode_value(row, index, name, &type_name)?;
+                Ok((type_name, value))
+            })
+            .await
+        };
+        let fetched = within_query_timeout(&self.config, &self.redaction.location, fetch).await?;
+        warn_if_settle_ignored(&self.config, &fetched, &self.settle_warned, &self.redaction.location);
+        Ok(fetched)
     }
 
     fn describe(&self) -> String {
-        self.location.clone()
+        self.redaction.location.clone()
     }
 }
 

@@ -76,12 +76,37 @@ fn settle_predicate(config: &SourceConfig, cursor_type: CursorType, cursor: &str
         (Engine::MySql, _) => {
             Some(format!("{cursor} <= CONVERT_TZ(UTC_TIMESTAMP(6), '+00:00', '{zone}') - INTERVAL {seconds} SECOND"))
         }
-        // SQLite stores timestamps as text in any layout: julianday() reads them all. Integer
-        // values are not timestamps and are not held back.
+        // SQLite stores timestamps as text: julianday() reads the layouts the source accepts as
+        // cursors. A text it cannot read (NULL) is let through, so that the row reaches the
+        // decoder and fails the tick naming it, instead of being held back silently forever.
+        // Integer values are not timestamps and are not held back.
         (Engine::Sqlite, _) => Some(format!(
-            "(typeof({cursor}) <> 'text' OR julianday({cursor}) <= julianday('now') - {seconds} / 86400.0)"
+            "(typeof({cursor}) <> 'text' OR julianday({cursor}) IS NULL OR julianday({cursor}) <= julianday('now') - {seconds} / 86400.0)"
         )),
     }
+}
+
+/// The types PostgreSQL's driver names in upper case, written unquoted; anything else came from
+/// the catalog (a domain, an enum, an extension's type) and is quoted as an identifier, so a type
+/// name can never inject SQL.
+const POSTGRES_BUILTIN_TYPES: [&str; 13] = [
+    "INT2",
+    "INT4",
+    "INT8",
+    "TIMESTAMPTZ",
+    "TIMESTAMP",
+    "TEXT",
+    "VARCHAR",
+    "BPCHAR",
+    "NAME",
+    "UUID",
+    "CHAR",
+    "NUMERIC",
+    "DATE",
+];
+
+fn postgres_type_name(name: &str) -> String {
+    if POSTGRES_BUILTIN_TYPES.contains(&name) { name.to_string() } else { format!("\"{}\"", name.replace('"', "\"\"")) }
 }
 
 /// Builds both forms of the seek for a source.
@@ -125,8 +150,10 @@ pub fn build_seek(config: &SourceConfig, plan: &SeekPlan) -> SeekQuery {
         placeholder_count += 1;
         slots.push(slot);
         let cast = match (&plan.placeholder_types, slot) {
-            (Some(types), Slot::Cursor) => types.first().map(|name| format!("::{name}")),
-            (Some(types), Slot::Key(index)) => types.get(index + 1).map(|name| format!("::{name}")),
+            (Some(types), Slot::Cursor) => types.first().map(|name| format!("::{}", postgres_type_name(name))),
+            (Some(types), Slot::Key(index)) => {
+                types.get(index + 1).map(|name| format!("::{}", postgres_type_name(name)))
+            }
             (None, _) => None,
         }
         .unwrap_or_default();
@@ -199,6 +226,8 @@ mod tests {
             columns: columns.map(|list| list.into_iter().map(str::to_string).collect()),
             where_clause: where_clause.map(str::to_string),
             settle: Duration::ZERO,
+            settle_configured: false,
+            query_timeout: Duration::from_secs(60),
             cursor_time_zone: "UTC".into(),
         }
     }
@@ -268,7 +297,23 @@ mod tests {
                 .contains("<= UTC_TIMESTAMP(6) - INTERVAL 5 SECOND")
         );
         source.engine = Engine::Sqlite;
-        assert!(build_seek(&source, &plan(CursorType::Dynamic)).after.contains("julianday('now') - 5 / 86400.0"));
+        let sqlite = build_seek(&source, &plan(CursorType::Dynamic)).after;
+        assert!(sqlite.contains("julianday('now') - 5 / 86400.0"), "{sqlite}");
+        assert!(
+            sqlite.contains("julianday(\"updated_at\") IS NULL OR"),
+            "unreadable text reaches the decoder: {sqlite}"
+        );
+    }
+
+    /// Regression (issue 9, item 13): a type name read from the catalog is quoted in the casts.
+    #[test]
+    fn catalog_type_names_are_quoted_in_postgres_casts() {
+        let plan = SeekPlan {
+            cursor_type: CursorType::Integer,
+            placeholder_types: Some(vec!["INT8".into(), "int4); DROP TABLE x; --\"".into(), "UUID".into()]),
+        };
+        let query = build_seek(&config(Engine::Postgres, None, None), &plan);
+        assert!(query.after.contains("($1::INT8, $2::\"int4); DROP TABLE x; --\"\"\", $3::UUID)"), "{}", query.after);
     }
 
     #[test]

@@ -2,10 +2,14 @@
 //! so rows are decoded by what each value is, not by the column's declared type.
 //!
 //! Timestamp cursors in SQLite are text. The checkpoint keeps the parsed time (typed, RFC 3339)
-//! and the exact stored text, and the seek binds that text back: the predicate then agrees with
-//! SQLite's own ORDER BY for any text layout, so no row is skipped or repeated.
+//! and the exact stored text, and the seek binds that text back: rows are ordered as SQLite orders
+//! them, by their text (BINARY collation), and the checkpoint compares that same text. Text order
+//! is time order only when every value has one layout and one offset (UTC, ideally): the README
+//! says so. A cursor text must be a layout SQLite's date functions read (the settle predicate uses
+//! `julianday`); any other is an error naming the row, never a row silently held back.
 
 use std::str::FromStr;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -17,29 +21,43 @@ use sqlx::{Row, TypeInfo, ValueRef};
 use tokio::sync::OnceCell;
 
 use super::query::{CursorType, SeekPlan, SeekQuery, build_seek};
-use super::{Decoded, Role, Source, SourceError, SourceRow, classify, fetch_rows, role_of, warn_missing_index};
+use super::{
+    Decoded, FetchLimit, Fetched, Role, Source, SourceError, classify, fetch_rows, role_of, warn_if_settle_ignored,
+    warn_missing_index, within_query_timeout,
+};
+use crate::config::redact::Redaction;
 use crate::config::{SourceConfig, SourceTarget};
 use crate::domain::{CursorValue, Position};
 
 pub struct SqliteSource {
     pool: SqlitePool,
     config: SourceConfig,
-    location: String,
+    redaction: Redaction,
     query: OnceCell<SeekQuery>,
+    settle_warned: AtomicBool,
 }
 
 impl SqliteSource {
     pub fn open(config: &SourceConfig) -> Result<Self, SourceError> {
-        let location = config.url.expose().to_string();
+        let redaction = Redaction::of_url(config.url.expose());
         let options = SqliteConnectOptions::from_str(config.url.expose())
-            .map_err(|error| SourceError::Unreachable { location: location.clone(), reason: error.to_string() })?
+            .map_err(|error| SourceError::Unreachable {
+                location: redaction.location.clone(),
+                reason: redaction.scrub(&error.to_string()),
+            })?
             .create_if_missing(false)
             .busy_timeout(Duration::from_secs(5));
         let pool = SqlitePoolOptions::new()
             .max_connections(2)
             .acquire_timeout(Duration::from_secs(10))
             .connect_lazy_with(options);
-        Ok(SqliteSource { pool, config: config.clone(), location, query: OnceCell::new() })
+        Ok(SqliteSource {
+            pool,
+            config: config.clone(),
+            redaction,
+            query: OnceCell::new(),
+            settle_warned: AtomicBool::new(false),
+        })
     }
 
     async fn seek(&self) -> Result<&SeekQuery, SourceError> {
@@ -61,20 +79,22 @@ impl SqliteSource {
             sqlx::query(sqlx::AssertSqlSafe(format!("PRAGMA {prefix}index_list(\"{name}\")")))
                 .fetch_all(&self.pool)
                 .await
-                .map_err(|error| classify(&self.location, error))?;
+                .map_err(|error| classify(&self.redaction, error))?;
         for index in &indexes {
             let index_name: String = index.try_get("name").unwrap_or_default();
+            // The index name comes from the catalog, not from validated configuration: quoted.
+            let quoted_index = index_name.replace('"', "\"\"");
             let first: Option<SqliteRow> =
-                sqlx::query(sqlx::AssertSqlSafe(format!("PRAGMA {prefix}index_info(\"{index_name}\")")))
+                sqlx::query(sqlx::AssertSqlSafe(format!("PRAGMA {prefix}index_info(\"{quoted_index}\")")))
                     .fetch_optional(&self.pool)
                     .await
-                    .map_err(|error| classify(&self.location, error))?;
+                    .map_err(|error| classify(&self.redaction, error))?;
             let first_column: Option<String> = first.and_then(|row| row.try_get("name").ok());
             if first_column.as_deref() == Some(self.config.cursor.as_str()) {
                 return Ok(());
             }
         }
-        warn_missing_index(&self.location, name, &self.config);
+        warn_missing_index(&self.redaction.location, name, &self.config);
         Ok(())
     }
 }
@@ -100,13 +120,16 @@ fn decode_value(
         "TEXT" | "DATETIME" | "DATE" | "TIME" => {
             let text: String = row.try_get_unchecked(index).map_err(failed)?;
             if role == Role::Cursor {
-                let at = parse_sqlite_timestamp(&text).ok_or_else(|| {
-                    SourceError::Position(format!(
-                        "cursor column {name:?} holds the text {text:?}, which is not a timestamp (use an integer or a timestamp cursor)"
-                    ))
-                })?;
+                let Some(at) = parse_sqlite_timestamp(&text) else {
+                    let why = format!(
+                        "the text {text:?} is not a timestamp layout SQLite's date functions read \
+                         (YYYY-MM-DD HH:MM[:SS[.fff]] with ' ' or 'T', then nothing, 'Z' or ±HH:MM): \
+                         fix the value, or filter such rows with `where`"
+                    );
+                    return Ok(Decoded::not_a_position(Value::from(text), why));
+                };
                 let cursor = CursorValue::Timestamp { at, source_text: Some(text.clone()) };
-                return Ok(Decoded { json: cursor.to_json(), cursor: Some(cursor), key: None });
+                return Ok(Decoded { json: cursor.to_json(), cursor: Some(cursor), key: None, invalid_cursor: None });
             }
             Ok(Decoded::text(text))
         }
@@ -118,44 +141,93 @@ fn decode_value(
     }
 }
 
-/// The layouts SQLite's date functions and common drivers write: with a space or a `T`, optional
-/// fraction, optional `Z` or offset. Text without an offset is UTC.
+/// A cursor text as a point in time, for exactly the layouts SQLite's `julianday()` also reads,
+/// so that the settle predicate (which uses it) and the checkpoint agree on every row:
+/// `YYYY-MM-DD`, a space or an upper-case `T`, `HH:MM`, optional `:SS` and `.fraction`, then
+/// nothing (UTC), `Z`/`z`, or an offset `±HH:MM` of at most 14 hours. Anything else (`+0200`,
+/// `+02`, a lower-case `t`, a date alone) is `None`: the row is reported, not skipped.
 pub fn parse_sqlite_timestamp(text: &str) -> Option<DateTime<Utc>> {
-    if let Ok(parsed) = DateTime::parse_from_rfc3339(text) {
-        return Some(parsed.with_timezone(&Utc));
+    let bytes = text.as_bytes();
+    let digits =
+        |range: std::ops::Range<usize>| bytes.get(range).is_some_and(|part| part.iter().all(u8::is_ascii_digit));
+    // YYYY-MM-DD?HH:MM
+    let shape = digits(0..4)
+        && bytes.get(4) == Some(&b'-')
+        && digits(5..7)
+        && bytes.get(7) == Some(&b'-')
+        && digits(8..10)
+        && matches!(bytes.get(10), Some(b' ' | b'T'))
+        && digits(11..13)
+        && bytes.get(13) == Some(&b':')
+        && digits(14..16);
+    if !shape {
+        return None;
     }
-    for format in ["%Y-%m-%d %H:%M:%S%.f%:z", "%Y-%m-%d %H:%M:%S%.f%#z"] {
-        if let Ok(parsed) = DateTime::parse_from_str(text, format) {
-            return Some(parsed.with_timezone(&Utc));
+    let mut end = 16;
+    if bytes.get(end) == Some(&b':') {
+        if !digits(end + 1..end + 3) {
+            return None;
+        }
+        end += 3;
+        if bytes.get(end) == Some(&b'.') {
+            let fraction_digits = bytes[end + 1..].iter().take_while(|byte| byte.is_ascii_digit()).count();
+            if fraction_digits == 0 {
+                return None;
+            }
+            end += 1 + fraction_digits;
         }
     }
-    let without_zulu = text.strip_suffix('Z').unwrap_or(text);
-    for format in ["%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M"] {
-        if let Ok(parsed) = NaiveDateTime::parse_from_str(without_zulu, format) {
-            return Some(parsed.and_utc());
+    let offset_seconds: i32 = match &bytes[end..] {
+        [] | [b'Z'] | [b'z'] => 0,
+        [sign @ (b'+' | b'-'), hours @ ..] if hours.len() == 5 && hours[2] == b':' => {
+            if !digits(end + 1..end + 3) || !digits(end + 4..end + 6) {
+                return None;
+            }
+            let hour = i32::from(hours[0] - b'0') * 10 + i32::from(hours[1] - b'0');
+            let minute = i32::from(hours[3] - b'0') * 10 + i32::from(hours[4] - b'0');
+            if hour > 14 || minute > 59 || (hour == 14 && minute > 0) {
+                return None;
+            }
+            let seconds = hour * 3600 + minute * 60;
+            if *sign == b'-' { -seconds } else { seconds }
         }
+        _ => return None,
+    };
+    let local = &text[..end];
+    // Seconds of 60 (a leap second to chrono) are not a time to SQLite.
+    if end >= 19 && &text[17..19] >= "60" {
+        return None;
     }
-    None
+    let format = if end == 16 { "%Y-%m-%d %H:%M" } else { "%Y-%m-%d %H:%M:%S%.f" };
+    let normalized = local.replacen('T', " ", 1);
+    let naive = NaiveDateTime::parse_from_str(&normalized, format).ok()?;
+    Some(naive.and_utc() - chrono::Duration::seconds(i64::from(offset_seconds)))
 }
 
 #[async_trait]
 impl Source for SqliteSource {
-    async fn fetch_after(&self, after: Option<&Position>, limit: usize) -> Result<Vec<SourceRow>, SourceError> {
-        let seek = self.seek().await?;
-        fetch_rows(&self.pool, &self.config, seek, after, limit, &self.location, |row, index, name| {
-            // SQLite: each value has its own storage class, whatever the column declares.
-            let raw =
-                row.try_get_raw(index).map_err(|error| SourceError::Position(format!("column {name:?}: {error}")))?;
-            let type_name =
-                if raw.is_null() { "NULL".to_string() } else { raw.type_info().name().to_ascii_uppercase() };
-            let value = decode_value(row, index, name, &type_name, role_of(&self.config, name))?;
-            Ok((type_name, value))
-        })
-        .await
+    async fn fetch_after(&self, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
+        let fetch = async {
+            let seek = self.seek().await?;
+            fetch_rows(&self.pool, &self.config, seek, after, limit, &self.redaction, |row, index, name| {
+                // SQLite: each value has its own storage class, whatever the column declares.
+                let raw = row
+                    .try_get_raw(index)
+                    .map_err(|error| SourceError::Position(format!("column {name:?}: {error}")))?;
+                let type_name =
+                    if raw.is_null() { "NULL".to_string() } else { raw.type_info().name().to_ascii_uppercase() };
+                let value = decode_value(row, index, name, &type_name, role_of(&self.config, name))?;
+                Ok((type_name, value))
+            })
+            .await
+        };
+        let fetched = within_query_timeout(&self.config, &self.redaction.location, fetch).await?;
+        warn_if_settle_ignored(&self.config, &fetched, &self.settle_warned, &self.redaction.location);
+        Ok(fetched)
     }
 
     fn describe(&self) -> String {
-        self.location.clone()
+        self.redaction.location.clone()
     }
 }
 
@@ -170,11 +242,30 @@ mod tests {
             "2024-03-01 10:20:30.5",
             "2024-03-01T10:20:30.5",
             "2024-03-01T10:20:30.500Z",
+            "2024-03-01T10:20:30.500z",
             "2024-03-01 10:20:30.5+00:00",
             "2024-03-01T12:20:30.5+02:00",
+            "2024-03-01T08:50:30.5-01:30",
         ] {
             assert_eq!(parse_sqlite_timestamp(text), Some(expected), "{text}");
         }
-        assert_eq!(parse_sqlite_timestamp("yesterday"), None);
+        assert_eq!(
+            parse_sqlite_timestamp("2024-03-01 10:20"),
+            Some(DateTime::parse_from_rfc3339("2024-03-01T10:20:00Z").unwrap().with_timezone(&Utc))
+        );
+        // Layouts julianday() cannot read are not timestamps here either.
+        for text in [
+            "yesterday",
+            "2024-03-01T10:20:30+0200",
+            "2024-03-01T10:20:30+02",
+            "2024-03-01t10:20:30",
+            "2024-03-01",
+            "2024-03-01 10:20:60",
+            "2024-03-01 10:20:30.",
+            "2024-03-01 10:20:30+15:00",
+            "2024-03-01 1:20:30",
+        ] {
+            assert_eq!(parse_sqlite_timestamp(text), None, "{text}");
+        }
     }
 }
