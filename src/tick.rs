@@ -10,19 +10,24 @@
 //!    lease); heartbeat only when no commit happened for a heartbeat interval;
 //! 5. stop when caught up or at the tick budget; the last commit releases the lease.
 //!
-//! A failed delivery leaves the checkpoint where it was and releases the lease, so the next tick,
-//! anywhere, retries the same batch at once. Every write reuses the ETag of the previous read or
-//! write: a tick that delivers k batches costs 1 GET and k + 1 PUTs.
+//! A failed tick (a delivery, a fetch, a commit, even a panic) leaves the checkpoint where it was
+//! and releases the lease, so the next tick, anywhere, retries the same batch at once. Every write
+//! reuses the ETag of the previous read or write: a tick that delivers k batches costs 1 GET and
+//! k + 1 PUTs. The next batch is fetched while the current ones are delivered, and heartbeats keep
+//! the lease alive while either runs.
 
+use std::any::Any;
 use std::fmt;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use chrono::{DateTime, Utc};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::config::PollerConfig;
 use crate::domain::ids::batch_id;
@@ -31,7 +36,7 @@ use crate::domain::state::{CheckpointRegression, advance_checkpoint, describe};
 use crate::domain::window::BatchWindow;
 use crate::domain::{DocumentError, Position, StateDocument};
 use crate::sink::{Batch, Sink, SinkError};
-use crate::source::{Source, SourceError, SourceRow};
+use crate::source::{FetchLimit, Fetched, Source, SourceError};
 use crate::store::{ETag, StateKey, StateStore, StoreError, WriteCondition};
 
 /// How long after a failed heartbeat the next attempt is made (the lease stays ours until it
@@ -69,8 +74,9 @@ pub struct Poller {
 pub enum TickOutcome {
     /// Nothing after the checkpoint: one read, no write.
     Idle,
-    /// Batches delivered and committed.
-    Delivered { rows: u64, batches: u64, checkpoint: String, stop: StopReason },
+    /// Batches delivered and committed. `new_document`: there was no state document, so the tick
+    /// started from the beginning of the source (said loudly: a deleted document means redelivery).
+    Delivered { rows: u64, batches: u64, checkpoint: String, stop: StopReason, new_document: bool },
     /// Another instance holds a live lease.
     LeaseHeld { owner_id: String, expires_at: Option<DateTime<Utc>> },
     /// The lease was lost mid-tick (someone else wrote the document); nothing more was committed.
@@ -103,12 +109,19 @@ impl fmt::Display for TickOutcome {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             TickOutcome::Idle => write!(formatter, "nothing new"),
-            TickOutcome::Delivered { rows, batches, checkpoint, stop } => {
+            TickOutcome::Delivered { rows, batches, checkpoint, stop, new_document } => {
                 let how = match stop {
                     StopReason::CaughtUp => "caught up",
                     StopReason::BudgetExhausted => "tick budget used up, more to deliver",
                 };
-                write!(formatter, "delivered {batches} batches, {rows} rows; {how}; checkpoint {checkpoint}")
+                write!(formatter, "delivered {batches} batches, {rows} rows; {how}; checkpoint {checkpoint}")?;
+                if *new_document {
+                    write!(
+                        formatter,
+                        "; NEW STATE DOCUMENT: none was found, so delivery started from the beginning of the source"
+                    )?;
+                }
+                Ok(())
             }
             TickOutcome::LeaseHeld { owner_id, expires_at } => match expires_at {
                 Some(at) => write!(formatter, "lease held by {owner_id} until {}", at.to_rfc3339()),
@@ -141,6 +154,16 @@ pub enum TickError {
     Document(#[from] DocumentError),
     #[error(transparent)]
     Checkpoint(#[from] CheckpointRegression),
+    /// The lease was lost before this tick committed anything: reported as a failure, not as a
+    /// quiet success, since the same thing will happen again on the next tick.
+    #[error(
+        "the lease was lost before anything was committed ({reason}); the next tick starts over from the same checkpoint. \
+         If this repeats, a fetch or a delivery is slower than lease.ttlSeconds allows"
+    )]
+    NoProgress { reason: String },
+    /// A bug: something panicked during the tick. The lease was released if it was held.
+    #[error("the tick failed unexpectedly (panic: {message}); the checkpoint did not move")]
+    Panicked { message: String },
 }
 
 /// A write that did not land.
@@ -148,6 +171,102 @@ enum WriteFailure {
     /// Someone else wrote first; this is what is there now (if anything).
     Conflict(Option<Box<StateDocument>>),
     Store(StoreError),
+}
+
+/// Writes one poller's state document for the length of a tick: each write is conditional on
+/// the version the previous read or write left, and carries a fresh write id. A conditional write
+/// can answer 412 although it landed (a retry after a lost response, seed 001 case G), and a write
+/// can land although it answered an error (a timeout): so the ids of every write not yet
+/// acknowledged are remembered, and a 412 is checked against them before it counts as a conflict.
+struct StateWriter<'a> {
+    store: &'a dyn StateStore,
+    key: &'a StateKey,
+    condition: WriteCondition,
+    /// Write ids of this tick's writes that answered an error: any of them may have landed.
+    unacknowledged: Vec<String>,
+    /// Someone else wrote the document: nothing more may be written in this tick.
+    lost: bool,
+}
+
+impl<'a> StateWriter<'a> {
+    fn new(store: &'a dyn StateStore, key: &'a StateKey, etag: Option<ETag>) -> Self {
+        let condition = match etag {
+            Some(etag) => WriteCondition::Matches(etag),
+            None => WriteCondition::Absent,
+        };
+        StateWriter { store, key, condition, unacknowledged: Vec::new(), lost: false }
+    }
+
+    async fn write(&mut self, document: &mut StateDocument) -> Result<(), WriteFailure> {
+        // At most one retry: after finding our own earlier write in place of the one we expected.
+        for _ in 0..2 {
+            let write_id = uuid::Uuid::new_v4().simple().to_string();
+            document.write_id = Some(write_id.clone());
+            match self.store.write(self.key, document, self.condition.clone()).await {
+                Ok(etag) => {
+                    self.acknowledged(etag);
+                    return Ok(());
+                }
+                Err(StoreError::Conflict { .. } | StoreError::AlreadyExists { .. }) => {
+                    let stored = match self.store.read(self.key).await {
+                        Ok(stored) => stored,
+                        Err(error) => {
+                            self.unacknowledged.push(write_id);
+                            return Err(WriteFailure::Store(error));
+                        }
+                    };
+                    let stored_id = stored.as_ref().and_then(|versioned| versioned.document.write_id.clone());
+                    match (stored, StoreDecision::of(stored_id.as_deref(), &write_id, &self.unacknowledged)) {
+                        (Some(versioned), StoreDecision::ThisWriteLanded) => {
+                            self.acknowledged(versioned.etag);
+                            return Ok(());
+                        }
+                        (Some(versioned), StoreDecision::EarlierWriteLanded) => {
+                            // Ours, from a write whose answer was an error: write again over it.
+                            self.acknowledged(versioned.etag);
+                        }
+                        (stored, _) => {
+                            self.lost = true;
+                            return Err(WriteFailure::Conflict(stored.map(|versioned| Box::new(versioned.document))));
+                        }
+                    }
+                }
+                Err(error) => {
+                    self.unacknowledged.push(write_id);
+                    return Err(WriteFailure::Store(error));
+                }
+            }
+        }
+        self.lost = true;
+        Err(WriteFailure::Conflict(None))
+    }
+
+    fn acknowledged(&mut self, etag: ETag) {
+        self.condition = WriteCondition::Matches(etag);
+        self.unacknowledged.clear();
+    }
+}
+
+/// What a document found after a 412 says about our writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StoreDecision {
+    /// It carries the id of the write that answered 412: it landed, only its answer was lost.
+    ThisWriteLanded,
+    /// It carries the id of an earlier write of this tick that answered an error: that one
+    /// landed, so the document is still ours.
+    EarlierWriteLanded,
+    /// Someone else wrote it.
+    Conflict,
+}
+
+impl StoreDecision {
+    fn of(stored_id: Option<&str>, this_write: &str, unacknowledged: &[String]) -> StoreDecision {
+        match stored_id {
+            Some(id) if id == this_write => StoreDecision::ThisWriteLanded,
+            Some(id) if unacknowledged.iter().any(|earlier| earlier == id) => StoreDecision::EarlierWriteLanded,
+            _ => StoreDecision::Conflict,
+        }
+    }
 }
 
 /// Why a heartbeat stopped the deliveries.
@@ -180,8 +299,13 @@ impl Totals {
         }
     }
 
-    fn lease_lost(&self) -> TickOutcome {
-        TickOutcome::LeaseLost { rows: self.rows, batches: self.batches }
+    /// The lease was lost: after some progress an outcome (the new owner continues), before any
+    /// an error (the same will happen next tick, and a 200 would hide it).
+    fn lease_lost(&self, reason: &str) -> Result<TickOutcome, TickError> {
+        if self.batches == 0 {
+            return Err(TickError::NoProgress { reason: reason.to_string() });
+        }
+        Ok(TickOutcome::LeaseLost { rows: self.rows, batches: self.batches })
     }
 }
 
@@ -201,42 +325,62 @@ impl Poller {
         StateKey::new(&self.config.app_name, &self.config.poller_name)
     }
 
-    /// Runs one tick.
+    fn fetch_limit(&self) -> FetchLimit {
+        FetchLimit { rows: self.config.batch.size, bytes: self.config.batch.max_bytes }
+    }
+
+    /// Runs one tick. A panic anywhere in it (a driver bug, a value nobody foresaw) becomes a
+    /// failed tick with its message, and the lease is given back if this process holds it: it
+    /// never kills the process nor leaves the poller blocked until the lease expires.
     pub async fn tick(&self) -> Result<TickOutcome, TickError> {
         let Ok(_running) = self.running.try_lock() else {
             return Ok(TickOutcome::Busy);
         };
+        match AssertUnwindSafe(self.run_tick()).catch_unwind().await {
+            Ok(result) => result,
+            Err(panic) => {
+                let message = panic_message(panic.as_ref());
+                error!(poller = %self.config.poller_name, "the tick panicked: {message}");
+                self.release_after_panic().await;
+                Err(TickError::Panicked { message })
+            }
+        }
+    }
+
+    async fn run_tick(&self) -> Result<TickOutcome, TickError> {
         let deadline = Instant::now() + self.config.batch.tick_budget;
         let key = self.key();
         let terms = self.config.lease;
 
         // 1. One read.
-        let (mut document, mut etag) = match self.store.read(&key).await? {
+        let (mut document, etag) = match self.store.read(&key).await? {
             Some(versioned) => (versioned.document, Some(versioned.etag)),
             None => (StateDocument::new(&self.config.poller_name, &self.config.fingerprint), None),
         };
-        if document.source_fingerprint != self.config.fingerprint {
+        let new_document = etag.is_none();
+        if !self.config.fingerprint_matches(&document.source_fingerprint) {
             return Err(TickError::FingerprintMismatch {
                 stored: document.source_fingerprint.clone(),
                 current: self.config.fingerprint.clone(),
             });
         }
-        let now = self.clock.now();
+        // Written by an earlier build for the same target: the next write records today's form.
+        document.source_fingerprint = self.config.fingerprint.clone();
         if let LeaseStatus::HeldByOther { owner_id, expires_at } =
-            lease::status(document.lease.as_ref(), &self.owner_id, now, &terms)
+            lease::status(document.lease.as_ref(), &self.owner_id, self.clock.now(), &terms)
         {
             return Ok(TickOutcome::LeaseHeld { owner_id, expires_at });
         }
 
         // 2. Anything to do?
         let checkpoint = document.position()?;
-        let size = self.config.batch.size;
-        let rows = self.source.fetch_after(checkpoint.as_ref(), size).await?;
-        if rows.is_empty() {
+        let first = self.source.fetch_after(checkpoint.as_ref(), self.fetch_limit()).await?;
+        if first.rows.is_empty() {
             return Ok(TickOutcome::Idle);
         }
 
-        // 3. Take the lease.
+        // 3. Take the lease, on the clock as it is after the query (which may have been slow).
+        let now = self.clock.now();
         let acquired = match lease::acquire(document.lease.as_ref(), &self.owner_id, now, &terms) {
             Ok(acquired) => acquired,
             Err(held) => {
@@ -244,68 +388,144 @@ impl Poller {
             }
         };
         let fencing_token = acquired.fencing_token;
+        if new_document {
+            warn!(
+                poller = %self.config.poller_name,
+                state = %self.store.describe(),
+                fencing_token,
+                "no state document for this poller: starting a new one, from the beginning of the source \
+                 (if it existed before, it was deleted: every row is delivered again)"
+            );
+        }
         document.lease = Some(acquired);
-        let condition = match etag.take() {
-            Some(etag) => WriteCondition::Matches(etag),
-            None => WriteCondition::Absent,
-        };
-        let etag = match self.write_state(&key, &mut document, condition).await {
-            Ok(etag) => etag,
+        let mut writer = StateWriter::new(self.store.as_ref(), &key, etag);
+        match writer.write(&mut document).await {
+            Ok(()) => {}
             Err(WriteFailure::Conflict(current)) => return Ok(held_by_whoever_wrote(current)),
-            Err(WriteFailure::Store(error)) => return Err(error.into()),
-        };
+            Err(WriteFailure::Store(error)) => {
+                // The write may have landed: give the lease back if it did.
+                self.release_lease(&mut writer, &mut document).await;
+                return Err(error.into());
+            }
+        }
 
         // 4 and 5. Deliver and commit until caught up or out of budget.
-        self.deliver_and_commit(&key, &mut document, etag, rows, fencing_token, deadline).await
+        let result = self.deliver_and_commit(&mut writer, &mut document, first, fencing_token, deadline).await;
+        // Whatever happened, a lease still ours is given back (a failed commit, a fetch error,
+        // the budget running out between commits), so the next tick anywhere starts at once.
+        if !writer.lost && self.holds_lease(&document) {
+            self.release_lease(&mut writer, &mut document).await;
+        }
+        let outcome = result?;
+        Ok(match outcome {
+            TickOutcome::Delivered { rows, batches, checkpoint, stop, .. } => {
+                TickOutcome::Delivered { rows, batches, checkpoint, stop, new_document }
+            }
+            other => other,
+        })
     }
 
-    /// Keeps up to `maxInFlight` batches in flight, fetching each next batch as the previous one
-    /// leaves, and commits the contiguous prefix of acknowledged batches as soon as it grows (seed
-    /// 004): a batch acknowledged early waits for the ones before it. A commit is a heartbeat; a
-    /// separate heartbeat is written only when no commit happened for a heartbeat interval. The
-    /// commit that empties the window with nothing left to send releases the lease.
+    fn holds_lease(&self, document: &StateDocument) -> bool {
+        document.lease.as_ref().and_then(|lease| lease.owner_id.as_deref()) == Some(self.owner_id.as_str())
+    }
+
+    /// Keeps up to `maxInFlight` batches in flight and the next batch fetching meanwhile, and
+    /// commits the contiguous prefix of acknowledged batches as soon as it grows (seed 004): a batch
+    /// acknowledged early waits for the ones before it. A commit is a heartbeat; a separate
+    /// heartbeat is written when no commit happened for a heartbeat interval, whether deliveries or
+    /// a fetch are what the tick is waiting for. The commit that empties the window with nothing
+    /// left to send releases the lease.
     async fn deliver_and_commit(
         &self,
-        key: &StateKey,
+        writer: &mut StateWriter<'_>,
         document: &mut StateDocument,
-        mut etag: ETag,
-        first_rows: Vec<SourceRow>,
+        first: Fetched,
         fencing_token: u64,
         deadline: Instant,
     ) -> Result<TickOutcome, TickError> {
         let terms = self.config.lease;
-        let size = self.config.batch.size;
+        let limit = self.fetch_limit();
         let mut window: BatchWindow<Sent> = BatchWindow::new();
         let mut in_flight: JoinSet<(u64, Result<(), SinkError>)> = JoinSet::new();
-        let mut next: Option<Vec<SourceRow>> = Some(first_rows);
+        // At most one fetch at a time, running while batches are delivered.
+        let mut fetching: JoinSet<Result<Fetched, SourceError>> = JoinSet::new();
+        let mut next: Option<Fetched> = Some(first);
         let mut fetch_error: Option<SourceError> = None;
+        let mut budget_exhausted = false;
+        // Acknowledged, contiguous batches not committed yet.
+        let mut pending: Vec<Sent> = Vec::new();
+        let mut heartbeat_due = false;
         let mut totals = Totals::default();
         // After a failed heartbeat, the next attempt waits a little instead of following at once.
         let mut heartbeat_retry_at: Option<Instant> = None;
         loop {
-            // Fill the window.
-            while in_flight.len() < self.config.batch.max_in_flight && Instant::now() < deadline {
-                let Some(rows) = next.take() else {
-                    break;
-                };
-                let first = rows.first().expect("a batch is never empty").position.clone();
-                let last = rows.last().expect("a batch is never empty").position.clone();
-                let id = batch_id(&self.config.poller_name, &self.config.fingerprint, &first, &last, rows.len());
-                let batch =
-                    Batch::new(&self.config.poller_name, &self.config.fingerprint, id.clone(), fencing_token, &rows);
-                let sequence = window.open(Sent { batch_id: id, last: last.clone(), rows: rows.len() });
-                let sink = self.sink.clone();
-                in_flight.spawn(async move { (sequence, sink.deliver(&batch, deadline).await) });
-                // A short batch means the source had no more rows when it was read: no need to ask again.
-                if rows.len() == size {
-                    match self.source.fetch_after(Some(&last), size).await {
-                        Ok(more) if !more.is_empty() => next = Some(more),
-                        Ok(_) => {}
-                        Err(error) => fetch_error = Some(error),
+            if Instant::now() >= deadline && (next.is_some() || !fetching.is_empty()) {
+                // Out of budget: what is fetched or fetching waits for the next tick.
+                budget_exhausted = true;
+                next = None;
+                fetching.abort_all();
+                fetching.detach_all();
+            }
+
+            // Commit what is acknowledged. When every batch is acknowledged but a fetch is still
+            // running, the commit waits for it (or for the heartbeat, which it then replaces):
+            // only then is it known whether this commit is the last one, which releases the
+            // lease, and a tick keeps to 1 GET and k + 1 PUTs.
+            if !pending.is_empty() {
+                let drained = in_flight.is_empty() && window.is_empty();
+                let nothing_more = (next.is_none() && fetching.is_empty()) || fetch_error.is_some();
+                if !drained || fetching.is_empty() || fetch_error.is_some() || heartbeat_due {
+                    let release = drained && nothing_more;
+                    if !self.commit(writer, document, &pending, release).await? {
+                        in_flight.abort_all();
+                        warn!(poller = %self.config.poller_name, "commit refused: the lease was taken over; the new owner delivers these batches again");
+                        return totals.lease_lost("a commit found the state document taken over");
+                    }
+                    totals.add(&pending);
+                    pending.clear();
+                    heartbeat_due = false;
+                    heartbeat_retry_at = None;
+                }
+            }
+            if heartbeat_due {
+                heartbeat_due = false;
+                match self.heartbeat(writer, document).await {
+                    Ok(true) => heartbeat_retry_at = None,
+                    Ok(false) => heartbeat_retry_at = Some(Instant::now() + HEARTBEAT_RETRY_DELAY),
+                    Err(DeliveryFailure::LeaseLost) => {
+                        in_flight.abort_all();
+                        return totals.lease_lost("a heartbeat found the state document taken over");
+                    }
+                    Err(DeliveryFailure::Store(error)) => {
+                        in_flight.abort_all();
+                        return Err(error.into());
                     }
                 }
             }
-            if in_flight.is_empty() {
+
+            // Fill the window with what has been fetched.
+            while in_flight.len() < self.config.batch.max_in_flight && Instant::now() < deadline {
+                let Some(fetched) = next.take() else {
+                    break;
+                };
+                let rows = fetched.rows;
+                let first_position = rows.first().expect("a batch is never empty").position.clone();
+                let last = rows.last().expect("a batch is never empty").position.clone();
+                let id =
+                    batch_id(&self.config.poller_name, &self.config.fingerprint, &first_position, &last, rows.len());
+                let batch =
+                    Batch::new(&self.config.poller_name, &self.config.fingerprint, id.clone(), fencing_token, &rows);
+                drop(rows);
+                let sequence = window.open(Sent { batch_id: id, last: last.clone(), rows: batch.events.len() });
+                let sink = self.sink.clone();
+                in_flight.spawn(async move { (sequence, sink.deliver(&batch, deadline).await) });
+                // A fetch that stopped short of its limits found the end: no need to ask again.
+                if fetched.full && fetch_error.is_none() {
+                    let source = self.source.clone();
+                    fetching.spawn(async move { source.fetch_after(Some(&last), limit).await });
+                }
+            }
+            if in_flight.is_empty() && fetching.is_empty() && pending.is_empty() {
                 break;
             }
 
@@ -314,7 +534,8 @@ impl Poller {
             if !lease::holder_may_act(&current, &self.owner_id, now, &terms) {
                 in_flight.abort_all();
                 warn!(poller = %self.config.poller_name, "the lease is about to expire without a heartbeat; stopping");
-                return Ok(totals.lease_lost());
+                writer.lost = true;
+                return totals.lease_lost("the lease came within the clock-skew margin of expiry without a heartbeat");
             }
             let due = lease::next_heartbeat_due(&current, &terms).unwrap_or(now);
             let wait = match heartbeat_retry_at {
@@ -322,17 +543,16 @@ impl Poller {
                 None => (due - now).to_std().unwrap_or(Duration::ZERO),
             };
             tokio::select! {
-                joined = in_flight.join_next() => {
+                joined = in_flight.join_next(), if !in_flight.is_empty() => {
                     // Take every delivery that has finished by now, so that one commit covers them all.
                     let mut finished = vec![joined.expect("the set is not empty")];
                     while let Some(more) = in_flight.try_join_next() {
                         finished.push(more);
                     }
-                    let mut ready = Vec::new();
                     let mut failure: Option<SinkError> = None;
                     for joined in finished {
                         match joined {
-                            Ok((sequence, Ok(()))) => ready.extend(window.acknowledge(sequence)),
+                            Ok((sequence, Ok(()))) => pending.extend(window.acknowledge(sequence)),
                             Ok((_, Err(error))) => failure = failure.or(Some(error)),
                             Err(join_error) => {
                                 let reason = format!("the delivery task failed: {join_error}");
@@ -340,88 +560,63 @@ impl Poller {
                             }
                         }
                     }
-                    if let Some(error) = &failure {
+                    if let Some(error) = failure {
                         // Batches after the failed one may have landed: the next tick delivers them again.
                         in_flight.abort_all();
+                        fetching.abort_all();
                         warn!(poller = %self.config.poller_name, error = %error, "delivery failed; checkpoint left before this batch");
-                    }
-                    if !ready.is_empty() {
-                        let nothing_more = next.is_none() || fetch_error.is_some() || Instant::now() >= deadline;
-                        let release = failure.is_some() || (in_flight.is_empty() && window.is_empty() && nothing_more);
-                        match self.commit(key, document, etag.clone(), &ready, release).await? {
-                            Some(new_etag) => {
-                                etag = new_etag;
-                                heartbeat_retry_at = None;
+                        if !pending.is_empty() {
+                            // What was acknowledged before the failed batch is kept, and the lease released.
+                            if !self.commit(writer, document, &pending, true).await? {
+                                return totals.lease_lost("a commit found the state document taken over");
                             }
-                            None => {
-                                in_flight.abort_all();
-                                warn!(poller = %self.config.poller_name, "commit refused: the lease was taken over; the new owner delivers these batches again");
-                                return Ok(totals.lease_lost());
-                            }
+                            totals.add(&pending);
                         }
-                        totals.add(&ready);
-                    }
-                    if let Some(error) = failure {
-                        self.release_lease(key, document, etag).await;
                         return Err(TickError::Delivery { error, rows_committed: totals.rows });
                     }
                 }
-                _ = tokio::time::sleep(wait) => {
-                    match self.heartbeat(key, document, &etag).await {
-                        Ok(Some(new_etag)) => {
-                            etag = new_etag;
-                            heartbeat_retry_at = None;
-                        }
-                        Ok(None) => heartbeat_retry_at = Some(Instant::now() + HEARTBEAT_RETRY_DELAY),
-                        Err(DeliveryFailure::LeaseLost) => {
-                            in_flight.abort_all();
-                            return Ok(totals.lease_lost());
-                        }
-                        Err(DeliveryFailure::Store(error)) => {
-                            in_flight.abort_all();
-                            self.release_lease(key, document, etag).await;
-                            return Err(error.into());
+                fetched = fetching.join_next(), if !fetching.is_empty() => {
+                    match fetched.expect("the set is not empty") {
+                        Ok(Ok(more)) if !more.rows.is_empty() => next = Some(more),
+                        Ok(Ok(_)) => {}
+                        Ok(Err(error)) => fetch_error = Some(error),
+                        Err(join_error) => {
+                            fetch_error = Some(SourceError::Query {
+                                location: self.source.describe(),
+                                reason: format!("the fetch task failed: {join_error}"),
+                            });
                         }
                     }
                 }
+                _ = tokio::time::sleep(wait) => heartbeat_due = true,
             }
         }
 
-        // The tick budget can run out between the last commit and the check above: then the last
-        // commit renewed the lease, and it is released here.
-        if document.lease.as_ref().and_then(|lease| lease.owner_id.as_deref()) == Some(self.owner_id.as_str()) {
-            self.release_lease(key, document, etag).await;
-        }
         if let Some(error) = fetch_error {
             return Err(error.into());
         }
-        let stop = if next.is_some() { StopReason::BudgetExhausted } else { StopReason::CaughtUp };
+        let stop = if budget_exhausted { StopReason::BudgetExhausted } else { StopReason::CaughtUp };
         Ok(TickOutcome::Delivered {
             rows: totals.rows,
             batches: totals.batches,
             checkpoint: totals.checkpoint.clone().unwrap_or_default(),
             stop,
+            new_document: false,
         })
     }
 
     /// Moves the checkpoint over `ready` (acknowledged, contiguous batches) in one CAS that also
-    /// renews or releases the lease. `None`: the lease was taken over, nothing was committed.
+    /// renews or releases the lease. `false`: the lease was taken over, nothing was committed.
     async fn commit(
         &self,
-        key: &StateKey,
+        writer: &mut StateWriter<'_>,
         document: &mut StateDocument,
-        etag: ETag,
         ready: &[Sent],
         release: bool,
-    ) -> Result<Option<ETag>, TickError> {
+    ) -> Result<bool, TickError> {
         let last = ready.last().expect("a commit covers at least one batch");
         let rows: usize = ready.iter().map(|sent| sent.rows).sum();
         let now = self.clock.now();
-        document.checkpoint =
-            Some(advance_checkpoint(document.checkpoint.as_ref(), &last.last, &last.batch_id, rows, now)?);
-        document.stats.rows_delivered += rows as u64;
-        document.stats.batches_delivered += ready.len() as u64;
-        document.stats.last_tick_at = Some(now);
         let current_lease = document.lease.clone().expect("the lease is held while committing");
         let next_lease = if release {
             lease::release(&current_lease, &self.owner_id, now)
@@ -429,11 +624,17 @@ impl Poller {
             lease::renew(&current_lease, &self.owner_id, now, &self.config.lease)
         };
         let Ok(next_lease) = next_lease else {
-            return Ok(None);
+            writer.lost = true;
+            return Ok(false);
         };
+        document.checkpoint =
+            Some(advance_checkpoint(document.checkpoint.as_ref(), &last.last, &last.batch_id, rows, now)?);
+        document.stats.rows_delivered += rows as u64;
+        document.stats.batches_delivered += ready.len() as u64;
+        document.stats.last_tick_at = Some(now);
         document.lease = Some(next_lease);
-        match self.write_state(key, document, WriteCondition::Matches(etag)).await {
-            Ok(new_etag) => {
+        match writer.write(document).await {
+            Ok(()) => {
                 for sent in ready {
                     info!(
                         poller = %self.config.poller_name,
@@ -444,62 +645,44 @@ impl Poller {
                         "batch delivered and committed"
                     );
                 }
-                Ok(Some(new_etag))
+                Ok(true)
             }
-            Err(WriteFailure::Conflict(_)) => Ok(None),
+            Err(WriteFailure::Conflict(_)) => Ok(false),
+            // The batches were acknowledged, so the document may keep their checkpoint: the
+            // release that follows writes it (or finds this write landed after all).
             Err(WriteFailure::Store(error)) => Err(error.into()),
         }
     }
 
-    /// Renews the lease while deliveries run. `Ok(Some)`: renewed; `Ok(None)`: the write failed
-    /// in a way worth retrying at the next interval (the lease is ours until it expires).
+    /// Renews the lease while deliveries or a fetch run. `Ok(true)`: renewed; `Ok(false)`: the
+    /// write failed in a way worth retrying at the next interval (the lease is ours until it
+    /// expires).
     async fn heartbeat(
         &self,
-        key: &StateKey,
+        writer: &mut StateWriter<'_>,
         document: &mut StateDocument,
-        etag: &ETag,
-    ) -> Result<Option<ETag>, DeliveryFailure> {
+    ) -> Result<bool, DeliveryFailure> {
         let current = document.lease.clone().expect("the lease is held while delivering");
         let Ok(renewed) = lease::renew(&current, &self.owner_id, self.clock.now(), &self.config.lease) else {
+            writer.lost = true;
             return Err(DeliveryFailure::LeaseLost);
         };
         document.lease = Some(renewed);
-        match self.write_state(key, document, WriteCondition::Matches(etag.clone())).await {
-            Ok(new_etag) => Ok(Some(new_etag)),
+        match writer.write(document).await {
+            Ok(()) => Ok(true),
             Err(WriteFailure::Conflict(_)) => Err(DeliveryFailure::LeaseLost),
             Err(WriteFailure::Store(error)) => {
                 warn!(poller = %self.config.poller_name, error = %error, "heartbeat failed, retrying");
                 document.lease = Some(current);
-                if error_is_retryable(&error) { Ok(None) } else { Err(DeliveryFailure::Store(error)) }
+                if error_is_retryable(&error) { Ok(false) } else { Err(DeliveryFailure::Store(error)) }
             }
-        }
-    }
-
-    /// Writes the document with a fresh write id. A conflict is re-read once: if the stored document
-    /// carries our write id, the write landed and only its answer was lost (seed 001 case G).
-    async fn write_state(
-        &self,
-        key: &StateKey,
-        document: &mut StateDocument,
-        condition: WriteCondition,
-    ) -> Result<ETag, WriteFailure> {
-        let write_id = uuid::Uuid::new_v4().simple().to_string();
-        document.write_id = Some(write_id.clone());
-        match self.store.write(key, document, condition).await {
-            Ok(etag) => Ok(etag),
-            Err(StoreError::Conflict { .. } | StoreError::AlreadyExists { .. }) => match self.store.read(key).await {
-                Ok(Some(stored)) if stored.document.write_id.as_deref() == Some(write_id.as_str()) => Ok(stored.etag),
-                Ok(stored) => Err(WriteFailure::Conflict(stored.map(|versioned| Box::new(versioned.document)))),
-                Err(error) => Err(WriteFailure::Store(error)),
-            },
-            Err(error) => Err(WriteFailure::Store(error)),
         }
     }
 
     /// Gives the lease back without moving the checkpoint: after a failure, so that the retry on any
     /// instance need not wait for expiry, or when the tick ends without a releasing commit. Best
     /// effort: if the write fails, the lease simply expires.
-    async fn release_lease(&self, key: &StateKey, document: &mut StateDocument, etag: ETag) {
+    async fn release_lease(&self, writer: &mut StateWriter<'_>, document: &mut StateDocument) {
         let Some(current) = document.lease.clone() else {
             return;
         };
@@ -507,10 +690,39 @@ impl Poller {
             return;
         };
         document.lease = Some(released);
-        if let Err(WriteFailure::Store(error)) = self.write_state(key, document, WriteCondition::Matches(etag)).await {
-            warn!(poller = %self.config.poller_name, error = %error, "could not release the lease; it will expire");
+        match writer.write(document).await {
+            Ok(()) => {}
+            Err(WriteFailure::Conflict(_)) => {}
+            Err(WriteFailure::Store(error)) => {
+                warn!(poller = %self.config.poller_name, error = %error, "could not release the lease; it will expire");
+            }
         }
     }
+
+    /// After a panic the tick's own view of the document is gone: read it again, and release the
+    /// lease by CAS if this process holds it.
+    async fn release_after_panic(&self) {
+        let key = self.key();
+        let Ok(Some(versioned)) = self.store.read(&key).await else {
+            return;
+        };
+        let mut document = versioned.document;
+        if !self.holds_lease(&document) {
+            return;
+        }
+        let mut writer = StateWriter::new(self.store.as_ref(), &key, Some(versioned.etag));
+        self.release_lease(&mut writer, &mut document).await;
+    }
+}
+
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    if let Some(text) = panic.downcast_ref::<&str>() {
+        return (*text).to_string();
+    }
+    if let Some(text) = panic.downcast_ref::<String>() {
+        return text.clone();
+    }
+    "unknown panic".to_string()
 }
 
 fn error_is_retryable(error: &StoreError) -> bool {
@@ -525,5 +737,29 @@ fn held_by_whoever_wrote(current: Option<Box<StateDocument>>) -> TickOutcome {
             expires_at: lease.expires_at,
         },
         None => TickOutcome::LeaseHeld { owner_id: "(unknown)".to_string(), expires_at: None },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StoreDecision;
+
+    /// Regression (issue 9, item 8): after a 412, a document carrying the id of an earlier write
+    /// that answered an error (a heartbeat that landed but timed out) is still ours.
+    #[test]
+    fn a_412_is_checked_against_every_unacknowledged_write() {
+        let unacknowledged = vec!["heartbeat-1".to_string(), "heartbeat-2".to_string()];
+        assert_eq!(StoreDecision::of(Some("commit"), "commit", &unacknowledged), StoreDecision::ThisWriteLanded);
+        assert_eq!(
+            StoreDecision::of(Some("heartbeat-1"), "commit", &unacknowledged),
+            StoreDecision::EarlierWriteLanded
+        );
+        assert_eq!(
+            StoreDecision::of(Some("heartbeat-2"), "commit", &unacknowledged),
+            StoreDecision::EarlierWriteLanded
+        );
+        assert_eq!(StoreDecision::of(Some("someone-else"), "commit", &unacknowledged), StoreDecision::Conflict);
+        assert_eq!(StoreDecision::of(None, "commit", &unacknowledged), StoreDecision::Conflict);
+        assert_eq!(StoreDecision::of(Some("heartbeat-1"), "commit", &[]), StoreDecision::Conflict);
     }
 }

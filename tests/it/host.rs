@@ -61,10 +61,14 @@ pub async fn every_host_payload_runs_a_tick_and_every_row_arrives_exactly_once(a
     let first = &receiver.acknowledged()[0];
     let envelope = &first.envelope;
     assert_eq!(envelope["poller"], "orders");
-    assert_eq!(envelope["fencing_token"], json!(1));
+    // The first lease of a new document takes its token from the clock (milliseconds), above any
+    // token a deleted earlier document could have issued; later acquisitions add one.
+    let first_token = envelope["fencing_token"].as_u64().unwrap();
+    assert!(first_token > 1_700_000_000_000, "{first_token}");
+    assert!(state["lease"]["fencing_token"].as_u64().unwrap() >= first_token);
     let batch_id = envelope["batch_id"].as_str().unwrap();
     assert_eq!(first.headers["idempotency-key"], batch_id);
-    assert_eq!(first.headers["x-dbtrigger-fencing-token"], "1");
+    assert_eq!(first.headers["x-dbtrigger-fencing-token"], first_token.to_string().as_str());
     let event = &envelope["events"][0];
     assert_eq!(event["op"], "upsert");
     assert_eq!(event["pk"], json!({"id": 1}));
@@ -211,4 +215,104 @@ fn the_function_templates_load_with_the_shipped_local_settings() {
             panic!("template {name}: {error}");
         }
     }
+}
+
+/// Writes a second function folder `name` into the app with this poller section.
+fn write_function(app: &AppRoot, name: &str, poller: Value) {
+    std::fs::create_dir_all(app.root.join(name)).unwrap();
+    std::fs::write(
+        app.root.join(name).join("function.json"),
+        serde_json::to_vec(&json!({
+            "bindings": [{"type": "timerTrigger", "direction": "in", "name": "timer", "schedule": "0 * * * * *"}],
+            "poller": poller
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+}
+
+/// Regression (issue 9, item 12): numbers that overflowed the lease and budget arithmetic panicked
+/// the whole process at start-up; one absurd function.json is now that function's error only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_absurd_number_in_one_function_json_does_not_take_the_app_down() {
+    let directory = tempfile::tempdir().unwrap();
+    let orders = Orders::create(directory.path()).await;
+    orders.insert(1..=5, 1).await;
+    let receiver = Receiver::start().await;
+    let app = AppRoot::write(directory.path(), AppRoot::orders_poller(100));
+    let mut absurd = AppRoot::orders_poller(100);
+    absurd["name"] = json!("absurd");
+    absurd["lease"] = json!({"ttlSeconds": u64::MAX, "heartbeatSeconds": u64::MAX / 2});
+    write_function(&app, "absurd", absurd);
+    let handler = Handler::start(&app, &app.settings(&orders, &receiver)).await;
+
+    let (status, _, body) = handler.invoke("absurd", host_fixtures()[2].1).await;
+    assert_eq!(status, 500);
+    let error = body["error"].as_str().unwrap();
+    assert!(error.contains("poller.lease.ttlSeconds") && error.contains("out of range"), "{error}");
+    let (status, _, _) = handler.invoke("orders", host_fixtures()[2].1).await;
+    assert_eq!(status, 200, "the other poller still works");
+    assert_eq!(receiver.acknowledged_ids(), vec![1, 2, 3, 4, 5]);
+}
+
+/// Regression (issue 9, item 4): a password in the query of the database URL was logged at start-up
+/// ("poller ready"), embedded in every source error and returned to the host in the 500 body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_in_the_database_url_query_is_never_shown() {
+    let directory = tempfile::tempdir().unwrap();
+    let orders = Orders::create(directory.path()).await;
+    let receiver = Receiver::start().await;
+    let app = AppRoot::write(directory.path(), AppRoot::orders_poller(100));
+    let secrets = ["S3cretInQuery", "An0therSecret", "Us3rInfoSecret"];
+    let url = format!(
+        "postgres://postgres:{}@127.0.0.1:{}/no_such_database?sslmode=disable&password={}&sslpassword={}",
+        secrets[2],
+        crate::services::postgres().port,
+        secrets[0],
+        secrets[1]
+    );
+    let mut settings = app.settings(&orders, &receiver);
+    settings.retain(|(name, _)| name != "ORDERS_DB");
+    settings.push(("ORDERS_DB".to_string(), url));
+    let handler = Handler::start(&app, &settings).await;
+
+    let response = reqwest::Client::new()
+        .post(format!("{}/orders", handler.base_url))
+        .header("content-type", "application/json")
+        .body(host_fixtures()[2].1)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 500);
+    let body = response.text().await.unwrap();
+    assert!(body.contains("no_such_database"), "the error says where: {body}");
+    let log = handler.log();
+    assert!(log.contains("poller ready") && log.contains("password=***"), "{log}");
+    for secret in secrets {
+        assert!(!body.contains(secret), "{secret} in the response: {body}");
+        assert!(!log.contains(secret), "{secret} in the log: {log}");
+    }
+}
+
+/// Regression (issue 9, item 15): `settleSeconds` on an integer cursor was ignored in silence; it
+/// is still ignored (settle is about timestamps) but the poller says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settle_seconds_on_an_integer_cursor_is_called_out() {
+    let directory = tempfile::tempdir().unwrap();
+    let orders = Orders::create(directory.path()).await;
+    orders.insert(1..=5, 1).await;
+    let receiver = Receiver::start().await;
+    let mut poller = AppRoot::orders_poller(100);
+    poller["source"]["settleSeconds"] = json!(5);
+    let app = AppRoot::write(directory.path(), poller);
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_dbtrigger"))
+        .args(["tick", "orders", "--app-root"])
+        .arg(&app.root)
+        .envs(app.settings(&orders, &receiver))
+        .output()
+        .unwrap();
+    let printed = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "{printed}");
+    assert!(printed.contains("settleSeconds applies to timestamp cursors only"), "{printed}");
+    assert_eq!(receiver.acknowledged_ids(), vec![1, 2, 3, 4, 5], "the rows are read at once");
 }

@@ -212,8 +212,9 @@ end_to_end_tests! {
     mariadb_composite_key: Engine::MariaDb, Kind::CompositeKey;
 }
 
-/// A poller on table `items` (cursor `c`, pk `id`) of `url`, with extra `source` fields.
-fn items_poller(url: &str, source_extra: Value) -> (Poller, Arc<RecordingSink>, tempfile::TempDir) {
+/// The configuration of a poller on table `items` (cursor `c`, pk `id`) of `url`, with extra
+/// `source` fields and batches of `size`.
+fn items_config(url: &str, source_extra: Value, size: usize) -> (PollerConfig, tempfile::TempDir) {
     let directory = tempfile::tempdir().unwrap();
     let mut source = json!({"connection": "ITEMS_DB", "table": "items", "cursor": "c", "pk": ["id"]});
     for (key, value) in source_extra.as_object().unwrap() {
@@ -223,18 +224,33 @@ fn items_poller(url: &str, source_extra: Value) -> (Poller, Arc<RecordingSink>, 
         directory.path(),
         json!({
             "source": source,
-            "batch": {"size": 100},
+            "batch": {"size": size},
             "sink": {"type": "webhook", "url": "http://127.0.0.1:9/unused"},
             "state": {"connection": "STATE"}
         }),
     );
     let settings = Settings::from_pairs([("ITEMS_DB", url), ("STATE", "file:unused")]);
     let config = PollerConfig::load(&app.root, "orders", &settings, None).unwrap();
+    (config, directory)
+}
+
+/// A poller of `config` into a recording sink, with its state in `store`.
+fn poller_with(config: PollerConfig, store: Arc<MemoryStore>) -> (Poller, Arc<RecordingSink>) {
     let sink = Arc::new(RecordingSink::new());
     let source = dbtrigger::source::open(&config.source).unwrap();
-    let poller =
-        Poller::new(config, source, sink.clone(), Arc::new(MemoryStore::new()), Arc::new(SystemClock), "it".into());
+    let poller = Poller::new(config, source, sink.clone(), store, Arc::new(SystemClock), "it".into());
+    (poller, sink)
+}
+
+/// A poller on table `items` (cursor `c`, pk `id`) of `url`, with extra `source` fields.
+fn items_poller(url: &str, source_extra: Value) -> (Poller, Arc<RecordingSink>, tempfile::TempDir) {
+    let (config, directory) = items_config(url, source_extra, 100);
+    let (poller, sink) = poller_with(config, Arc::new(MemoryStore::new()));
     (poller, sink, directory)
+}
+
+fn delivered_ids(sink: &RecordingSink) -> Vec<i64> {
+    sink.batches().iter().flat_map(|batch| batch.events.iter().map(|event| event.pk["id"].as_i64().unwrap())).collect()
 }
 
 /// The classic keyset-polling loss, and what `settleSeconds` does about it. Transaction A takes
@@ -369,4 +385,178 @@ async fn a_query_source_with_columns_and_a_filter() {
     let ids: Vec<i64> = events.iter().map(|event| event.pk["id"].as_i64().unwrap()).collect();
     assert_eq!(ids, (1..=40).filter(|id| id % 3 == 1).collect::<Vec<i64>>());
     assert_eq!(Value::Object(events[0].row.clone()), json!({"note": "row 1", "c": 0, "id": 1}), "only the projection");
+}
+
+async fn sqlite_items(rows: &[(i64, &str)]) -> Database {
+    let database = database(Engine::Sqlite).await;
+    execute(&database.url, "CREATE TABLE items (id INTEGER PRIMARY KEY, c TEXT NOT NULL, note TEXT);\n").await;
+    for (id, cursor) in rows {
+        execute(&database.url, &format!("INSERT INTO items (id, c, note) VALUES ({id}, '{cursor}', 'row {id}');\n"))
+            .await;
+    }
+    database
+}
+
+/// Regression (issue 9, item 1): a cursor text in a layout SQLite's `julianday()` cannot read
+/// (`+0200`) was filtered out of every fetch by the settle predicate while later rows passed it:
+/// silently never delivered. Now the tick fails, naming the row and its text, and nothing after it
+/// is delivered past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sqlite_cursor_sqlite_cannot_read_as_time_fails_the_tick_naming_the_row() {
+    let database =
+        sqlite_items(&[(1, "2026-01-01T00:00:00+00:00"), (2, "2026-01-01T00:00:01+0200"), (3, "2026-01-01T00:00:02Z")])
+            .await;
+    let (poller, sink, _directory) = items_poller(&database.url, json!({"settleSeconds": 2}));
+    let message = poller.tick().await.unwrap_err().to_string();
+    assert!(message.contains("id=2") && message.contains("+0200"), "{message}");
+    assert!(delivered_ids(&sink).is_empty(), "nothing delivered past the unreadable row");
+
+    // Fixed by the owner, the row is delivered in its place.
+    execute(&database.url, "UPDATE items SET c = '2026-01-01T00:00:01+02:00' WHERE id = 2;\n").await;
+    poller.tick().await.unwrap();
+    assert_eq!(delivered_ids(&sink), vec![1, 2, 3]);
+}
+
+/// The layouts the SQLite source accepts as cursors are exactly those SQLite's own `julianday()`
+/// reads (which the settle predicate uses), checked against the real engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sqlite_cursor_parser_agrees_with_julianday() {
+    let database = database(Engine::Sqlite).await;
+    let pool = sqlx::SqlitePool::connect(&database.url).await.unwrap();
+    for text in [
+        "2026-01-01 10:20:30",
+        "2026-01-01T10:20:30",
+        "2026-01-01 10:20",
+        "2026-01-01T10:20:30.123456",
+        "2026-01-01T10:20:30Z",
+        "2026-01-01T10:20:30z",
+        "2026-01-01T10:20:30+02:00",
+        "2026-01-01T10:20:30-11:30",
+        "2026-01-01T10:20:30+14:00",
+        "2026-01-01T10:20:30+15:00",
+        "2026-01-01T10:20:30+0200",
+        "2026-01-01T10:20:30+02",
+        "2026-01-01t10:20:30",
+        "2026-01-01T10:20:60",
+        "2026-01-01 10:20:30.",
+        "2026-01-01 1:20:30",
+        "yesterday",
+    ] {
+        let readable: bool =
+            sqlx::query_scalar("SELECT julianday(?) IS NOT NULL").bind(text).fetch_one(&pool).await.unwrap();
+        let parsed = dbtrigger::source::sqlite::parse_sqlite_timestamp(text);
+        assert_eq!(parsed.is_some(), readable, "{text}: parser {parsed:?}, julianday readable {readable}");
+        if let Some(at) = parsed {
+            let seconds: f64 = sqlx::query_scalar("SELECT (julianday(?) - 2440587.5) * 86400.0")
+                .bind(text)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            let difference = (at.timestamp_micros() as f64 / 1e6 - seconds).abs();
+            assert!(difference < 0.01, "{text}: {at} vs {seconds}");
+        }
+    }
+}
+
+/// Regression (issue 9, item 2): the seek orders SQLite timestamps by their text; a checkpoint
+/// check by instant called the commit after mixed offsets a regression, failed the tick without
+/// releasing the lease, and redelivered the same rows forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_timestamps_with_mixed_offsets_commit_in_the_seek_order() {
+    let database = sqlite_items(&[(1, "2026-01-01T09:00:00+00:00")]).await;
+    let (poller, sink, _directory) = items_poller(&database.url, json!({}));
+    poller.tick().await.unwrap();
+    // After 09:00+00:00 in text order, before it in time (08:30 UTC).
+    execute(&database.url, "INSERT INTO items (id, c, note) VALUES (2, '2026-01-01T10:30:00+02:00', 'row 2');\n").await;
+    let outcome = poller.tick().await.unwrap();
+    assert!(matches!(outcome, TickOutcome::Delivered { rows: 1, .. }), "{outcome:?}");
+    assert_eq!(poller.tick().await.unwrap(), TickOutcome::Idle, "and it is not delivered again");
+    assert_eq!(delivered_ids(&sink), vec![1, 2]);
+}
+
+/// Regression (issue 9, item 3): an `infinity` date or timestamp made the driver's date arithmetic
+/// overflow and panic the tick, every tick. They are delivered as the strings "infinity" and
+/// "-infinity"; an infinite cursor is an error naming the row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_infinite_dates_are_delivered_as_strings_and_never_panic() {
+    let url = postgres().fresh_database().await;
+    execute(
+        &url,
+        "CREATE TABLE items (id BIGINT PRIMARY KEY, c BIGINT NOT NULL, due DATE, starts TIMESTAMP, ends TIMESTAMPTZ);\n\
+         INSERT INTO items VALUES (1, 1, 'infinity', '-infinity', 'infinity'), (2, 2, '-infinity', 'infinity', '-infinity'), \
+         (3, 3, '2026-01-02', '2026-01-02 10:00:00', '2026-01-02 10:00:00+00');\n",
+    )
+    .await;
+    let (poller, sink, _directory) = items_poller(&url, json!({}));
+    let outcome = poller.tick().await.unwrap();
+    assert!(matches!(outcome, TickOutcome::Delivered { rows: 3, .. }), "{outcome:?}");
+    let rows: Vec<serde_json::Map<String, Value>> =
+        sink.batches()[0].events.iter().map(|event| event.row.clone()).collect();
+    assert_eq!(
+        (&rows[0]["due"], &rows[0]["starts"], &rows[0]["ends"]),
+        (&json!("infinity"), &json!("-infinity"), &json!("infinity"))
+    );
+    assert_eq!(
+        (&rows[1]["due"], &rows[1]["starts"], &rows[1]["ends"]),
+        (&json!("-infinity"), &json!("infinity"), &json!("-infinity"))
+    );
+    assert_eq!(
+        (&rows[2]["due"], &rows[2]["starts"], &rows[2]["ends"]),
+        (&json!("2026-01-02"), &json!("2026-01-02T10:00:00"), &json!("2026-01-02T10:00:00Z"))
+    );
+
+    let cursor_url = postgres().fresh_database().await;
+    execute(
+        &cursor_url,
+        "CREATE TABLE items (id BIGINT PRIMARY KEY, c TIMESTAMPTZ NOT NULL);\n\
+         INSERT INTO items VALUES (1, '2026-01-01 00:00:00+00'), (2, '-infinity');\n",
+    )
+    .await;
+    let (poller, sink, _directory) = items_poller(&cursor_url, json!({}));
+    let message = poller.tick().await.unwrap_err().to_string();
+    assert!(message.contains("-infinity") && message.contains("id=2"), "{message}");
+    assert!(sink.batches().is_empty());
+}
+
+/// Regression (issue 9, item 5): `?dbname=` in the URL points the driver at another database while
+/// the URL's surface stays the same: the fingerprint follows the database really read, so the old
+/// checkpoint is refused instead of skipping rows of another table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dbname_in_the_url_query_is_a_changed_source() {
+    let first = postgres().fresh_database().await;
+    let second = postgres().fresh_database().await;
+    let second_name = second.rsplit('/').next().unwrap().to_string();
+    for url in [&first, &second] {
+        execute(
+            url,
+            "CREATE TABLE items (id BIGINT PRIMARY KEY, c BIGINT NOT NULL);\nINSERT INTO items VALUES (1, 1);\n",
+        )
+        .await;
+    }
+    let store = Arc::new(MemoryStore::new());
+    let (config, _first_directory) = items_config(&first, json!({}), 100);
+    let (poller, _sink) = poller_with(config, store.clone());
+    poller.tick().await.unwrap();
+
+    let (config, _second_directory) = items_config(&format!("{first}?dbname={second_name}"), json!({}), 100);
+    let (poller, sink) = poller_with(config, store);
+    let error = poller.tick().await.unwrap_err();
+    assert!(matches!(error, dbtrigger::tick::TickError::FingerprintMismatch { .. }), "{error:?}");
+    assert!(sink.batches().is_empty());
+}
+
+/// Regression (issue 9, item 7): a fetch has a timeout (`source.queryTimeoutSeconds`, also set as
+/// PostgreSQL's `statement_timeout`): a query that hangs fails the tick with a clear error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_slower_than_its_timeout_fails_the_tick() {
+    let url = postgres().fresh_database().await;
+    execute(&url, "CREATE TABLE items (id BIGINT PRIMARY KEY, c BIGINT NOT NULL);\nINSERT INTO items VALUES (1, 1);\n")
+        .await;
+    let (poller, sink, _directory) =
+        items_poller(&url, json!({"queryTimeoutSeconds": 1, "where": "(SELECT true FROM pg_sleep(5))"}));
+    let started = std::time::Instant::now();
+    let message = poller.tick().await.unwrap_err().to_string();
+    assert!(started.elapsed() < std::time::Duration::from_secs(4), "{:?}", started.elapsed());
+    assert!(message.contains("timeout") || message.contains("took longer than 1 s"), "{message}");
+    assert!(sink.batches().is_empty());
 }

@@ -6,10 +6,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dbtrigger::config::{PollerConfig, Settings};
+use dbtrigger::domain::Position;
 use dbtrigger::domain::StateDocument;
 use dbtrigger::domain::lease::LeaseRecord;
 use dbtrigger::sink::recording::RecordingSink;
 use dbtrigger::sink::{Batch, Sink, SinkError};
+use dbtrigger::source::{FetchLimit, Fetched, Source, SourceError};
 use dbtrigger::store::memory::MemoryStore;
 use dbtrigger::store::{ETag, StateKey, StateStore, StoreError, Versioned, WriteCondition};
 use dbtrigger::tick::{Poller, StopReason, SystemClock, TickError, TickOutcome};
@@ -88,7 +90,7 @@ async fn a_tick_delivering_k_batches_costs_one_read_and_k_plus_one_writes() {
     let document = StateDocument::parse(&store.raw(&key()).unwrap()).unwrap();
     let lease = document.lease.unwrap();
     assert_eq!(lease.owner_id, None, "released by the last commit");
-    assert_eq!(lease.fencing_token, 1, "and the token kept");
+    assert_eq!(lease.fencing_token, sink.batches()[0].fencing_token, "and the token kept");
     assert_eq!(document.stats.rows_delivered, 1000);
 }
 
@@ -102,7 +104,7 @@ async fn a_released_lease_is_taken_at_once_by_another_instance_with_a_higher_tok
     let second_sink = Arc::new(RecordingSink::new());
     let outcome = poller(&fixture, second_sink.clone(), store.clone(), "b").tick().await.unwrap();
     assert!(matches!(outcome, TickOutcome::Delivered { rows: 10, .. }), "{outcome:?}");
-    assert_eq!(second_sink.batches()[0].fencing_token, 2);
+    assert_eq!(second_sink.batches()[0].fencing_token, first_sink.batches()[0].fencing_token + 1);
     assert_eq!(ids(&second_sink), (11..=20).collect::<Vec<i64>>());
 }
 
@@ -245,12 +247,15 @@ enum Fault {
     LandThenAnswer(StoreError),
 }
 
+/// Decides what goes wrong with write number n (from 1).
+type FaultRule = Box<dyn Fn(u32, &WriteCondition) -> Fault + Send + Sync>;
+
 /// A memory store that counts writes and lets a rule decide, for each one (numbered from 1), what
 /// goes wrong.
 struct FaultyStore {
     inner: MemoryStore,
     writes: std::sync::Mutex<u32>,
-    rule: Box<dyn Fn(u32, &WriteCondition) -> Fault + Send + Sync>,
+    rule: FaultRule,
 }
 
 impl FaultyStore {
@@ -413,8 +418,10 @@ async fn a_lease_taken_over_mid_delivery_cancels_the_commit() {
         delay: Duration::from_secs(3),
         during_first: std::sync::Mutex::new(Some(steal)),
     });
-    let outcome = poller(&fixture, sink, store.clone(), "a").tick().await.unwrap();
-    assert_eq!(outcome, TickOutcome::LeaseLost { rows: 0, batches: 0 });
+    // Lost before anything was committed: a failure (the next tick would do the same), not a 200.
+    let error = poller(&fixture, sink, store.clone(), "a").tick().await.unwrap_err();
+    assert!(matches!(error, TickError::NoProgress { .. }), "{error:?}");
+    assert!(error.to_string().contains("taken over"), "{error}");
     let document = StateDocument::parse(&store.raw(&key()).unwrap()).unwrap();
     assert!(document.checkpoint.is_none(), "the stale owner committed nothing");
     assert_eq!(document.lease.unwrap().owner_id.as_deref(), Some("thief"));
@@ -539,4 +546,227 @@ async fn a_failed_heartbeat_is_retried_after_a_pause_and_the_tick_goes_on() {
     // Acquire, a failed heartbeat, its retry a second later, another heartbeat, the commit: the
     // outage is not hammered with attempts.
     assert!((4..=7).contains(&writes), "{writes} writes");
+}
+
+/// Regression (issue 9, item 8): a heartbeat that landed but answered an error (a timeout) left
+/// the next write with an old ETag; its 412 was checked against the newest write id only and
+/// became a false lease loss. Every unacknowledged write id of the tick is remembered.
+#[tokio::test]
+async fn a_heartbeat_that_landed_but_answered_an_error_is_not_a_lease_loss() {
+    let fixture = fixture(5, short_lease(100)).await;
+    // Write 1 takes the lease; write 2, the first heartbeat, lands but answers 503.
+    let store = Arc::new(FaultyStore::new(|number, _| {
+        if number == 2 {
+            Fault::LandThenAnswer(StoreError::Unavailable {
+                location: "timeout".into(),
+                reason: "the response was lost".into(),
+                retryable: true,
+            })
+        } else {
+            Fault::None
+        }
+    }));
+    let recording = Arc::new(RecordingSink::new());
+    let sink = Arc::new(SlowSink {
+        inner: recording.clone(),
+        delay: Duration::from_millis(2600),
+        during_first: Default::default(),
+    });
+    let outcome = poller(&fixture, sink, store.clone(), "a").tick().await.unwrap();
+    assert!(matches!(outcome, TickOutcome::Delivered { rows: 5, .. }), "{outcome:?}");
+    let document = StateDocument::parse(&store.inner.raw(&key()).unwrap()).unwrap();
+    assert_eq!(document.checkpoint.unwrap().cursor.tiebreaker["id"], json!(5));
+}
+
+/// Wraps a source and makes every fetch after the first take `delay`.
+struct SlowSource {
+    inner: Arc<dyn Source>,
+    delay: Duration,
+    fetches: std::sync::Mutex<u32>,
+}
+
+#[async_trait]
+impl Source for SlowSource {
+    async fn fetch_after(&self, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
+        let first = {
+            let mut fetches = self.fetches.lock().unwrap();
+            *fetches += 1;
+            *fetches == 1
+        };
+        if !first {
+            tokio::time::sleep(self.delay).await;
+        }
+        self.inner.fetch_after(after, limit).await
+    }
+
+    fn describe(&self) -> String {
+        "slow".into()
+    }
+}
+
+/// Regression (issue 9, item 7): the next batch's fetch ran with no heartbeat, so a query slower
+/// than the lease lost it every tick after redelivering batch 1. Heartbeats now run while a fetch
+/// does, and the tick reads the clock for the lease after its first query.
+#[tokio::test]
+async fn heartbeats_keep_the_lease_while_a_slow_fetch_runs() {
+    let fixture = fixture(250, short_lease(100)).await;
+    let store = Arc::new(MemoryStore::new());
+    let recording = Arc::new(RecordingSink::new());
+    let source = Arc::new(SlowSource {
+        inner: dbtrigger::source::open(&fixture.config.source).unwrap(),
+        // Longer than the 3 s lease.
+        delay: Duration::from_millis(3500),
+        fetches: Default::default(),
+    });
+    let poller = Poller::new(
+        fixture.config.clone(),
+        source,
+        recording.clone(),
+        store.clone(),
+        Arc::new(SystemClock),
+        "a".into(),
+    );
+    let outcome = poller.tick().await.unwrap();
+    assert!(matches!(outcome, TickOutcome::Delivered { rows: 250, batches: 3, .. }), "{outcome:?}");
+    assert_eq!(ids(&recording), (1..=250).collect::<Vec<i64>>());
+}
+
+/// Regression (issue 9, item 15): a commit that failed left through `?` with the lease held, so
+/// every other instance waited ttl + skew. The lease is released on every way out of a tick.
+#[tokio::test]
+async fn a_failed_commit_releases_the_lease() {
+    let fixture = fixture(250, AppRoot::orders_poller(100)).await;
+    // Write 1 takes the lease; write 2, the first commit, fails without landing.
+    let store = Arc::new(FaultyStore::new(|number, _| {
+        if number == 2 {
+            Fault::Refuse(StoreError::Unavailable {
+                location: "blob".into(),
+                reason: "HTTP 500".into(),
+                retryable: false,
+            })
+        } else {
+            Fault::None
+        }
+    }));
+    let recording = Arc::new(RecordingSink::new());
+    let error = poller(&fixture, recording, store.clone(), "a").tick().await.unwrap_err();
+    assert!(matches!(error, TickError::Store(_)), "{error:?}");
+    let document = StateDocument::parse(&store.inner.raw(&key()).unwrap()).unwrap();
+    assert_eq!(document.lease.unwrap().owner_id, None, "the lease was given back");
+    let next = Arc::new(RecordingSink::new());
+    let outcome = poller(&fixture, next.clone(), store.clone(), "b").tick().await.unwrap();
+    assert!(matches!(outcome, TickOutcome::Delivered { .. }), "another instance goes on at once: {outcome:?}");
+    assert_eq!(ids(&next).last(), Some(&250));
+}
+
+/// Regression (issue 9, item 3): a panic anywhere in a tick becomes a failed tick with its message,
+/// and the lease this process held is released, instead of killing `dbtrigger tick` or blocking
+/// the poller until the lease expires.
+#[tokio::test]
+async fn a_panic_in_a_tick_is_a_failed_tick_and_the_lease_is_released() {
+    let fixture = fixture(50, AppRoot::orders_poller(100)).await;
+    let store = Arc::new(FaultyStore::new(|number, _| {
+        if number == 2 {
+            panic!("a bug in the middle of a commit");
+        }
+        Fault::None
+    }));
+    let recording = Arc::new(RecordingSink::new());
+    let poller = poller(&fixture, recording, store.clone(), "a");
+    let error = poller.tick().await.unwrap_err();
+    assert!(matches!(error, TickError::Panicked { .. }), "{error:?}");
+    assert!(error.to_string().contains("a bug in the middle of a commit"), "{error}");
+    let document = StateDocument::parse(&store.inner.raw(&key()).unwrap()).unwrap();
+    assert_eq!(document.lease.unwrap().owner_id, None, "the lease was given back");
+    assert!(poller.tick().await.is_ok(), "and the poller is usable again");
+}
+
+/// Regression (issue 9, item 6): a deleted state document restarted the fencing token at 1, below
+/// the tokens receivers had seen, so a receiver fencing on it refused every delivery for good. The
+/// first token of a new document comes from the clock, and the tick says it started anew.
+#[tokio::test]
+async fn a_recreated_state_document_fences_above_every_earlier_token() {
+    let fixture = fixture(30, AppRoot::orders_poller(10)).await;
+    let directory = tempfile::tempdir().unwrap();
+    let store = Arc::new(dbtrigger::store::file::FileStore::new(directory.path().to_path_buf()));
+    let mut highest = 0;
+    for (round, owner) in ["a", "b", "c"].iter().enumerate() {
+        let recording = Arc::new(RecordingSink::new());
+        fixture.orders.insert(100 + round as i64..=100 + round as i64, 1).await;
+        poller(&fixture, recording.clone(), store.clone(), owner).tick().await.unwrap();
+        highest = highest.max(recording.batches().iter().map(|batch| batch.fencing_token).max().unwrap());
+    }
+    std::fs::remove_file(store.path_of(&key())).unwrap();
+
+    let recording = Arc::new(RecordingSink::new());
+    let outcome = poller(&fixture, recording.clone(), store.clone(), "d").tick().await.unwrap();
+    assert!(matches!(outcome, TickOutcome::Delivered { new_document: true, .. }), "{outcome:?}");
+    assert!(outcome.to_string().contains("NEW STATE DOCUMENT"), "{outcome}");
+    let token = recording.batches()[0].fencing_token;
+    assert!(token > highest, "new token {token} must exceed every earlier one ({highest})");
+}
+
+/// Regression (issue 9, item 9): fields a newer build wrote into the state document (poison,
+/// history...) survive a tick of this build.
+#[tokio::test]
+async fn a_tick_keeps_state_fields_it_does_not_know() {
+    let fixture = fixture(20, AppRoot::orders_poller(10)).await;
+    let store = Arc::new(MemoryStore::new());
+    let mut stored: Value =
+        serde_json::from_slice(&StateDocument::new("orders", &fixture.config.fingerprint).to_bytes()).unwrap();
+    stored["poison"] = json!({"attempts": 2, "first_error": "HTTP 422"});
+    stored["history"] = json!([{"who": "ops", "what": "reset to beginning"}]);
+    store.put_raw(&key(), &serde_json::to_vec(&stored).unwrap());
+    let recording = Arc::new(RecordingSink::new());
+    poller(&fixture, recording.clone(), store.clone(), "a").tick().await.unwrap();
+    assert_eq!(ids(&recording).len(), 20);
+    let written: Value = serde_json::from_slice(&store.raw(&key()).unwrap()).unwrap();
+    assert_eq!(written["poison"], stored["poison"]);
+    assert_eq!(written["history"], stored["history"]);
+}
+
+/// Regression (issue 9, item 10): a batch is bounded by bytes (`batch.maxBytes`) as well as rows,
+/// so big rows cannot hold gigabytes in memory; the rows still arrive once each, in order.
+#[tokio::test]
+async fn big_rows_are_split_into_batches_bounded_by_bytes() {
+    let mut settings = AppRoot::orders_poller(500);
+    settings["batch"]["maxBytes"] = json!(300_000);
+    let fixture = fixture(20, settings).await;
+    sqlx::query("UPDATE orders SET note = printf('%.100000c', 'x')").execute(&fixture.orders.pool).await.unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let recording = Arc::new(RecordingSink::new());
+    let outcome = poller(&fixture, recording.clone(), store, "a").tick().await.unwrap();
+    assert!(matches!(outcome, TickOutcome::Delivered { rows: 20, stop: StopReason::CaughtUp, .. }), "{outcome:?}");
+    let sizes: Vec<usize> = recording.batches().iter().map(|batch| batch.events.len()).collect();
+    // 100 kB rows, 300 kB per batch: a batch ends with the row that reaches the budget.
+    assert!(sizes.iter().all(|size| *size <= 3), "{sizes:?}");
+    assert!(sizes.len() >= 7, "{sizes:?}");
+    assert_eq!(ids(&recording), (1..=20).collect::<Vec<i64>>());
+}
+
+/// Regression (issue 9, item 11): a webhook attempt ignored the tick budget (only retries looked
+/// at it), so a hanging receiver held a tick for `timeoutSeconds` past its budget and past the
+/// host's functionTimeout. Every attempt now ends at the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_receiver_cannot_hold_a_tick_past_its_budget() {
+    let receiver = crate::harness::Receiver::start().await;
+    receiver.set_delay(Duration::from_secs(30));
+    let directory = tempfile::tempdir().unwrap();
+    let orders = Orders::create(directory.path()).await;
+    orders.insert(1..=5, 1).await;
+    let mut poller_settings = AppRoot::orders_poller(100);
+    poller_settings["batch"]["tickBudgetSeconds"] = json!(2);
+    poller_settings["sink"]["timeoutSeconds"] = json!(60);
+    let app = AppRoot::write(directory.path(), poller_settings);
+    let settings = Settings::from_pairs(app.settings(&orders, &receiver));
+    let config = PollerConfig::load(&app.root, "orders", &settings, None).unwrap();
+    let source = dbtrigger::source::open(&config.source).unwrap();
+    let sink = dbtrigger::sink::open(&config.sink).unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let poller = Poller::new(config, source, sink, store, Arc::new(SystemClock), "a".into());
+    let started = std::time::Instant::now();
+    let error = poller.tick().await.unwrap_err();
+    let elapsed = started.elapsed();
+    assert!(matches!(error, TickError::Delivery { .. }), "{error:?}");
+    assert!(elapsed < Duration::from_secs(6), "the 2 s budget bounds the attempt: {elapsed:?}");
 }
