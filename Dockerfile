@@ -13,7 +13,6 @@ RUN mkdir -p src benches && echo 'fn main() {}' > src/main.rs && echo '' > src/l
     && cargo build --release --locked --bin dbtrigger \
     && rm -rf src
 COPY src ./src
-COPY tests/fixtures ./tests/fixtures
 RUN touch src/main.rs src/lib.rs && cargo build --release --locked --bin dbtrigger && strip target/release/dbtrigger
 
 FROM mcr.microsoft.com/azure-functions/dotnet:4

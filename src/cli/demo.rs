@@ -19,7 +19,6 @@ use crate::app::App;
 use crate::config::{AppConfig, Settings};
 use crate::tick::SystemClock;
 
-const TIMER_PAYLOAD: &str = include_str!("../../tests/fixtures/host/timer_normal.json");
 
 #[derive(Default)]
 struct Received {
@@ -73,11 +72,19 @@ async fn insert_orders(pool: &sqlx::SqlitePool, from_id: u32, count: u32) -> any
 /// Invokes the function like the host does until a tick finds nothing new. Returns the ticks run.
 async fn tick_until_idle(client: &reqwest::Client, handler_url: &str) -> anyhow::Result<u32> {
     for tick in 1..=100 {
+        // What the host posts for a timer that fires every minute.
+        let now = chrono::Utc::now();
+        let payload = super::dev::timer_payload(
+            "orders",
+            Some(now - chrono::Duration::minutes(1)),
+            Some(now + chrono::Duration::minutes(1)),
+            now,
+        );
         let response = client
             .post(format!("{handler_url}/orders"))
             .header("content-type", "application/json")
             .header("x-azure-functions-invocationid", uuid::Uuid::new_v4().to_string())
-            .body(TIMER_PAYLOAD)
+            .body(payload.to_string())
             .send()
             .await
             .context("invoking the handler")?;

@@ -1,7 +1,8 @@
 //! Where batches go: a trait with one verb, and its implementations ([`webhook`],
-//! [`storage_queue`], and [`recording`] for tests). A sink either acknowledges a whole batch or says why not, and whether
+//! [`storage_queue`], and `recording` for tests, compiled only with the `testing` feature). A sink either acknowledges a whole batch or says why not, and whether
 //! trying again may help.
 
+#[cfg(any(test, feature = "testing"))]
 pub mod recording;
 pub mod retry;
 pub mod signing;

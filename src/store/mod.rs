@@ -1,12 +1,15 @@
 //! Where state documents live, behind one small trait with ETag compare-and-swap semantics.
 //!
-//! Implementations: [`azure_blob`] (production), [`file`](mod@file) (local work, `file:<dir>`), [`memory`]
-//! (tests). Every implementation
-//! passes the same [`conformance`] suite, including a race of tasks incrementing through CAS.
+//! Implementations: [`azure_blob`] (production), [`file`](mod@file) (local work, `file:<dir>`), and
+//! `memory` (tests). Every implementation passes the same `conformance` suite, including a race of
+//! tasks incrementing through CAS. The memory store and the suite are compiled for tests only (the
+//! `testing` feature, which the integration tests turn on), never into the release binary.
 
 pub mod azure_blob;
+#[cfg(any(test, feature = "testing"))]
 pub mod conformance;
 pub mod file;
+#[cfg(any(test, feature = "testing"))]
 pub mod memory;
 
 use std::fmt;
