@@ -3,7 +3,7 @@
 
 It does the three things every receiver must do:
   1. verify the Standard Webhooks signature (and refuse stale timestamps);
-  2. fence: refuse a delivery whose generation is lower than one already accepted;
+  2. fence: refuse a delivery whose fencing_token is lower than one already accepted;
   3. de-duplicate on event_id: delivery is at least once, so the same row may come twice.
 
 Run: python3 receiver.py --port 8080 --secret whsec_...   (GET /stats shows what it kept)
@@ -28,7 +28,7 @@ class Store:
     def __init__(self):
         self.lock = threading.Lock()
         self.seen_event_ids = set()
-        self.highest_generation = {}
+        self.highest_token = {}
         self.applied = []
         self.duplicates = 0
 
@@ -61,12 +61,12 @@ def make_handler(key, store):
             if key is not None and not signature_is_valid(key, self.headers, body):
                 return self.answer(401, {"error": "bad signature"})
             envelope = json.loads(body)
-            poller, generation = envelope["poller"], envelope["generation"]
+            poller, token = envelope["poller"], envelope["fencing_token"]
             with store.lock:
-                if generation < store.highest_generation.get(poller, 0):
+                if token < store.highest_token.get(poller, 0):
                     # A stale instance: a newer one has taken over. 409 is a permanent refusal.
-                    return self.answer(409, {"error": "stale generation"})
-                store.highest_generation[poller] = generation
+                    return self.answer(409, {"error": "stale fencing token"})
+                store.highest_token[poller] = token
                 for event in envelope["events"]:
                     if event["event_id"] in store.seen_event_ids:
                         store.duplicates += 1

@@ -19,7 +19,6 @@ use crate::app::App;
 use crate::config::{AppConfig, Settings};
 use crate::tick::SystemClock;
 
-
 #[derive(Default)]
 struct Received {
     event_ids: HashSet<String>,

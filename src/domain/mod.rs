@@ -1,6 +1,7 @@
 //! The pure core: no async, no I/O, no clock reads. Every function that depends on time takes `now`.
 //!
 //! - [`cursor`]: typed cursor and primary-key values and the (cursor, pk) position order.
+//! - [`event`]: rows as sources read them, events and batches as sinks deliver them.
 //! - [`state`]: the state document (seed 000, `version: 1`), its parsing and its checkpoint rules.
 //! - [`lease`]: lease decisions (acquire, renew, release) with the fencing token and skew margin.
 //! - [`ids`]: deterministic event and batch ids, and the source fingerprint.
@@ -8,6 +9,7 @@
 //! - [`schedule`]: NCRONTAB and time-span timer schedules (for `dbtrigger dev`).
 
 pub mod cursor;
+pub mod event;
 pub mod ids;
 pub mod lease;
 pub mod schedule;
@@ -15,5 +17,6 @@ pub mod state;
 pub mod window;
 
 pub use cursor::{CursorValue, PkValue, Position};
+pub use event::{Batch, Event, Op, SourceRow};
 pub use lease::{LeaseRecord, LeaseStatus, LeaseTerms};
 pub use state::{Checkpoint, DocumentError, StateDocument, Stats};

@@ -11,49 +11,9 @@ pub mod webhook;
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
-use serde::Serialize;
-use serde_json::{Map, Value};
-
 use crate::config::SinkConfig;
-use crate::domain::ids::event_id;
-use crate::source::SourceRow;
-
-/// One delivered row.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Event {
-    /// Deterministic: the same row version gets the same id on every redelivery.
-    pub event_id: String,
-    pub op: &'static str,
-    pub cursor: Value,
-    pub pk: Map<String, Value>,
-    pub row: Map<String, Value>,
-}
-
-/// One batch, as a webhook receives it (the JSON envelope).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Batch {
-    pub poller: String,
-    pub batch_id: String,
-    pub fencing_token: u64,
-    pub events: Vec<Event>,
-}
-
-impl Batch {
-    pub fn new(poller: &str, fingerprint: &str, batch_id: String, fencing_token: u64, rows: &[SourceRow]) -> Self {
-        let events = rows
-            .iter()
-            .map(|row| Event {
-                event_id: event_id(poller, fingerprint, &row.position),
-                op: "upsert",
-                cursor: row.position.cursor.to_json(),
-                pk: row.position.tiebreaker_json(),
-                row: row.row.clone(),
-            })
-            .collect();
-        Batch { poller: poller.to_string(), batch_id, fencing_token, events }
-    }
-}
+pub use crate::domain::event::{Batch, Event};
+use async_trait::async_trait;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SinkError {

@@ -41,7 +41,6 @@ struct RowMessage<'a> {
     poller: &'a str,
     batch_id: &'a str,
     fencing_token: u64,
-    generation: u64,
     sent_at: &'a str,
     #[serde(flatten)]
     event: &'a Event,
@@ -52,7 +51,6 @@ struct BatchMessage<'a> {
     poller: &'a str,
     batch_id: String,
     fencing_token: u64,
-    generation: u64,
     sent_at: &'a str,
     events: &'a [Event],
 }
@@ -136,7 +134,6 @@ impl QueueSink {
                         poller: &batch.poller,
                         batch_id: &batch.batch_id,
                         fencing_token: batch.fencing_token,
-                        generation: batch.fencing_token,
                         sent_at: &sent_at,
                         event,
                     };
@@ -155,7 +152,6 @@ impl QueueSink {
                         poller: &batch.poller,
                         batch_id,
                         fencing_token: batch.fencing_token,
-                        generation: batch.fencing_token,
                         sent_at: &sent_at,
                         events,
                     };

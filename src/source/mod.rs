@@ -26,12 +26,7 @@ use crate::config::{Engine, SourceConfig};
 use crate::domain::{CursorValue, PkValue, Position};
 use query::{SeekQuery, Slot};
 
-/// One row read from the source: where it sits and what it holds.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SourceRow {
-    pub position: Position,
-    pub row: Map<String, Value>,
-}
+pub use crate::domain::event::SourceRow;
 
 /// How much one fetch may return: a row count (the batch size) and a byte budget (the rows as
 /// JSON), whichever is reached first. At least one row is returned whatever its size.

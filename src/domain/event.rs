@@ -1,0 +1,87 @@
+//! What flows from a source to a sink: a row read at its position, the event made of it, and the
+//! batch of events a sink delivers at once. Sources produce [`SourceRow`]s, the tick turns them
+//! into a [`Batch`], sinks consume it; none of them depends on another for these types.
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::cursor::Position;
+use super::ids::event_id;
+
+/// One row read from the source: where it sits in the poller's order and what it holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourceRow {
+    pub position: Position,
+    pub row: Map<String, Value>,
+}
+
+/// What happened to a row. Keyset polling sees the latest state of a row, so it delivers
+/// `upsert`; `insert`, `update` and `delete` are for sources that say which it was (an outbox's
+/// operation column, a soft-delete column).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Op {
+    Upsert,
+    Insert,
+    Update,
+    Delete,
+}
+
+/// One delivered row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Event {
+    /// Deterministic: the same row version gets the same id on every redelivery.
+    pub event_id: String,
+    pub op: Op,
+    pub cursor: Value,
+    pub pk: Map<String, Value>,
+    pub row: Map<String, Value>,
+}
+
+/// One batch, as a sink delivers it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Batch {
+    pub poller: String,
+    pub batch_id: String,
+    pub fencing_token: u64,
+    pub events: Vec<Event>,
+}
+
+impl Batch {
+    /// The batch of `rows` for `poller`: each row becomes an upsert event with its deterministic id.
+    pub fn new(poller: &str, fingerprint: &str, batch_id: String, fencing_token: u64, rows: &[SourceRow]) -> Self {
+        let events = rows
+            .iter()
+            .map(|row| Event {
+                event_id: event_id(poller, fingerprint, &row.position),
+                op: Op::Upsert,
+                cursor: row.position.cursor.to_json(),
+                pk: row.position.tiebreaker_json(),
+                row: row.row.clone(),
+            })
+            .collect();
+        Batch { poller: poller.to_string(), batch_id, fencing_token, events }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::cursor::{CursorValue, PkValue};
+
+    #[test]
+    fn an_event_serializes_as_receivers_know_it() {
+        let row = SourceRow {
+            position: Position { cursor: CursorValue::Integer(4), pk: vec![("id".into(), PkValue::Integer(7))] },
+            row: serde_json::json!({"id": 7, "status": "paid"}).as_object().unwrap().clone(),
+        };
+        let batch = Batch::new("orders", "sha256:x", "bat_1".into(), 3, &[row]);
+        let json = serde_json::to_value(&batch.events[0]).unwrap();
+        assert_eq!(json["op"], "upsert");
+        assert_eq!(json["cursor"], 4);
+        assert_eq!(json["pk"], serde_json::json!({"id": 7}));
+        assert!(json["event_id"].as_str().unwrap().starts_with("evt_"));
+        let keys: Vec<&String> = json.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["event_id", "op", "cursor", "pk", "row"], "field order is part of the envelope's bytes");
+    }
+}
