@@ -1,5 +1,5 @@
-//! The app: every function folder, each opened once into a [`Poller`] (or kept as the reason it
-//! could not be), shared by the handler, the CLI and `demo`.
+//! The app: every function folder, each opened once into a [`Function`], and the one way in,
+//! [`App::invoke`], that the handler, `dbtrigger tick`, `dev` and `demo` all go through.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -8,39 +8,75 @@ use std::sync::Arc;
 use tracing::{error, info};
 
 use crate::config::{AppConfig, ConfigError, PollerConfig, Settings};
-use crate::tick::{Clock, Poller, SystemClock};
+use crate::tick::{Clock, Poller, SystemClock, TickError, TickOutcome};
+
+/// One function of the app, as it was opened at start-up.
+pub enum Function {
+    Poller(Arc<Poller>),
+    /// Its configuration (or a connection it names) is unusable: every invocation fails with this.
+    Unusable(Unusable),
+}
+
+/// Why a function cannot run, located as precisely as it was found.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Unusable {
+    #[error(transparent)]
+    Config(ConfigError),
+    /// The configuration is valid but the source, sink or store could not be opened.
+    #[error("{file}: {section}: {reason}")]
+    Open { file: String, section: &'static str, reason: String },
+}
+
+/// What one invocation came to: the same for every caller, each rendering it its own way.
+#[derive(Debug)]
+pub enum Invocation {
+    Ticked { poller: String, outcome: TickOutcome },
+    Failed { poller: String, error: TickError },
+    Unusable { function: String, reason: Unusable },
+    Unknown { function: String, known: Vec<String> },
+}
+
+impl Invocation {
+    /// The one line that says what happened, for logs, the host's `Logs` and the terminal.
+    pub fn line(&self) -> String {
+        match self {
+            Invocation::Ticked { poller, outcome } => format!("{poller}: {outcome}"),
+            Invocation::Failed { poller, error } => format!("{poller}: tick failed: {error}"),
+            Invocation::Unusable { function, reason } => format!("{function}: {reason}"),
+            Invocation::Unknown { function, known } => {
+                format!("{function}: no such function in this app (functions: {})", known.join(", "))
+            }
+        }
+    }
+
+    pub fn succeeded(&self) -> bool {
+        matches!(self, Invocation::Ticked { .. })
+    }
+}
 
 pub struct App {
     pub app_name: String,
-    pollers: BTreeMap<String, Result<Arc<Poller>, String>>,
-}
-
-/// Looking a function up.
-pub enum Lookup<'a> {
-    Ready(&'a Arc<Poller>),
-    /// The function exists but its configuration (or a connection) is bad: every invocation fails
-    /// with this message.
-    Broken(&'a str),
-    Unknown,
+    functions: BTreeMap<String, Function>,
 }
 
 impl App {
-    /// Loads and opens every poller under `app_root`. Only an unreadable app root is an error.
+    /// Loads and opens every function under `app_root`. Only an unreadable app root is an error.
     pub fn load(app_root: &Path, settings: &Settings) -> Result<App, ConfigError> {
         let config = AppConfig::load(app_root, settings)?;
         Ok(App::open(config, settings, Arc::new(SystemClock)))
     }
 
+    /// Opens every function of `config`; `clock` is the one every tick decides time by.
     pub fn open(config: AppConfig, settings: &Settings, clock: Arc<dyn Clock>) -> App {
         let owner_id = owner_id(settings);
-        let mut pollers = BTreeMap::new();
+        let mut functions = BTreeMap::new();
         for (name, parsed) in config.functions {
-            let opened = match parsed {
+            let function = match parsed.map_err(Unusable::Config) {
                 Ok(poller_config) => open_poller(poller_config, clock.clone(), &owner_id),
-                Err(error) => Err(error.to_string()),
+                Err(unusable) => Function::Unusable(unusable),
             };
-            match &opened {
-                Ok(poller) => info!(
+            match &function {
+                Function::Poller(poller) => info!(
                     function = %name,
                     poller = %poller.config.poller_name,
                     source = %poller.source.describe(),
@@ -48,38 +84,71 @@ impl App {
                     state = %poller.store.describe(),
                     "poller ready"
                 ),
-                Err(reason) => error!(function = %name, "poller not usable: {reason}"),
+                Function::Unusable(reason) => error!(function = %name, "poller not usable: {reason}"),
             }
-            pollers.insert(name, opened);
+            functions.insert(name, function);
         }
-        App { app_name: config.app_name, pollers }
+        App { app_name: config.app_name, functions }
     }
 
-    pub fn lookup(&self, name: &str) -> Lookup<'_> {
-        let found = self.pollers.get(name).or_else(|| {
-            self.pollers
+    /// The function the host names (function names are case-insensitive, as in Azure Functions).
+    pub fn function(&self, name: &str) -> Option<&Function> {
+        self.functions.get(name).or_else(|| {
+            self.functions
                 .iter()
                 .find(|(function_name, _)| function_name.eq_ignore_ascii_case(name))
-                .map(|(_, poller)| poller)
-        });
-        match found {
-            Some(Ok(poller)) => Lookup::Ready(poller),
-            Some(Err(reason)) => Lookup::Broken(reason),
-            None => Lookup::Unknown,
-        }
+                .map(|(_, function)| function)
+        })
     }
 
     pub fn function_names(&self) -> Vec<String> {
-        self.pollers.keys().cloned().collect()
+        self.functions.keys().cloned().collect()
+    }
+
+    /// Every poller of the app, by function name.
+    pub fn pollers(&self) -> impl Iterator<Item = (&String, &Arc<Poller>)> {
+        self.functions.iter().filter_map(|(name, function)| match function {
+            Function::Poller(poller) => Some((name, poller)),
+            Function::Unusable(_) => None,
+        })
+    }
+
+    /// Runs `function` once: the one way in for the handler, the CLI, `dev` and `demo`.
+    pub async fn invoke(&self, function: &str) -> Invocation {
+        match self.function(function) {
+            None => Invocation::Unknown { function: function.to_string(), known: self.function_names() },
+            Some(Function::Unusable(reason)) => {
+                Invocation::Unusable { function: function.to_string(), reason: reason.clone() }
+            }
+            Some(Function::Poller(poller)) => {
+                let poller_name = poller.config.poller_name.clone();
+                match poller.tick().await {
+                    Ok(outcome) => Invocation::Ticked { poller: poller_name, outcome },
+                    Err(error) => Invocation::Failed { poller: poller_name, error },
+                }
+            }
+        }
     }
 }
 
-fn open_poller(config: PollerConfig, clock: Arc<dyn Clock>, owner_id: &str) -> Result<Arc<Poller>, String> {
+fn open_poller(config: PollerConfig, clock: Arc<dyn Clock>, owner_id: &str) -> Function {
     let file = config.file.display().to_string();
-    let source = crate::source::open(&config.source).map_err(|error| format!("{file}: poller.source: {error}"))?;
-    let sink = crate::sink::open(&config.sink).map_err(|error| format!("{file}: poller.sink: {error}"))?;
-    let store = crate::store::open(&config.state).map_err(|error| format!("{file}: poller.state: {error}"))?;
-    Ok(Arc::new(Poller::new(config, source, sink, store, clock, owner_id.to_string())))
+    let unusable = |section: &'static str, reason: String| {
+        Function::Unusable(Unusable::Open { file: file.clone(), section, reason })
+    };
+    let source = match crate::source::open(&config.source) {
+        Ok(source) => source,
+        Err(error) => return unusable("poller.source", error.to_string()),
+    };
+    let sink = match crate::sink::open(&config.sink) {
+        Ok(sink) => sink,
+        Err(error) => return unusable("poller.sink", error.to_string()),
+    };
+    let store = match crate::store::open(&config.state) {
+        Ok(store) => store,
+        Err(error) => return unusable("poller.state", error.to_string()),
+    };
+    Function::Poller(Arc::new(Poller::new(config, source, sink, store, clock, owner_id.to_string())))
 }
 
 /// `{instance}/{pid}-{random}`: unique per process, readable in the state document.

@@ -12,7 +12,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::{Value, json};
 use tracing::{error, info, warn};
 
-use crate::app::{App, Lookup};
+use crate::app::App;
 use crate::config::Settings;
 use crate::domain::schedule::Schedule;
 
@@ -119,10 +119,8 @@ pub async fn run(app_root: &Path, port: Option<u16>) -> anyhow::Result<ExitCode>
     let base_url = format!("http://{}", listener.local_addr()?);
     info!(%base_url, app_root = %app_root.display(), "[dev] handler listening; firing timer schedules");
     let mut timers = Vec::new();
-    for name in app.function_names() {
-        if let Lookup::Ready(poller) = app.lookup(&name)
-            && let Some(schedule) = poller.config.schedule.clone()
-        {
+    for (name, poller) in app.pollers() {
+        if let Some(schedule) = poller.config.schedule.clone() {
             info!(function = %name, schedule = %schedule, "[dev] timer armed");
             timers.push(tokio::spawn(run_timer(
                 base_url.clone(),

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 
-use crate::app::{App, Lookup};
+use crate::app::{App, Invocation};
 use crate::config::Settings;
 
 /// The sentence every user must read before relying on dbtrigger (design "disclosure").
@@ -98,23 +98,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Tick { poller, app_root } => {
             let root = app_root.resolve()?;
             let app = App::load(&root, &Settings::from_env())?;
-            let poller = match app.lookup(&poller) {
-                Lookup::Ready(found) => found.clone(),
-                Lookup::Broken(reason) => bail!("{reason}"),
-                Lookup::Unknown => bail!(
-                    "no function {poller:?} in {} (functions: {})",
-                    root.display(),
-                    app.function_names().join(", ")
-                ),
-            };
-            match poller.tick().await {
-                Ok(outcome) => {
-                    println!("{}: {outcome}", poller.config.poller_name);
-                    Ok(ExitCode::SUCCESS)
+            let invocation = app.invoke(&poller).await;
+            match invocation {
+                Invocation::Unknown { .. } | Invocation::Unusable { .. } => {
+                    bail!("{} (app root {})", invocation.line(), root.display())
                 }
-                Err(error) => {
-                    println!("{}: tick failed: {error}", poller.config.poller_name);
-                    Ok(ExitCode::FAILURE)
+                Invocation::Ticked { .. } | Invocation::Failed { .. } => {
+                    println!("{}", invocation.line());
+                    Ok(if invocation.succeeded() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
                 }
             }
         }

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tracing::{error, info};
 
-use crate::app::{App, Lookup};
+use crate::app::{App, Invocation};
 use payload::InvocationRequest;
 
 /// The router, with the app passed in (tests call it on a port-0 listener).
@@ -71,37 +71,27 @@ async fn invoke(
             return error_response(StatusCode::BAD_REQUEST, Some(&function), &message);
         }
     };
-    let poller = match app.lookup(&function) {
-        Lookup::Ready(poller) => poller.clone(),
-        Lookup::Broken(reason) => {
-            let message = format!("{function}: {reason}");
-            error!(function = %function, invocation = %invocation_id, "{message}");
-            return error_response(StatusCode::INTERNAL_SERVER_ERROR, Some(&function), &message);
-        }
-        Lookup::Unknown => {
-            let message =
-                format!("{function}: no such function in this app (functions: {})", app.function_names().join(", "));
-            error!(function = %function, invocation = %invocation_id, "{message}");
-            return error_response(StatusCode::NOT_FOUND, Some(&function), &message);
-        }
-    };
     if request.timer_is_past_due() {
         info!(function = %function, invocation = %invocation_id, "timer is past due: catching up");
     }
-    match poller.tick().await {
-        Ok(outcome) => {
-            let line = format!("{}: {outcome}", poller.config.poller_name);
+    let invocation = app.invoke(&function).await;
+    let line = invocation.line();
+    match &invocation {
+        Invocation::Ticked { outcome, .. } => {
             info!(function = %function, invocation = %invocation_id, outcome = outcome.kind(), "{line}");
             let mut response =
                 json_response(StatusCode::OK, json!({"Outputs": {}, "Logs": [line], "ReturnValue": null}));
             response.headers_mut().insert("x-dbtrigger-outcome", HeaderValue::from_static(outcome.kind()));
             response
         }
-        Err(tick_error) => {
-            let message = format!("{}: tick failed: {tick_error}", poller.config.poller_name);
+        failed => {
             // The host drops Logs of a failed invocation: stdout is where this is seen.
-            error!(function = %function, invocation = %invocation_id, "{message}");
-            error_response(StatusCode::INTERNAL_SERVER_ERROR, Some(&function), &message)
+            error!(function = %function, invocation = %invocation_id, "{line}");
+            let status = match failed {
+                Invocation::Unknown { .. } => StatusCode::NOT_FOUND,
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            error_response(status, Some(&function), &line)
         }
     }
 }
