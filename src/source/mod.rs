@@ -72,27 +72,36 @@ pub trait Source: Send + Sync {
     fn describe(&self) -> String;
 }
 
-/// Runs a fetch under the source's query timeout: a query that does not answer in time is
-/// cancelled (its future dropped, which closes the connection) and reported as such.
-pub(crate) async fn within_query_timeout<F>(
+/// Runs an engine's fetch under the source's query timeout (a query that does not answer in time
+/// is cancelled: its future dropped, which closes the connection), and says once when
+/// `settleSeconds` cannot apply to what it returned.
+pub(crate) async fn guarded_fetch<F>(
     config: &SourceConfig,
     location: &str,
+    settle_warned: &AtomicBool,
     fetch: F,
 ) -> Result<Fetched, SourceError>
 where
     F: Future<Output = Result<Fetched, SourceError>>,
 {
-    match tokio::time::timeout(config.query_timeout, fetch).await {
-        Ok(result) => result,
-        Err(_) => Err(SourceError::Timeout { location: location.to_string(), seconds: config.query_timeout.as_secs() }),
-    }
+    let fetched = match tokio::time::timeout(config.query_timeout, fetch).await {
+        Ok(result) => result?,
+        Err(_) => {
+            return Err(SourceError::Timeout {
+                location: location.to_string(),
+                seconds: config.query_timeout.as_secs(),
+            });
+        }
+    };
+    warn_if_settle_ignored(config, &fetched, settle_warned, location);
+    Ok(fetched)
 }
 
 /// Warns once per source when `settleSeconds` was set but the cursor turned out to be an integer:
 /// settle holds back young timestamps only. What protects an integer cursor from late commits is
 /// that its values are handed out in commit order (a sequence read after commit, or a version
 /// bumped inside the writing transaction); an identity or auto-increment column alone is not.
-pub(crate) fn warn_if_settle_ignored(config: &SourceConfig, fetched: &Fetched, warned: &AtomicBool, location: &str) {
+fn warn_if_settle_ignored(config: &SourceConfig, fetched: &Fetched, warned: &AtomicBool, location: &str) {
     if !config.settle_configured || config.settle.is_zero() {
         return;
     }

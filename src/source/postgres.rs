@@ -15,8 +15,7 @@ use tokio::sync::OnceCell;
 
 use super::query::{CursorType, SeekPlan, SeekQuery, build_seek};
 use super::{
-    Decoded, FetchLimit, Fetched, Source, SourceError, classify, fetch_rows, warn_if_settle_ignored,
-    warn_missing_index, within_query_timeout,
+    Decoded, FetchLimit, Fetched, Source, SourceError, classify, fetch_rows, guarded_fetch, warn_missing_index,
 };
 use crate::config::redact::Redaction;
 use crate::config::{SourceConfig, SourceTarget};
@@ -284,9 +283,7 @@ impl Source for PostgresSource {
             })
             .await
         };
-        let fetched = within_query_timeout(&self.config, &self.redaction.location, fetch).await?;
-        warn_if_settle_ignored(&self.config, &fetched, &self.settle_warned, &self.redaction.location);
-        Ok(fetched)
+        guarded_fetch(&self.config, &self.redaction.location, &self.settle_warned, fetch).await
     }
 
     fn describe(&self) -> String {

@@ -326,6 +326,11 @@ struct SlowSink {
     during_first: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
+/// A sink that takes `delay` over each delivery into `recording`.
+fn slow_sink(recording: &Arc<RecordingSink>, delay: Duration) -> Arc<SlowSink> {
+    Arc::new(SlowSink { inner: recording.clone(), delay, during_first: Default::default() })
+}
+
 #[async_trait]
 impl Sink for SlowSink {
     async fn deliver(&self, batch: &Batch, deadline: tokio::time::Instant) -> Result<(), SinkError> {
@@ -350,11 +355,7 @@ async fn the_tick_budget_ends_a_tick_with_a_commit_and_the_next_tick_continues()
     let fixture = fixture(100, settings).await;
     let store = Arc::new(MemoryStore::new());
     let recording = Arc::new(RecordingSink::new());
-    let sink = Arc::new(SlowSink {
-        inner: recording.clone(),
-        delay: Duration::from_millis(300),
-        during_first: Default::default(),
-    });
+    let sink = slow_sink(&recording, Duration::from_millis(300));
     let poller = poller(&fixture, sink, store.clone(), "a");
     let outcome = poller.tick().await.unwrap();
     let TickOutcome::Delivered { batches, stop, .. } = outcome else { panic!("{outcome:?}") };
@@ -382,11 +383,7 @@ async fn a_long_delivery_renews_the_lease_while_it_runs() {
     let store = Arc::new(MemoryStore::new());
     let recording = Arc::new(RecordingSink::new());
     // 4 s of delivery on a 3 s lease: only heartbeats keep it.
-    let sink = Arc::new(SlowSink {
-        inner: recording.clone(),
-        delay: Duration::from_secs(4),
-        during_first: Default::default(),
-    });
+    let sink = slow_sink(&recording, Duration::from_secs(4));
     let outcome = poller(&fixture, sink, store.clone(), "a").tick().await.unwrap();
     assert!(matches!(outcome, TickOutcome::Delivered { rows: 5, .. }), "{outcome:?}");
     let (_, writes) = store.request_counts();
@@ -535,11 +532,7 @@ async fn a_failed_heartbeat_is_retried_after_a_pause_and_the_tick_goes_on() {
         }
     }));
     let recording = Arc::new(RecordingSink::new());
-    let sink = Arc::new(SlowSink {
-        inner: recording.clone(),
-        delay: Duration::from_millis(3500),
-        during_first: Default::default(),
-    });
+    let sink = slow_sink(&recording, Duration::from_millis(3500));
     let outcome = poller(&fixture, sink, store.clone(), "a").tick().await.unwrap();
     assert!(matches!(outcome, TickOutcome::Delivered { rows: 5, .. }), "{outcome:?}");
     let writes = store.writes();
@@ -567,11 +560,7 @@ async fn a_heartbeat_that_landed_but_answered_an_error_is_not_a_lease_loss() {
         }
     }));
     let recording = Arc::new(RecordingSink::new());
-    let sink = Arc::new(SlowSink {
-        inner: recording.clone(),
-        delay: Duration::from_millis(2600),
-        during_first: Default::default(),
-    });
+    let sink = slow_sink(&recording, Duration::from_millis(2600));
     let outcome = poller(&fixture, sink, store.clone(), "a").tick().await.unwrap();
     assert!(matches!(outcome, TickOutcome::Delivered { rows: 5, .. }), "{outcome:?}");
     let document = StateDocument::parse(&store.inner.raw(&key()).unwrap()).unwrap();
