@@ -7,30 +7,36 @@
 //!
 //! | module       | what it holds                                                                 |
 //! |--------------|-------------------------------------------------------------------------------|
-//! | [`domain`]   | the pure core: state, cursor order, lease, ids, window, schedule. No I/O.      |
-//! | [`config`]   | function.json + app settings, parsed once into a validated `PollerConfig`.     |
-//! | [`store`]    | `StateStore` (ETag compare-and-swap): Azure Blob, file, memory; conformance.   |
-//! | [`storage`]  | Azure Storage connections and the Shared Key signing policy.                   |
+//! | [`domain`]   | the pure core: state, cursor order, lease, events, ids, window, schedule.      |
+//! | [`settings`] | app settings (environment, local.settings.json) and `%NAME%` values.           |
+//! | [`config`]   | function.json, one file a section, parsed once into a validated `PollerConfig`.|
+//! | [`store`]    | `StateStore` (ETag compare-and-swap): Azure Blob, file (memory for tests).     |
+//! | [`azure`]    | Azure Storage clients from a validated connection; Shared Key signing.         |
 //! | [`source`]   | `Source`: the keyset query over sqlx (PostgreSQL, MySQL/MariaDB, SQLite).     |
-//! | [`sink`]     | `Sink`: webhook, Storage queue, and a recording sink for tests.                |
+//! | [`sink`]     | `Sink`: webhook and Storage queue (a recording sink for tests).                |
 //! | [`tick`]     | one tick: the orchestrator that carries out the domain's decisions.            |
-//! | [`app`]      | every function of the app, opened once into pollers.                           |
+//! | [`app`]      | every function of the app, and `App::invoke`, the one way to run one.          |
 //! | [`handler`]  | the custom-handler HTTP server the Functions host calls.                       |
 //! | [`cli`]      | `serve`, `tick`, `dev`, `demo`.                                                |
 //! | [`logging`]  | logs to stdout, as the Functions host expects.                                 |
+//!
+//! Dependencies point one way: `domain` and `settings` import nothing of the crate; `config`
+//! imports them; the adapters (`store`, `azure`, `source`, `sink`) read config's plain types; `tick`
+//! drives the adapters; `app`, `handler` and `cli` sit on top. No two modules import each other.
 //!
 //! The invariant everything serves: the checkpoint moves only after the sink acknowledged every row
 //! up to it, and only by a compare-and-swap that also proves the lease is still ours. So a row is
 //! delivered at least once, and a stale instance can never move the checkpoint.
 
 pub mod app;
+pub mod azure;
 pub mod cli;
 pub mod config;
 pub mod domain;
 pub mod handler;
 pub mod logging;
+pub mod settings;
 pub mod sink;
 pub mod source;
-pub mod storage;
 pub mod store;
 pub mod tick;

@@ -193,7 +193,7 @@ fn identity_based_state_connections_are_recognised() {
             assert_eq!(connection.blob_endpoint.as_str(), "https://myaccount.blob.core.windows.net/");
             assert_eq!(
                 connection.credential,
-                crate::storage::StorageCredential::ManagedIdentity { client_id: Some("abc".into()) }
+                crate::azure::StorageCredential::ManagedIdentity { client_id: Some("abc".into()) }
             );
         }
         other => panic!("expected an identity-based blob store, got {other:?}"),

@@ -187,6 +187,11 @@ pub fn describe(position: &Position) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fixed instant: the domain never reads the clock, its tests neither.
+    fn fixed_time() -> DateTime<Utc> {
+        DateTime::from_timestamp(1_780_000_000, 0).unwrap()
+    }
     use crate::domain::cursor::{CursorValue, PkValue};
     use proptest::prelude::*;
 
@@ -197,7 +202,7 @@ mod tests {
     #[test]
     fn a_document_round_trips() {
         let mut document = StateDocument::new("orders", "sha256:abc");
-        document.checkpoint = Some(advance_checkpoint(None, &position(5, 2), "b1", 10, Utc::now()).unwrap());
+        document.checkpoint = Some(advance_checkpoint(None, &position(5, 2), "b1", 10, fixed_time()).unwrap());
         let parsed = StateDocument::parse(&document.to_bytes()).unwrap();
         assert_eq!(parsed, document);
     }
@@ -207,7 +212,7 @@ mod tests {
     #[test]
     fn unknown_fields_survive_a_read_modify_write() {
         let mut document = StateDocument::new("orders", "sha256:abc");
-        document.checkpoint = Some(advance_checkpoint(None, &position(5, 2), "b1", 10, Utc::now()).unwrap());
+        document.checkpoint = Some(advance_checkpoint(None, &position(5, 2), "b1", 10, fixed_time()).unwrap());
         let mut stored: Value = serde_json::from_slice(&document.to_bytes()).unwrap();
         stored["poison"] = serde_json::json!({"attempts": 3, "last_error": "HTTP 422"});
         stored["history"] = serde_json::json!([{"who": "ops", "what": "reset"}]);
@@ -216,7 +221,7 @@ mod tests {
 
         let mut read = StateDocument::parse(&serde_json::to_vec(&stored).unwrap()).unwrap();
         read.checkpoint =
-            Some(advance_checkpoint(read.checkpoint.as_ref(), &position(6, 1), "b2", 10, Utc::now()).unwrap());
+            Some(advance_checkpoint(read.checkpoint.as_ref(), &position(6, 1), "b2", 10, fixed_time()).unwrap());
         read.stats.rows_delivered += 10;
         let written: Value = serde_json::from_slice(&read.to_bytes()).unwrap();
 
@@ -247,14 +252,14 @@ mod tests {
     #[test]
     fn an_unknown_cursor_kind_is_refused() {
         let mut document = StateDocument::new("orders", "sha256:abc");
-        document.checkpoint = Some(advance_checkpoint(None, &position(5, 2), "b1", 10, Utc::now()).unwrap());
+        document.checkpoint = Some(advance_checkpoint(None, &position(5, 2), "b1", 10, fixed_time()).unwrap());
         let text = String::from_utf8(document.to_bytes()).unwrap().replace("\"integer\"", "\"text\"");
         assert!(matches!(StateDocument::parse(text.as_bytes()), Err(DocumentError::InvalidCursor(_))));
     }
 
     #[test]
     fn the_checkpoint_refuses_to_move_backwards_or_stay() {
-        let now = Utc::now();
+        let now = fixed_time();
         let first = advance_checkpoint(None, &position(5, 2), "b1", 1, now).unwrap();
         assert!(advance_checkpoint(Some(&first), &position(5, 1), "b2", 1, now).is_err());
         assert!(advance_checkpoint(Some(&first), &position(5, 2), "b2", 1, now).is_err());
@@ -266,7 +271,7 @@ mod tests {
         /// backwards: every accepted move is strictly forward.
         #[test]
         fn the_checkpoint_never_moves_backwards(moves in proptest::collection::vec((0i64..50, 0i64..50), 1..60)) {
-            let now = Utc::now();
+            let now = fixed_time();
             let mut current: Option<Checkpoint> = None;
             for (cursor, id) in moves {
                 let candidate = position(cursor, id);

@@ -1,43 +1,22 @@
 //! Standard Webhooks signatures: `webhook-signature: v1,<base64 HMAC-SHA256("{id}.{timestamp}.{body}")>`.
-//! A secret written `whsec_<base64>` is the base64 of the key; any other secret is the key's bytes.
+//! The key comes decoded from the configuration ([`SigningKey`]).
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-/// The signing key, decoded once.
-#[derive(Clone)]
-pub struct SigningKey(Vec<u8>);
+pub use crate::config::sink::SigningKey;
 
-impl std::fmt::Debug for SigningKey {
-    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter.write_str("SigningKey(<redacted>)")
-    }
-}
-
-impl SigningKey {
-    /// Decodes a secret; the error never contains the secret.
-    pub fn from_secret(secret: &str) -> Result<SigningKey, String> {
-        match secret.strip_prefix("whsec_") {
-            Some(encoded) => STANDARD
-                .decode(encoded)
-                .map(SigningKey)
-                .map_err(|_| "a secret starting with `whsec_` must continue with base64".to_string()),
-            None => Ok(SigningKey(secret.as_bytes().to_vec())),
-        }
-    }
-
-    /// The `webhook-signature` header value.
-    pub fn sign(&self, id: &str, timestamp: i64, body: &[u8]) -> String {
-        let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes a key of any length");
-        mac.update(id.as_bytes());
-        mac.update(b".");
-        mac.update(timestamp.to_string().as_bytes());
-        mac.update(b".");
-        mac.update(body);
-        format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()))
-    }
+/// The `webhook-signature` header value of a request.
+pub fn sign(key: &SigningKey, id: &str, timestamp: i64, body: &[u8]) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(key.bytes()).expect("HMAC takes a key of any length");
+    mac.update(id.as_bytes());
+    mac.update(b".");
+    mac.update(timestamp.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()))
 }
 
 #[cfg(test)]
@@ -50,7 +29,7 @@ mod tests {
         let key = SigningKey::from_secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
         let body = br#"{"test": 2432232314}"#;
         assert_eq!(
-            key.sign("msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body),
+            sign(&key, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body),
             "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
         );
     }

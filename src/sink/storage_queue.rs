@@ -21,8 +21,8 @@ use serde_json::{Map, Value};
 use tokio::time::Instant;
 
 use super::{Batch, Event, Sink, SinkError};
+use crate::azure::{RequestCounter, client_options, token_credential};
 use crate::config::{MessageEncoding, MessagePer, QueueConfig};
-use crate::storage::{RequestCounter, client_options, token_credential};
 
 /// The service's limit on one message, as sent (after encoding).
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;

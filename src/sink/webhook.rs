@@ -129,7 +129,7 @@ impl WebhookSink {
             .header("webhook-id", &part.id)
             .header("webhook-timestamp", timestamp.to_string());
         if let Some(key) = &self.config.signing_key {
-            request = request.header("webhook-signature", key.sign(&part.id, timestamp, &body));
+            request = request.header("webhook-signature", super::signing::sign(key, &part.id, timestamp, &body));
         }
         let response = match request.body(body).send().await {
             Ok(response) => response,

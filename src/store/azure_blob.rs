@@ -16,8 +16,8 @@ use azure_storage_blob::models::{BlobClientDownloadOptions, BlobClientUploadOpti
 use azure_storage_blob::{BlobContainerClient, BlobContainerClientOptions};
 
 use super::{ETag, StateKey, StateStore, StoreError, Versioned, WriteCondition};
+use crate::azure::{RequestCounter, StorageConnection, client_options, token_credential};
 use crate::domain::StateDocument;
-use crate::storage::{RequestCounter, StorageConnection, client_options, token_credential};
 
 pub struct AzureBlobStore {
     container: BlobContainerClient,

@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dbtrigger::azure::StorageConnection;
 use dbtrigger::config::{PollerConfig, Settings};
 use dbtrigger::domain::StateDocument;
 use dbtrigger::sink::recording::RecordingSink;
-use dbtrigger::storage::StorageConnection;
 use dbtrigger::store::azure_blob::AzureBlobStore;
 use dbtrigger::store::{StateKey, StateStore, StoreError, WriteCondition, conformance};
 use dbtrigger::tick::{Poller, SystemClock, TickError, TickOutcome};
@@ -58,7 +58,7 @@ async fn a_dead_storage_account_fails_within_seconds() {
     let port = crate::services::free_port();
     let text = format!(
         "AccountName=devstoreaccount1;AccountKey={};BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1",
-        dbtrigger::storage::connection::DEV_KEY
+        dbtrigger::config::connection::DEV_KEY
     );
     let dead = StorageConnection::parse_connection_string(&text).unwrap();
     let store = AzureBlobStore::new(&dead, "db-state").unwrap();

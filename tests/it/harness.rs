@@ -263,7 +263,7 @@ impl AppRoot {
             }
             Some(connection_string) => {
                 let connection =
-                    dbtrigger::storage::StorageConnection::parse_connection_string(connection_string).unwrap();
+                    dbtrigger::azure::StorageConnection::parse_connection_string(connection_string).unwrap();
                 let store = dbtrigger::store::azure_blob::AzureBlobStore::new(&connection, "db-state").unwrap();
                 let read = store.read(&key).await.unwrap()?;
                 Some(serde_json::to_value(&read.document).unwrap())

@@ -1,10 +1,10 @@
-//! Azure Storage plumbing shared by the blob state store and the queue sink: one connection
-//! parser, one Shared Key signing policy, one set of client options (bounded retries, timeouts).
+//! Azure Storage plumbing shared by the blob state store and the queue sink: clients built from a
+//! validated [`StorageConnection`] (parsed by `config::connection`), one Shared Key signing
+//! policy, one set of client options (bounded retries, timeouts).
 //!
 //! The GA Azure SDK signs only with Entra ID tokens (Azure/azure-sdk-for-rust#2975), so account-key
 //! connection strings and Azurite get [`shared_key::SharedKeyPolicy`], a per-try pipeline policy.
 
-pub mod connection;
 pub mod shared_key;
 
 use std::sync::Arc;
@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use azure_core::http::policies::{Policy, PolicyResult};
 use azure_core::http::{ClientOptions, Context, ExponentialRetryOptions, Method, Request, RetryOptions, Transport};
 
-pub use connection::{StorageConnection, StorageCredential};
+pub use crate::config::connection::{StorageConnection, StorageCredential};
 
 /// Per-request timeout: a storage call that takes longer is abandoned (and retried).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);

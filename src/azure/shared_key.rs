@@ -162,7 +162,7 @@ mod tests {
     /// Microsoft's documented example key and a fixed string give a fixed signature.
     #[test]
     fn the_signature_is_hmac_sha256_of_the_string() {
-        let key = base64::engine::general_purpose::STANDARD.decode(crate::storage::connection::DEV_KEY).unwrap();
+        let key = base64::engine::general_purpose::STANDARD.decode(crate::config::connection::DEV_KEY).unwrap();
         let header = authorization("devstoreaccount1", &key, "GET\n");
         assert!(header.starts_with("SharedKey devstoreaccount1:"));
         assert_eq!(header, authorization("devstoreaccount1", &key, "GET\n"));

@@ -10,7 +10,7 @@ use std::fmt;
 
 use base64::Engine as _;
 
-use crate::config::Settings;
+use crate::settings::Settings;
 
 /// The well-known Azurite account and key (public, documented by Microsoft).
 pub const DEV_ACCOUNT: &str = "devstoreaccount1";

@@ -1,0 +1,111 @@
+//! `poller.batch`, `poller.lease` and `poller.poison`: how much a tick does, and how it holds
+//! the poller meanwhile.
+
+use std::time::Duration;
+
+use super::function_json::{RawBatch, RawLease, RawPoison};
+use super::{ConfigError, Located, defaults, in_range, limits};
+use crate::domain::LeaseTerms;
+
+#[derive(Debug, Clone, Copy)]
+pub struct BatchConfig {
+    pub size: usize,
+    /// A batch ends early once its rows add up to this many bytes (as JSON), so that memory is
+    /// bounded by bytes and not only by row count.
+    pub max_bytes: usize,
+    pub max_in_flight: usize,
+    pub tick_budget: Duration,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct PoisonConfig {
+    pub max_attempts: u32,
+}
+
+/// `poller.batch`, each number in its range; the budget must end well before host.json's
+/// `functionTimeout`, or the host would kill a tick mid-batch.
+pub(super) fn build_batch(
+    raw: &RawBatch,
+    function_timeout: Option<Duration>,
+    at: &Located<'_>,
+) -> Result<BatchConfig, ConfigError> {
+    let size = in_range(at, "poller.batch.size", raw.size, defaults::BATCH_SIZE, 1..=defaults::MAX_BATCH_SIZE)?;
+    let max_bytes = in_range(
+        at,
+        "poller.batch.maxBytes",
+        raw.max_bytes,
+        defaults::BATCH_MAX_BYTES,
+        1024..=limits::BATCH_MAX_BYTES,
+    )?;
+    let max_in_flight = in_range(at, "poller.batch.maxInFlight", raw.max_in_flight, defaults::MAX_IN_FLIGHT, 1..=64)?;
+    let tick_budget = Duration::from_secs(in_range(
+        at,
+        "poller.batch.tickBudgetSeconds",
+        raw.tick_budget_seconds,
+        defaults::TICK_BUDGET_SECONDS,
+        1..=limits::SECONDS,
+    )?);
+    if let Some(timeout) = function_timeout {
+        let margin = Duration::from_secs(defaults::TIMEOUT_MARGIN_SECONDS);
+        if tick_budget.saturating_add(margin) > timeout {
+            return Err(at.error(
+                "poller.batch.tickBudgetSeconds",
+                format!(
+                    "{} s leaves less than {} s before host.json functionTimeout ({} s): the host would kill the tick mid-batch",
+                    tick_budget.as_secs(),
+                    margin.as_secs(),
+                    timeout.as_secs()
+                ),
+            ));
+        }
+    }
+    let batch = BatchConfig { size, max_bytes, max_in_flight, tick_budget };
+    Ok(batch)
+}
+
+/// `poller.lease`: a ttl of at least three heartbeats (a missed heartbeat must not lose the lease)
+/// and a skew margin under half the ttl.
+pub(super) fn build_lease(raw: &RawLease, at: &Located<'_>) -> Result<LeaseTerms, ConfigError> {
+    let ttl =
+        in_range(at, "poller.lease.ttlSeconds", raw.ttl_seconds, defaults::LEASE_TTL_SECONDS, 3..=limits::SECONDS)?;
+    let heartbeat = in_range(
+        at,
+        "poller.lease.heartbeatSeconds",
+        raw.heartbeat_seconds,
+        defaults::LEASE_HEARTBEAT_SECONDS,
+        1..=limits::SECONDS,
+    )?;
+    let skew = in_range(
+        at,
+        "poller.lease.clockSkewSeconds",
+        raw.clock_skew_seconds,
+        defaults::LEASE_CLOCK_SKEW_SECONDS,
+        0..=limits::SECONDS,
+    )?;
+    // Every value is at most a day here, so the products below cannot overflow.
+    if ttl < 3 * heartbeat {
+        return Err(at.error(
+            "poller.lease.ttlSeconds",
+            format!("{ttl} s must be at least 3 x heartbeatSeconds ({heartbeat} s), so that a missed heartbeat does not lose the lease"),
+        ));
+    }
+    if skew * 2 >= ttl {
+        return Err(at.error(
+            "poller.lease.clockSkewSeconds",
+            format!("{skew} s must be less than half of ttlSeconds ({ttl} s)"),
+        ));
+    }
+    let lease = LeaseTerms {
+        ttl: chrono::Duration::seconds(ttl as i64),
+        heartbeat: chrono::Duration::seconds(heartbeat as i64),
+        clock_skew: chrono::Duration::seconds(skew as i64),
+    };
+    Ok(lease)
+}
+
+/// `poller.poison`.
+pub(super) fn build_poison(raw: &RawPoison, at: &Located<'_>) -> Result<PoisonConfig, ConfigError> {
+    let max_attempts =
+        in_range(at, "poller.poison.maxAttempts", raw.max_attempts, defaults::POISON_MAX_ATTEMPTS, 1..=1000)?;
+    Ok(PoisonConfig { max_attempts })
+}

@@ -1,0 +1,179 @@
+//! The raw shape of function.json: what a user writes, deserialized as is (unknown fields
+//! refused), with `%NAME%` app settings substituted and the timer binding read. Validation into
+//! the typed configuration happens in the section modules.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::{ConfigError, Located};
+use crate::domain::schedule::Schedule;
+use crate::settings::Settings;
+
+// ---------------------------------------------------------------------------------------------
+// Raw, as written in function.json. Unknown fields are refused: a typo must not silently mean
+// "use the default".
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPoller {
+    pub(super) name: Option<String>,
+    pub(super) source: RawSource,
+    #[serde(default)]
+    pub(super) batch: RawBatch,
+    pub(super) sink: RawSink,
+    #[serde(default)]
+    pub(super) lease: RawLease,
+    #[serde(default)]
+    pub(super) poison: RawPoison,
+    #[serde(default)]
+    pub(super) state: RawState,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawSource {
+    pub(super) connection: String,
+    pub(super) table: Option<String>,
+    pub(super) query: Option<String>,
+    pub(super) cursor: String,
+    pub(super) pk: Vec<String>,
+    pub(super) columns: Option<Vec<String>>,
+    #[serde(rename = "where")]
+    pub(super) where_clause: Option<String>,
+    pub(super) settle_seconds: Option<u64>,
+    pub(super) cursor_time_zone: Option<String>,
+    pub(super) query_timeout_seconds: Option<u64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawBatch {
+    pub(super) size: Option<usize>,
+    pub(super) max_bytes: Option<usize>,
+    pub(super) max_in_flight: Option<usize>,
+    pub(super) tick_budget_seconds: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawSink {
+    #[serde(rename = "type")]
+    pub(super) kind: String,
+    pub(super) url: Option<String>,
+    pub(super) secret: Option<String>,
+    pub(super) timeout_seconds: Option<u64>,
+    pub(super) max_retries: Option<u32>,
+    pub(super) max_body_bytes: Option<usize>,
+    pub(super) connection: Option<String>,
+    pub(super) queue_name: Option<String>,
+    pub(super) message_encoding: Option<String>,
+    pub(super) message_per: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawLease {
+    pub(super) ttl_seconds: Option<u64>,
+    pub(super) heartbeat_seconds: Option<u64>,
+    pub(super) clock_skew_seconds: Option<u64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawPoison {
+    pub(super) max_attempts: Option<u32>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawState {
+    pub(super) connection: Option<String>,
+    pub(super) container: Option<String>,
+}
+
+pub(super) fn timer_schedule(
+    document: &Value,
+    at: &Located<'_>,
+    settings: &Settings,
+) -> Result<(Option<Schedule>, bool), ConfigError> {
+    let Some(bindings) = document.get("bindings") else {
+        return Err(at.error("bindings", "missing: a poller needs a timerTrigger binding"));
+    };
+    let Some(bindings) = bindings.as_array() else {
+        return Err(at.error("bindings", "expected an array"));
+    };
+    for (index, binding) in bindings.iter().enumerate() {
+        if binding.get("type").and_then(Value::as_str) != Some("timerTrigger") {
+            continue;
+        }
+        if binding.get("functionName").is_some() {
+            return Err(at.error(
+                &format!("bindings[{index}].functionName"),
+                "must not be set: the Functions host adds its own and fails on a duplicate",
+            ));
+        }
+        let field = format!("bindings[{index}].schedule");
+        let mut schedule = binding.get("schedule").cloned().unwrap_or(Value::Null);
+        substitute_settings(&mut schedule, &field, settings, at)?;
+        let schedule = match schedule.as_str() {
+            Some(text) => Some(Schedule::parse(text).map_err(|reason| at.error(&field, reason))?),
+            None => None,
+        };
+        let run_on_startup = binding.get("runOnStartup").and_then(Value::as_bool).unwrap_or(false);
+        return Ok((schedule, run_on_startup));
+    }
+    Err(at.error("bindings", "no timerTrigger binding: a poller runs on a timer"))
+}
+
+/// Replaces every `%NAME%` in string values by app setting NAME (the Functions convention).
+pub(super) fn substitute_settings(
+    value: &mut Value,
+    path: &str,
+    settings: &Settings,
+    at: &Located<'_>,
+) -> Result<(), ConfigError> {
+    match value {
+        Value::String(text) => {
+            if text.contains('%') {
+                *text = substitute_in_text(text, settings).map_err(|reason| at.error(path, reason))?;
+            }
+            Ok(())
+        }
+        Value::Array(items) => {
+            for (index, item) in items.iter_mut().enumerate() {
+                substitute_settings(item, &format!("{path}[{index}]"), settings, at)?;
+            }
+            Ok(())
+        }
+        Value::Object(map) => {
+            for (key, item) in map.iter_mut() {
+                substitute_settings(item, &format!("{path}.{key}"), settings, at)?;
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+fn substitute_in_text(text: &str, settings: &Settings) -> Result<String, String> {
+    let mut output = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find('%') {
+        output.push_str(&rest[..start]);
+        let after = &rest[start + 1..];
+        let Some(end) = after.find('%') else {
+            return Err(format!("unmatched '%' in {text:?}"));
+        };
+        let name = &after[..end];
+        if name.is_empty() {
+            output.push('%');
+        } else {
+            let value =
+                settings.get(name).ok_or_else(|| format!("app setting {name} (referenced as %{name}%) is not set"))?;
+            output.push_str(value);
+        }
+        rest = &after[end + 1..];
+    }
+    output.push_str(rest);
+    Ok(output)
+}

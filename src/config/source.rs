@@ -1,0 +1,483 @@
+//! `poller.source`: the database, the table or query, cursor and key, and the fingerprint of the
+//! target the driver really reads (URL query parameters and driver defaults included).
+
+use std::fmt;
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use super::function_json::RawSource;
+use super::{ConfigError, Located, defaults, in_range, limits, redact};
+use crate::domain::ids::{FingerprintInput, source_fingerprint};
+use crate::settings::{Secret, Settings};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    Sqlite,
+    Postgres,
+    MySql,
+}
+
+impl Engine {
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Sqlite => "sqlite",
+            Engine::Postgres => "postgres",
+            Engine::MySql => "mysql",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceTarget {
+    Table {
+        schema: Option<String>,
+        name: String,
+    },
+    /// A SELECT, wrapped as a subquery.
+    Query(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct SourceConfig {
+    /// The app setting that holds the URL.
+    pub connection: String,
+    pub engine: Engine,
+    /// The database URL, resolved (a relative SQLite path is taken from the app root).
+    pub url: Secret,
+    pub target: SourceTarget,
+    pub cursor: String,
+    pub pk: Vec<String>,
+    pub columns: Option<Vec<String>>,
+    pub where_clause: Option<String>,
+    /// Timestamp cursors only read rows older than the database's `now - settle`.
+    pub settle: Duration,
+    /// Whether `settleSeconds` was written in function.json (an integer cursor ignores it, and
+    /// says so once when it was asked for).
+    pub settle_configured: bool,
+    /// Each fetch is cancelled after this long (and PostgreSQL's `statement_timeout` is set to
+    /// it), so a slow query fails the tick instead of holding it.
+    pub query_timeout: Duration,
+    /// The zone naive timestamp cursors are written in (for `settle` only): `UTC` by default.
+    pub cursor_time_zone: String,
+}
+
+/// Identifiers are a strict subset of what every engine accepts unquoted, then quoted anyway:
+/// a quote, a semicolon or a comment sequence can never reach the SQL.
+pub fn validate_identifier(value: &str) -> Result<(), String> {
+    let mut characters = value.chars();
+    let valid_first = characters.next().is_some_and(|character| character.is_ascii_alphabetic() || character == '_');
+    let valid_rest =
+        characters.all(|character| character.is_ascii_alphanumeric() || character == '_' || character == '$');
+    if valid_first && valid_rest && value.len() <= 63 {
+        Ok(())
+    } else {
+        Err(format!(
+            "{value:?} is not a valid identifier: use letters, digits, '_' and '$', starting with a letter or '_', at most 63 characters"
+        ))
+    }
+}
+
+/// Zones are inlined into the settle predicate, so they are restricted to a safe alphabet; MySQL
+/// only knows named zones when its time zone tables are loaded, so it gets offsets only.
+fn validate_time_zone(engine: Engine, zone: &str) -> Result<(), String> {
+    if zone == "UTC" {
+        return Ok(());
+    }
+    let is_offset = zone.len() == 6
+        && (zone.starts_with('+') || zone.starts_with('-'))
+        && zone[1..3].chars().all(|character| character.is_ascii_digit())
+        && &zone[3..4] == ":"
+        && zone[4..6].chars().all(|character| character.is_ascii_digit());
+    match engine {
+        Engine::Sqlite => Err("SQLite timestamps are read as UTC: only \"UTC\" is supported".to_string()),
+        Engine::MySql if !is_offset => Err(format!("{zone:?}: MySQL takes \"UTC\" or an offset like \"+02:00\"")),
+        Engine::MySql => Ok(()),
+        Engine::Postgres => {
+            let safe = !zone.is_empty()
+                && zone.len() <= 64
+                && zone.chars().all(|character| character.is_ascii_alphanumeric() || "_/+-:".contains(character));
+            if safe {
+                Ok(())
+            } else {
+                Err(format!("{zone:?} is not a time zone name like \"Europe/Paris\" or an offset like \"+02:00\""))
+            }
+        }
+    }
+}
+
+/// A `where` or `query` fragment is inlined into the seek, inside parentheses: it must be one
+/// expression that cannot close them (`tenant = 7) OR (1 = 1` would bypass the seek and redeliver
+/// forever), end the statement, or comment out what follows (`;`, `--`, `/*`, MySQL's `#`).
+/// Parentheses are counted outside quoted text; a quote must be closed, and a backslash inside
+/// quoted text is refused because MySQL and the others disagree on what it escapes.
+fn validate_fragment(value: &str) -> Result<(), String> {
+    if value.trim().is_empty() {
+        return Err("is empty".to_string());
+    }
+    if value.contains(';') || value.contains("--") || value.contains("/*") || value.contains('#') {
+        return Err("must be one SQL expression: ';', '--', '/*' and '#' are not allowed".to_string());
+    }
+    let mut depth: i64 = 0;
+    let mut quote: Option<char> = None;
+    for (offset, character) in value.char_indices() {
+        match quote {
+            Some(open) => {
+                if character == '\\' {
+                    return Err(format!(
+                        "a backslash inside quoted text (at byte {offset}) is not allowed: write a quote twice to escape it"
+                    ));
+                }
+                if character == open {
+                    // A doubled quote is an escaped quote: the next character reopens the same quote.
+                    quote = None;
+                }
+            }
+            None => match character {
+                '\'' | '"' | '`' => quote = Some(character),
+                '(' => depth += 1,
+                ')' => {
+                    depth -= 1;
+                    if depth < 0 {
+                        return Err(format!(
+                            "closes a parenthesis it did not open (at byte {offset}): the fragment must stay inside its own parentheses"
+                        ));
+                    }
+                }
+                _ => {}
+            },
+        }
+    }
+    if let Some(open) = quote {
+        return Err(format!("has an unclosed {open} quote"));
+    }
+    if depth != 0 {
+        return Err(format!("has {depth} unclosed parenthesis(es)"));
+    }
+    Ok(())
+}
+
+/// The parts of a database URL that identify it (no password).
+struct UrlIdentity {
+    engine: Engine,
+    host: String,
+    port: Option<u16>,
+    database: String,
+    user: String,
+}
+
+fn parse_source_url(url: &str, app_root: &Path) -> Result<(UrlIdentity, String), String> {
+    let scheme = url.split(':').next().unwrap_or_default().to_ascii_lowercase();
+    match scheme.as_str() {
+        "sqlite" => {
+            let rest = url["sqlite:".len()..].trim_start_matches("//");
+            let (path, query) = match rest.split_once('?') {
+                Some((path, query)) => (path, Some(query)),
+                None => (rest, None),
+            };
+            if path.is_empty() {
+                return Err("a sqlite URL needs a file path: sqlite://path/to/file.db".to_string());
+            }
+            let resolved_path = if path == ":memory:" || Path::new(path).is_absolute() {
+                path.to_string()
+            } else {
+                app_root.join(path).to_string_lossy().into_owned()
+            };
+            let resolved = match query {
+                Some(query) => format!("sqlite://{resolved_path}?{query}"),
+                None => format!("sqlite://{resolved_path}"),
+            };
+            let identity = UrlIdentity {
+                engine: Engine::Sqlite,
+                host: String::new(),
+                port: None,
+                database: path.to_string(),
+                user: String::new(),
+            };
+            Ok((identity, resolved))
+        }
+        "postgres" | "postgresql" | "mysql" | "mariadb" => {
+            let parsed = url::Url::parse(url).map_err(|error| format!("not a valid URL: {error}"))?;
+            let engine = if scheme.starts_with("postgres") { Engine::Postgres } else { Engine::MySql };
+            let identity = UrlIdentity {
+                engine,
+                host: parsed.host_str().unwrap_or_default().to_string(),
+                port: parsed.port(),
+                database: parsed.path().trim_start_matches('/').to_string(),
+                user: parsed.username().to_string(),
+            };
+            let resolved = match engine {
+                Engine::Postgres => without_unsupported_postgres_parameters(parsed),
+                _ if scheme == "mariadb" => url.replacen("mariadb", "mysql", 1),
+                _ => url.to_string(),
+            };
+            Ok((identity, resolved))
+        }
+        _ => Err(format!("unsupported database URL scheme {scheme:?}: expected postgres://, mysql:// or sqlite://")),
+    }
+}
+
+/// The query parameters PostgreSQL's driver understands. It logs any other one *with its value*
+/// ("ignoring unrecognized connect parameter"), which would print an `sslpassword` or a misspelt
+/// `pasword` in clear: those are removed here, and named (never their value) in a warning.
+const POSTGRES_PARAMETERS: [&str; 18] = [
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+];
+
+fn without_unsupported_postgres_parameters(mut parsed: url::Url) -> String {
+    if parsed.query().is_none() {
+        return parsed.to_string();
+    }
+    let mut kept = Vec::new();
+    for (name, value) in parsed.query_pairs() {
+        if POSTGRES_PARAMETERS.contains(&name.as_ref()) {
+            kept.push((name.into_owned(), value.into_owned()));
+        } else {
+            tracing::warn!(parameter = %name, "ignoring a database URL parameter the PostgreSQL driver does not support");
+        }
+    }
+    if kept.is_empty() {
+        parsed.set_query(None);
+    } else {
+        parsed.query_pairs_mut().clear().extend_pairs(kept);
+    }
+    parsed.to_string()
+}
+
+pub(super) fn build_source(
+    raw: RawSource,
+    settings: &Settings,
+    app_root: &Path,
+    at: &Located<'_>,
+) -> Result<(SourceConfig, Fingerprints), ConfigError> {
+    let url_value = settings.get(&raw.connection).ok_or_else(|| {
+        at.error(
+            "poller.source.connection",
+            format!("app setting {} is not set (it must hold the database URL)", raw.connection),
+        )
+    })?;
+    // The reason never quotes the URL: it may hold a password.
+    let (identity, resolved_url) = parse_source_url(url_value, app_root)
+        .map_err(|reason| at.error("poller.source.connection", format!("app setting {}: {reason}", raw.connection)))?;
+
+    let target = match (raw.table, raw.query) {
+        (Some(_), Some(_)) => {
+            return Err(at.error("poller.source", "give either `table` or `query`, not both"));
+        }
+        (None, None) => return Err(at.error("poller.source", "give `table` (or `query`)")),
+        (Some(table), None) => {
+            let parts: Vec<&str> = table.split('.').collect();
+            if parts.len() > 2 {
+                return Err(
+                    at.error("poller.source.table", format!("{table:?} has more than two parts: use schema.table"))
+                );
+            }
+            for part in &parts {
+                validate_identifier(part).map_err(|reason| at.error("poller.source.table", reason))?;
+            }
+            match parts.as_slice() {
+                [name] => SourceTarget::Table { schema: None, name: name.to_string() },
+                [schema, name] => SourceTarget::Table { schema: Some(schema.to_string()), name: name.to_string() },
+                _ => unreachable!("checked above"),
+            }
+        }
+        (None, Some(query)) => {
+            let trimmed = query.trim().trim_end_matches(';').trim().to_string();
+            validate_fragment(&trimmed).map_err(|reason| at.error("poller.source.query", reason))?;
+            let lowered = trimmed.to_ascii_lowercase();
+            if !(lowered.starts_with("select") || lowered.starts_with("with")) {
+                return Err(at.error("poller.source.query", "must be a SELECT (or WITH ... SELECT) statement"));
+            }
+            SourceTarget::Query(trimmed)
+        }
+    };
+    validate_identifier(&raw.cursor).map_err(|reason| at.error("poller.source.cursor", reason))?;
+    if raw.pk.is_empty() {
+        return Err(
+            at.error("poller.source.pk", "give at least one primary key column: the tiebreaker between equal cursors")
+        );
+    }
+    for (index, column) in raw.pk.iter().enumerate() {
+        validate_identifier(column).map_err(|reason| at.error(&format!("poller.source.pk[{index}]"), reason))?;
+        if raw.pk[..index].contains(column) {
+            return Err(at.error(&format!("poller.source.pk[{index}]"), format!("{column:?} is listed twice")));
+        }
+    }
+    if raw.pk.contains(&raw.cursor) {
+        return Err(at.error("poller.source.pk", "the cursor column cannot also be a primary key column"));
+    }
+    if let Some(columns) = &raw.columns {
+        if columns.is_empty() {
+            return Err(at.error("poller.source.columns", "is empty: leave it out to select every column"));
+        }
+        for (index, column) in columns.iter().enumerate() {
+            validate_identifier(column)
+                .map_err(|reason| at.error(&format!("poller.source.columns[{index}]"), reason))?;
+        }
+    }
+    if let Some(where_clause) = &raw.where_clause {
+        validate_fragment(where_clause).map_err(|reason| at.error("poller.source.where", reason))?;
+    }
+    let settle_seconds =
+        in_range(at, "poller.source.settleSeconds", raw.settle_seconds, defaults::SETTLE_SECONDS, 0..=limits::SECONDS)?;
+    let query_timeout_seconds = in_range(
+        at,
+        "poller.source.queryTimeoutSeconds",
+        raw.query_timeout_seconds,
+        defaults::QUERY_TIMEOUT_SECONDS,
+        1..=limits::SECONDS,
+    )?;
+    let cursor_time_zone = raw.cursor_time_zone.clone().unwrap_or_else(|| "UTC".to_string());
+    validate_time_zone(identity.engine, &cursor_time_zone)
+        .map_err(|reason| at.error("poller.source.cursorTimeZone", reason))?;
+    let target_text = match &target {
+        SourceTarget::Table { schema: Some(schema), name } => format!("table:{schema}.{name}"),
+        SourceTarget::Table { schema: None, name } => format!("table:{name}"),
+        SourceTarget::Query(query) => format!("query:{query}"),
+    };
+    let effective = effective_target(&identity, &resolved_url)
+        .map_err(|reason| at.error("poller.source.connection", format!("app setting {}: {reason}", raw.connection)))?;
+    let fingerprint = source_fingerprint(&FingerprintInput {
+        engine: identity.engine.name(),
+        host: &effective.host,
+        port: effective.port,
+        database: &effective.database,
+        user: &effective.user,
+        socket: effective.socket.as_deref(),
+        options: effective.options.as_deref(),
+        target: target_text.clone(),
+        cursor: &raw.cursor,
+        pk: &raw.pk,
+        columns: raw.columns.as_deref(),
+        where_clause: raw.where_clause.as_deref(),
+    });
+    let legacy_fingerprint = if url_changes_target_in_query(url_value) {
+        None
+    } else {
+        Some(source_fingerprint(&FingerprintInput {
+            engine: identity.engine.name(),
+            host: &identity.host,
+            port: identity.port,
+            database: &identity.database,
+            user: &identity.user,
+            socket: None,
+            options: None,
+            target: target_text,
+            cursor: &raw.cursor,
+            pk: &raw.pk,
+            columns: raw.columns.as_deref(),
+            where_clause: raw.where_clause.as_deref(),
+        }))
+        .filter(|legacy| *legacy != fingerprint)
+    };
+    let source = SourceConfig {
+        connection: raw.connection,
+        engine: identity.engine,
+        url: Secret::new(resolved_url),
+        target,
+        cursor: raw.cursor,
+        pk: raw.pk,
+        columns: raw.columns,
+        where_clause: raw.where_clause,
+        settle: Duration::from_secs(settle_seconds),
+        settle_configured: raw.settle_seconds.is_some(),
+        query_timeout: Duration::from_secs(query_timeout_seconds),
+        cursor_time_zone,
+    };
+    Ok((source, Fingerprints { current: fingerprint, legacy: legacy_fingerprint }))
+}
+
+pub(super) struct Fingerprints {
+    pub(super) current: String,
+    pub(super) legacy: Option<String>,
+}
+
+/// The database a URL really points at, as the driver resolves it: query parameters
+/// (`?host=`, `?port=`, `?dbname=`, `?user=`, `?options=`) and the driver's defaults included.
+struct EffectiveTarget {
+    host: String,
+    port: Option<u16>,
+    socket: Option<String>,
+    database: String,
+    user: String,
+    options: Option<String>,
+}
+
+fn effective_target(identity: &UrlIdentity, resolved_url: &str) -> Result<EffectiveTarget, String> {
+    let redaction = redact::Redaction::of_url(resolved_url);
+    let invalid = |error: sqlx::Error| format!("not a valid database URL: {}", redaction.scrub(&error.to_string()));
+    match identity.engine {
+        Engine::Sqlite => Ok(EffectiveTarget {
+            host: identity.host.clone(),
+            port: identity.port,
+            socket: None,
+            database: identity.database.clone(),
+            user: identity.user.clone(),
+            options: None,
+        }),
+        Engine::Postgres => {
+            let options = sqlx::postgres::PgConnectOptions::from_str(resolved_url).map_err(invalid)?;
+            let user = options.get_username().to_string();
+            Ok(EffectiveTarget {
+                host: options.get_host().to_string(),
+                port: Some(options.get_port()),
+                socket: options.get_socket().map(|path| path.display().to_string()),
+                // PostgreSQL's default database is the user's name.
+                database: options.get_database().map(str::to_string).unwrap_or_else(|| user.clone()),
+                user,
+                options: options.get_options().map(str::to_string),
+            })
+        }
+        Engine::MySql => {
+            let options = sqlx::mysql::MySqlConnectOptions::from_str(resolved_url).map_err(invalid)?;
+            Ok(EffectiveTarget {
+                host: options.get_host().to_string(),
+                port: Some(options.get_port()),
+                socket: options.get_socket().map(|path| path.display().to_string()),
+                database: options.get_database().unwrap_or_default().to_string(),
+                user: options.get_username().to_string(),
+                options: None,
+            })
+        }
+    }
+}
+
+/// Whether the URL's query names a different target than its surface (host, port, database,
+/// user, options, socket): then the surface-only fingerprint of earlier builds cannot be trusted.
+fn url_changes_target_in_query(url: &str) -> bool {
+    const TARGET_PARAMETERS: [&str; 8] = ["host", "hostaddr", "port", "dbname", "user", "options", "socket", "service"];
+    let Some((_, query)) = url.split_once('?') else {
+        return false;
+    };
+    query.split('&').any(|pair| {
+        let name = pair.split('=').next().unwrap_or_default().to_ascii_lowercase();
+        TARGET_PARAMETERS.contains(&name.as_str())
+    })
+}
+
+impl fmt::Display for SourceTarget {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SourceTarget::Table { schema: Some(schema), name } => write!(formatter, "{schema}.{name}"),
+            SourceTarget::Table { schema: None, name } => formatter.write_str(name),
+            SourceTarget::Query(_) => formatter.write_str("(query)"),
+        }
+    }
+}
