@@ -32,7 +32,8 @@ use tracing::{error, info, warn};
 use crate::config::PollerConfig;
 use crate::domain::ids::batch_id;
 use crate::domain::lease::{self, LeaseStatus};
-use crate::domain::state::{CheckpointRegression, advance_checkpoint, describe};
+use crate::domain::state::{CheckpointRegression, WriteCheck, describe};
+use crate::domain::transitions::{self, Delivered, FingerprintCheck, Refusal};
 use crate::domain::window::BatchWindow;
 use crate::domain::{DocumentError, Position, StateDocument};
 use crate::sink::{Batch, Sink, SinkError};
@@ -41,7 +42,7 @@ use crate::store::{ETag, StateKey, StateStore, StoreError, WriteCondition};
 
 /// How long after a failed heartbeat the next attempt is made (the lease stays ours until it
 /// expires; `holder_may_act` stops the tick before that).
-const HEARTBEAT_RETRY_DELAY: Duration = Duration::from_secs(1);
+const HEARTBEAT_RETRY_DELAY: chrono::Duration = chrono::Duration::seconds(1);
 
 /// Where `now` comes from. Production reads the system clock; the domain never does.
 pub trait Clock: Send + Sync {
@@ -53,6 +54,35 @@ pub struct SystemClock;
 impl Clock for SystemClock {
     fn now(&self) -> DateTime<Utc> {
         Utc::now()
+    }
+}
+
+/// A clock that moves only when told: tests drive leases and budgets through time without sleeping.
+#[cfg(any(test, feature = "testing"))]
+pub struct ManualClock {
+    now: std::sync::Mutex<DateTime<Utc>>,
+}
+
+#[cfg(any(test, feature = "testing"))]
+impl ManualClock {
+    pub fn at(now: DateTime<Utc>) -> Self {
+        ManualClock { now: std::sync::Mutex::new(now) }
+    }
+
+    pub fn set(&self, now: DateTime<Utc>) {
+        *self.now.lock().unwrap() = now;
+    }
+
+    pub fn advance(&self, by: chrono::Duration) {
+        let mut now = self.now.lock().unwrap();
+        *now += by;
+    }
+}
+
+#[cfg(any(test, feature = "testing"))]
+impl Clock for ManualClock {
+    fn now(&self) -> DateTime<Utc> {
+        *self.now.lock().unwrap()
     }
 }
 
@@ -216,12 +246,12 @@ impl<'a> StateWriter<'a> {
                         }
                     };
                     let stored_id = stored.as_ref().and_then(|versioned| versioned.document.write_id.clone());
-                    match (stored, StoreDecision::of(stored_id.as_deref(), &write_id, &self.unacknowledged)) {
-                        (Some(versioned), StoreDecision::ThisWriteLanded) => {
+                    match (stored, WriteCheck::of(stored_id.as_deref(), &write_id, &self.unacknowledged)) {
+                        (Some(versioned), WriteCheck::ThisWriteLanded) => {
                             self.acknowledged(versioned.etag);
                             return Ok(());
                         }
-                        (Some(versioned), StoreDecision::EarlierWriteLanded) => {
+                        (Some(versioned), WriteCheck::EarlierWriteLanded) => {
                             // Ours, from a write whose answer was an error: write again over it.
                             self.acknowledged(versioned.etag);
                         }
@@ -244,28 +274,6 @@ impl<'a> StateWriter<'a> {
     fn acknowledged(&mut self, etag: ETag) {
         self.condition = WriteCondition::Matches(etag);
         self.unacknowledged.clear();
-    }
-}
-
-/// What a document found after a 412 says about our writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum StoreDecision {
-    /// It carries the id of the write that answered 412: it landed, only its answer was lost.
-    ThisWriteLanded,
-    /// It carries the id of an earlier write of this tick that answered an error: that one
-    /// landed, so the document is still ours.
-    EarlierWriteLanded,
-    /// Someone else wrote it.
-    Conflict,
-}
-
-impl StoreDecision {
-    fn of(stored_id: Option<&str>, this_write: &str, unacknowledged: &[String]) -> StoreDecision {
-        match stored_id {
-            Some(id) if id == this_write => StoreDecision::ThisWriteLanded,
-            Some(id) if unacknowledged.iter().any(|earlier| earlier == id) => StoreDecision::EarlierWriteLanded,
-            _ => StoreDecision::Conflict,
-        }
     }
 }
 
@@ -348,7 +356,9 @@ impl Poller {
     }
 
     async fn run_tick(&self) -> Result<TickOutcome, TickError> {
-        let deadline = Instant::now() + self.config.batch.tick_budget;
+        // Every decision about time in this tick (budget, lease, heartbeat) reads this one clock.
+        let budget_seconds = i64::try_from(self.config.batch.tick_budget.as_secs()).unwrap_or(i64::MAX / 1000);
+        let deadline = self.clock.now() + chrono::Duration::seconds(budget_seconds.min(i64::MAX / 1000));
         let key = self.key();
         let terms = self.config.lease;
 
@@ -358,14 +368,21 @@ impl Poller {
             None => (StateDocument::new(&self.config.poller_name, &self.config.fingerprint), None),
         };
         let new_document = etag.is_none();
-        if !self.config.fingerprint_matches(&document.source_fingerprint) {
-            return Err(TickError::FingerprintMismatch {
-                stored: document.source_fingerprint.clone(),
-                current: self.config.fingerprint.clone(),
-            });
+        match transitions::check_fingerprint(
+            &document.source_fingerprint,
+            &self.config.fingerprint,
+            self.config.legacy_fingerprint.as_deref(),
+        ) {
+            FingerprintCheck::Same => {}
+            // Written by an earlier build for the same target: the next write records today's form.
+            FingerprintCheck::Earlier => document.source_fingerprint = self.config.fingerprint.clone(),
+            FingerprintCheck::Changed => {
+                return Err(TickError::FingerprintMismatch {
+                    stored: document.source_fingerprint.clone(),
+                    current: self.config.fingerprint.clone(),
+                });
+            }
         }
-        // Written by an earlier build for the same target: the next write records today's form.
-        document.source_fingerprint = self.config.fingerprint.clone();
         if let LeaseStatus::HeldByOther { owner_id, expires_at } =
             lease::status(document.lease.as_ref(), &self.owner_id, self.clock.now(), &terms)
         {
@@ -380,14 +397,14 @@ impl Poller {
         }
 
         // 3. Take the lease, on the clock as it is after the query (which may have been slow).
-        let now = self.clock.now();
-        let acquired = match lease::acquire(document.lease.as_ref(), &self.owner_id, now, &terms) {
+        let mut acquired = match transitions::acquire(&document, &self.owner_id, self.clock.now(), &terms) {
             Ok(acquired) => acquired,
-            Err(held) => {
-                return Ok(TickOutcome::LeaseHeld { owner_id: held.owner_id, expires_at: held.expires_at });
+            Err(Refusal::HeldElsewhere { owner_id, expires_at }) => {
+                return Ok(TickOutcome::LeaseHeld { owner_id, expires_at });
             }
+            Err(refusal) => unreachable!("acquiring refuses only a lease held elsewhere: {refusal}"),
         };
-        let fencing_token = acquired.fencing_token;
+        let fencing_token = acquired.lease.as_ref().map(|lease| lease.fencing_token).unwrap_or_default();
         if new_document {
             warn!(
                 poller = %self.config.poller_name,
@@ -397,9 +414,10 @@ impl Poller {
                  (if it existed before, it was deleted: every row is delivered again)"
             );
         }
-        document.lease = Some(acquired);
         let mut writer = StateWriter::new(self.store.as_ref(), &key, etag);
-        match writer.write(&mut document).await {
+        let written = writer.write(&mut acquired).await;
+        document = acquired;
+        match written {
             Ok(()) => {}
             Err(WriteFailure::Conflict(current)) => return Ok(held_by_whoever_wrote(current)),
             Err(WriteFailure::Store(error)) => {
@@ -441,7 +459,7 @@ impl Poller {
         document: &mut StateDocument,
         first: Fetched,
         fencing_token: u64,
-        deadline: Instant,
+        deadline: DateTime<Utc>,
     ) -> Result<TickOutcome, TickError> {
         let terms = self.config.lease;
         let limit = self.fetch_limit();
@@ -457,9 +475,9 @@ impl Poller {
         let mut heartbeat_due = false;
         let mut totals = Totals::default();
         // After a failed heartbeat, the next attempt waits a little instead of following at once.
-        let mut heartbeat_retry_at: Option<Instant> = None;
+        let mut heartbeat_retry_at: Option<DateTime<Utc>> = None;
         loop {
-            if Instant::now() >= deadline && (next.is_some() || !fetching.is_empty()) {
+            if self.clock.now() >= deadline && (next.is_some() || !fetching.is_empty()) {
                 // Out of budget: what is fetched or fetching waits for the next tick.
                 budget_exhausted = true;
                 next = None;
@@ -491,7 +509,7 @@ impl Poller {
                 heartbeat_due = false;
                 match self.heartbeat(writer, document).await {
                     Ok(true) => heartbeat_retry_at = None,
-                    Ok(false) => heartbeat_retry_at = Some(Instant::now() + HEARTBEAT_RETRY_DELAY),
+                    Ok(false) => heartbeat_retry_at = Some(self.clock.now() + HEARTBEAT_RETRY_DELAY),
                     Err(DeliveryFailure::LeaseLost) => {
                         in_flight.abort_all();
                         return totals.lease_lost("a heartbeat found the state document taken over");
@@ -504,7 +522,7 @@ impl Poller {
             }
 
             // Fill the window with what has been fetched.
-            while in_flight.len() < self.config.batch.max_in_flight && Instant::now() < deadline {
+            while in_flight.len() < self.config.batch.max_in_flight && self.clock.now() < deadline {
                 let Some(fetched) = next.take() else {
                     break;
                 };
@@ -518,7 +536,9 @@ impl Poller {
                 drop(rows);
                 let sequence = window.open(Sent { batch_id: id, last: last.clone(), rows: batch.events.len() });
                 let sink = self.sink.clone();
-                in_flight.spawn(async move { (sequence, sink.deliver(&batch, deadline).await) });
+                // The sink counts its time in its runtime's terms: the budget left, by our clock.
+                let sink_deadline = Instant::now() + (deadline - self.clock.now()).to_std().unwrap_or(Duration::ZERO);
+                in_flight.spawn(async move { (sequence, sink.deliver(&batch, sink_deadline).await) });
                 // A fetch that stopped short of its limits found the end: no need to ask again.
                 if fetched.full && fetch_error.is_none() {
                     let source = self.source.clone();
@@ -538,10 +558,7 @@ impl Poller {
                 return totals.lease_lost("the lease came within the clock-skew margin of expiry without a heartbeat");
             }
             let due = lease::next_heartbeat_due(&current, &terms).unwrap_or(now);
-            let wait = match heartbeat_retry_at {
-                Some(retry_at) => retry_at.saturating_duration_since(Instant::now()),
-                None => (due - now).to_std().unwrap_or(Duration::ZERO),
-            };
+            let wait = (heartbeat_retry_at.unwrap_or(due) - now).to_std().unwrap_or(Duration::ZERO);
             tokio::select! {
                 joined = in_flight.join_next(), if !in_flight.is_empty() => {
                     // Take every delivery that has finished by now, so that one commit covers them all.
@@ -615,32 +632,40 @@ impl Poller {
         release: bool,
     ) -> Result<bool, TickError> {
         let last = ready.last().expect("a commit covers at least one batch");
-        let rows: usize = ready.iter().map(|sent| sent.rows).sum();
-        let now = self.clock.now();
-        let current_lease = document.lease.clone().expect("the lease is held while committing");
-        let next_lease = if release {
-            lease::release(&current_lease, &self.owner_id, now)
-        } else {
-            lease::renew(&current_lease, &self.owner_id, now, &self.config.lease)
+        let delivered = Delivered {
+            last: &last.last,
+            last_batch_id: &last.batch_id,
+            rows: ready.iter().map(|sent| sent.rows).sum(),
+            batches: ready.len(),
         };
-        let Ok(next_lease) = next_lease else {
-            writer.lost = true;
-            return Ok(false);
+        let mut next = match transitions::commit(
+            document,
+            &self.owner_id,
+            &delivered,
+            release,
+            self.clock.now(),
+            &self.config.lease,
+        ) {
+            Ok(next) => next,
+            Err(Refusal::Regression(regression)) => return Err(regression.into()),
+            Err(_) => {
+                writer.lost = true;
+                return Ok(false);
+            }
         };
-        document.checkpoint =
-            Some(advance_checkpoint(document.checkpoint.as_ref(), &last.last, &last.batch_id, rows, now)?);
-        document.stats.rows_delivered += rows as u64;
-        document.stats.batches_delivered += ready.len() as u64;
-        document.stats.last_tick_at = Some(now);
-        document.lease = Some(next_lease);
-        match writer.write(document).await {
+        let fencing_token = next.lease.as_ref().map(|lease| lease.fencing_token).unwrap_or_default();
+        let written = writer.write(&mut next).await;
+        // The batches were acknowledged, so the document may keep their checkpoint even if the
+        // write failed: the release that follows writes it (or finds this write landed after all).
+        *document = next;
+        match written {
             Ok(()) => {
                 for sent in ready {
                     info!(
                         poller = %self.config.poller_name,
                         batch = %sent.batch_id,
                         rows = sent.rows,
-                        fencing_token = current_lease.fencing_token,
+                        fencing_token,
                         checkpoint = %describe(&sent.last),
                         "batch delivered and committed"
                     );
@@ -648,8 +673,6 @@ impl Poller {
                 Ok(true)
             }
             Err(WriteFailure::Conflict(_)) => Ok(false),
-            // The batches were acknowledged, so the document may keep their checkpoint: the
-            // release that follows writes it (or finds this write landed after all).
             Err(WriteFailure::Store(error)) => Err(error.into()),
         }
     }
@@ -662,18 +685,21 @@ impl Poller {
         writer: &mut StateWriter<'_>,
         document: &mut StateDocument,
     ) -> Result<bool, DeliveryFailure> {
-        let current = document.lease.clone().expect("the lease is held while delivering");
-        let Ok(renewed) = lease::renew(&current, &self.owner_id, self.clock.now(), &self.config.lease) else {
+        let Ok(mut next) = transitions::heartbeat(document, &self.owner_id, self.clock.now(), &self.config.lease)
+        else {
             writer.lost = true;
             return Err(DeliveryFailure::LeaseLost);
         };
-        document.lease = Some(renewed);
-        match writer.write(document).await {
-            Ok(()) => Ok(true),
+        match writer.write(&mut next).await {
+            Ok(()) => {
+                *document = next;
+                Ok(true)
+            }
             Err(WriteFailure::Conflict(_)) => Err(DeliveryFailure::LeaseLost),
             Err(WriteFailure::Store(error)) => {
+                // The document keeps the lease as it was: the writer remembers this write's id
+                // in case it landed after all.
                 warn!(poller = %self.config.poller_name, error = %error, "heartbeat failed, retrying");
-                document.lease = Some(current);
                 if error_is_retryable(&error) { Ok(false) } else { Err(DeliveryFailure::Store(error)) }
             }
         }
@@ -683,15 +709,11 @@ impl Poller {
     /// instance need not wait for expiry, or when the tick ends without a releasing commit. Best
     /// effort: if the write fails, the lease simply expires.
     async fn release_lease(&self, writer: &mut StateWriter<'_>, document: &mut StateDocument) {
-        let Some(current) = document.lease.clone() else {
+        let Ok(mut released) = transitions::release(document, &self.owner_id, self.clock.now()) else {
             return;
         };
-        let Ok(released) = lease::release(&current, &self.owner_id, self.clock.now()) else {
-            return;
-        };
-        document.lease = Some(released);
-        match writer.write(document).await {
-            Ok(()) => {}
+        match writer.write(&mut released).await {
+            Ok(()) => *document = released,
             Err(WriteFailure::Conflict(_)) => {}
             Err(WriteFailure::Store(error)) => {
                 warn!(poller = %self.config.poller_name, error = %error, "could not release the lease; it will expire");
@@ -737,29 +759,5 @@ fn held_by_whoever_wrote(current: Option<Box<StateDocument>>) -> TickOutcome {
             expires_at: lease.expires_at,
         },
         None => TickOutcome::LeaseHeld { owner_id: "(unknown)".to_string(), expires_at: None },
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::StoreDecision;
-
-    /// Regression (issue 9, item 8): after a 412, a document carrying the id of an earlier write
-    /// that answered an error (a heartbeat that landed but timed out) is still ours.
-    #[test]
-    fn a_412_is_checked_against_every_unacknowledged_write() {
-        let unacknowledged = vec!["heartbeat-1".to_string(), "heartbeat-2".to_string()];
-        assert_eq!(StoreDecision::of(Some("commit"), "commit", &unacknowledged), StoreDecision::ThisWriteLanded);
-        assert_eq!(
-            StoreDecision::of(Some("heartbeat-1"), "commit", &unacknowledged),
-            StoreDecision::EarlierWriteLanded
-        );
-        assert_eq!(
-            StoreDecision::of(Some("heartbeat-2"), "commit", &unacknowledged),
-            StoreDecision::EarlierWriteLanded
-        );
-        assert_eq!(StoreDecision::of(Some("someone-else"), "commit", &unacknowledged), StoreDecision::Conflict);
-        assert_eq!(StoreDecision::of(None, "commit", &unacknowledged), StoreDecision::Conflict);
-        assert_eq!(StoreDecision::of(Some("heartbeat-1"), "commit", &[]), StoreDecision::Conflict);
     }
 }

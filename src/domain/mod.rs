@@ -3,6 +3,8 @@
 //! - [`cursor`]: typed cursor and primary-key values and the (cursor, pk) position order.
 //! - [`event`]: rows as sources read them, events and batches as sinks deliver them.
 //! - [`state`]: the state document (seed 000, `version: 1`), its parsing and its checkpoint rules.
+//! - [`transitions`]: every change to a state document as a pure function (acquire, commit,
+//!   heartbeat, release; reset, clone, fingerprint accept with their audit trail).
 //! - [`lease`]: lease decisions (acquire, renew, release) with the fencing token and skew margin.
 //! - [`ids`]: deterministic event and batch ids, and the source fingerprint.
 //! - [`window`]: batches in flight, acknowledged out of order, committed in order (seed 004).
@@ -14,6 +16,7 @@ pub mod ids;
 pub mod lease;
 pub mod schedule;
 pub mod state;
+pub mod transitions;
 pub mod window;
 
 pub use cursor::{CursorValue, PkValue, Position};

@@ -29,6 +29,9 @@ pub struct StateDocument {
     /// document carries our id, the write landed and only its response was lost (seed 001 case G).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub write_id: Option<String>,
+    /// Operator changes (reset, clone, fingerprint accept), oldest first, the last 50 kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<HistoryEntry>,
     /// Fields this build does not know (written by a newer build of the same version: poison,
     /// quarantine, history...). Kept through every read-modify-write, so that an older build
     /// running beside a newer one (a slot swap, a rollback) never erases them.
@@ -46,6 +49,24 @@ pub struct Checkpoint {
     /// Unknown checkpoint fields, kept (see [`StateDocument::extra`]).
     #[serde(flatten)]
     pub extra: Map<String, Value>,
+}
+
+/// One operator change, kept in the document's `history`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HistoryEntry {
+    pub at: DateTime<Utc>,
+    /// Who asked (the operator's name as the command was given it).
+    pub who: String,
+    /// What was done, in words: `reset to the beginning`, `cloned from orders`…
+    pub what: String,
+    /// The checkpoint before the change (`None`: there was none).
+    pub previous_checkpoint: Option<CursorJson>,
+    /// The source fingerprint before the change, when the change was to the fingerprint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_fingerprint: Option<String>,
+    /// The write went through another owner's live lease.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub forced: bool,
 }
 
 /// Running totals, for `status` and for people reading the blob.
@@ -92,6 +113,7 @@ impl StateDocument {
             lease: None,
             stats: Stats::default(),
             write_id: None,
+            history: Vec::new(),
             extra: Map::new(),
         }
     }
@@ -128,6 +150,29 @@ impl StateDocument {
         match &self.checkpoint {
             None => Ok(None),
             Some(checkpoint) => Position::try_from(&checkpoint.cursor).map(Some).map_err(DocumentError::InvalidCursor),
+        }
+    }
+}
+
+/// What a document found after a 412 says about our writes: every write carries a fresh
+/// `write_id`, and the writer remembers the ids of its writes that answered an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteCheck {
+    /// It carries the id of the write that answered 412: it landed, only its answer was lost.
+    ThisWriteLanded,
+    /// It carries the id of an earlier write of this tick that answered an error: that one
+    /// landed, so the document is still ours.
+    EarlierWriteLanded,
+    /// Someone else wrote it.
+    Conflict,
+}
+
+impl WriteCheck {
+    pub fn of(stored_id: Option<&str>, this_write: &str, unacknowledged: &[String]) -> WriteCheck {
+        match stored_id {
+            Some(id) if id == this_write => WriteCheck::ThisWriteLanded,
+            Some(id) if unacknowledged.iter().any(|earlier| earlier == id) => WriteCheck::EarlierWriteLanded,
+            _ => WriteCheck::Conflict,
         }
     }
 }
@@ -215,7 +260,7 @@ mod tests {
         document.checkpoint = Some(advance_checkpoint(None, &position(5, 2), "b1", 10, fixed_time()).unwrap());
         let mut stored: Value = serde_json::from_slice(&document.to_bytes()).unwrap();
         stored["poison"] = serde_json::json!({"attempts": 3, "last_error": "HTTP 422"});
-        stored["history"] = serde_json::json!([{"who": "ops", "what": "reset"}]);
+        stored["quarantine"] = serde_json::json!({"count": 1, "location": "quarantine/app/orders/"});
         stored["checkpoint"]["generation"] = serde_json::json!("load-7");
         stored["stats"]["quarantined"] = serde_json::json!(2);
 
@@ -226,7 +271,7 @@ mod tests {
         let written: Value = serde_json::from_slice(&read.to_bytes()).unwrap();
 
         assert_eq!(written["poison"], stored["poison"]);
-        assert_eq!(written["history"], stored["history"]);
+        assert_eq!(written["quarantine"], stored["quarantine"]);
         assert_eq!(written["checkpoint"]["generation"], "load-7");
         assert_eq!(written["stats"]["quarantined"], 2);
         assert_eq!(written["checkpoint"]["cursor"]["value"], 6, "and the known fields did change");
@@ -284,5 +329,18 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Regression (issue 9, item 8): after a 412, a document carrying the id of an earlier write
+    /// that answered an error (a heartbeat that landed but timed out) is still ours.
+    #[test]
+    fn a_412_is_checked_against_every_unacknowledged_write() {
+        let unacknowledged = vec!["heartbeat-1".to_string(), "heartbeat-2".to_string()];
+        assert_eq!(WriteCheck::of(Some("commit"), "commit", &unacknowledged), WriteCheck::ThisWriteLanded);
+        assert_eq!(WriteCheck::of(Some("heartbeat-1"), "commit", &unacknowledged), WriteCheck::EarlierWriteLanded);
+        assert_eq!(WriteCheck::of(Some("heartbeat-2"), "commit", &unacknowledged), WriteCheck::EarlierWriteLanded);
+        assert_eq!(WriteCheck::of(Some("someone-else"), "commit", &unacknowledged), WriteCheck::Conflict);
+        assert_eq!(WriteCheck::of(None, "commit", &unacknowledged), WriteCheck::Conflict);
+        assert_eq!(WriteCheck::of(Some("heartbeat-1"), "commit", &[]), WriteCheck::Conflict);
     }
 }

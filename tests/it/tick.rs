@@ -14,7 +14,7 @@ use dbtrigger::sink::{Batch, Sink, SinkError};
 use dbtrigger::source::{FetchLimit, Fetched, Source, SourceError};
 use dbtrigger::store::memory::MemoryStore;
 use dbtrigger::store::{ETag, StateKey, StateStore, StoreError, Versioned, WriteCondition};
-use dbtrigger::tick::{Poller, StopReason, SystemClock, TickError, TickOutcome};
+use dbtrigger::tick::{ManualClock, Poller, StopReason, SystemClock, TickError, TickOutcome};
 use serde_json::{Value, json};
 
 use crate::harness::{AppRoot, Orders};
@@ -704,14 +704,14 @@ async fn a_tick_keeps_state_fields_it_does_not_know() {
     let mut stored: Value =
         serde_json::from_slice(&StateDocument::new("orders", &fixture.config.fingerprint).to_bytes()).unwrap();
     stored["poison"] = json!({"attempts": 2, "first_error": "HTTP 422"});
-    stored["history"] = json!([{"who": "ops", "what": "reset to beginning"}]);
+    stored["quarantine"] = json!({"count": 1, "location": "quarantine/it/orders/"});
     store.put_raw(&key(), &serde_json::to_vec(&stored).unwrap());
     let recording = Arc::new(RecordingSink::new());
     poller(&fixture, recording.clone(), store.clone(), "a").tick().await.unwrap();
     assert_eq!(ids(&recording).len(), 20);
     let written: Value = serde_json::from_slice(&store.raw(&key()).unwrap()).unwrap();
     assert_eq!(written["poison"], stored["poison"]);
-    assert_eq!(written["history"], stored["history"]);
+    assert_eq!(written["quarantine"], stored["quarantine"]);
 }
 
 /// Regression (issue 9, item 10): a batch is bounded by bytes (`batch.maxBytes`) as well as rows,
@@ -758,4 +758,38 @@ async fn a_hanging_receiver_cannot_hold_a_tick_past_its_budget() {
     let elapsed = started.elapsed();
     assert!(matches!(error, TickError::Delivery { .. }), "{error:?}");
     assert!(elapsed < Duration::from_secs(6), "the 2 s budget bounds the attempt: {elapsed:?}");
+}
+
+/// One clock: every decision about time comes from the injected clock, so a lease expires when
+/// that clock says so (here moved by hand, with no sleep), skew margin included.
+#[tokio::test]
+async fn a_lease_expires_when_the_injected_clock_says_so() {
+    let fixture = fixture(10, AppRoot::orders_poller(100)).await;
+    let store = Arc::new(MemoryStore::new());
+    let start = chrono::DateTime::from_timestamp(1_780_000_000, 0).unwrap();
+    let mut document = StateDocument::new("orders", &fixture.config.fingerprint);
+    document.lease = Some(LeaseRecord {
+        owner_id: Some("crashed".into()),
+        fencing_token: 7,
+        acquired_at: Some(start),
+        heartbeat_at: Some(start),
+        expires_at: Some(start + chrono::Duration::seconds(60)),
+    });
+    store.put_raw(&key(), &document.to_bytes());
+    let clock = Arc::new(ManualClock::at(start + chrono::Duration::seconds(30)));
+    let sink = Arc::new(RecordingSink::new());
+    let source = dbtrigger::source::open(&fixture.config.source).unwrap();
+    let poller = Poller::new(fixture.config.clone(), source, sink.clone(), store.clone(), clock.clone(), "a".into());
+
+    let outcome = poller.tick().await.unwrap();
+    assert!(matches!(outcome, TickOutcome::LeaseHeld { ref owner_id, .. } if owner_id == "crashed"), "{outcome:?}");
+    // Expired by 4 s, but within the 5 s skew margin: still not taken.
+    clock.set(start + chrono::Duration::seconds(64));
+    assert!(matches!(poller.tick().await.unwrap(), TickOutcome::LeaseHeld { .. }));
+    clock.set(start + chrono::Duration::seconds(66));
+    let outcome = poller.tick().await.unwrap();
+    assert!(matches!(outcome, TickOutcome::Delivered { rows: 10, .. }), "{outcome:?}");
+    assert_eq!(sink.batches()[0].fencing_token, 8);
+    let written = StateDocument::parse(&store.raw(&key()).unwrap()).unwrap();
+    assert_eq!(written.stats.last_tick_at, Some(start + chrono::Duration::seconds(66)), "written by the same clock");
 }

@@ -1,0 +1,476 @@
+//! Every change to a state document, as a pure function of (document, inputs, `now`) that returns
+//! the next document or a [`Refusal`]. The tick and the operator commands make the same decisions
+//! through these functions; what they do not decide is whether the write lands (that is the store's
+//! compare-and-swap).
+//!
+//! | transition            | refused when                                                        |
+//! |-----------------------|---------------------------------------------------------------------|
+//! | [`acquire`]           | another owner's lease is live (expiry + skew not passed)            |
+//! | [`heartbeat`]         | the lease is not ours                                               |
+//! | [`commit`]            | the lease is not ours; the checkpoint would not move forward        |
+//! | [`release`]           | the lease is not ours                                               |
+//! | [`reset`]             | another owner's lease is live, unless forced                        |
+//! | [`accept_fingerprint`]| another owner's lease is live, unless forced; nothing would change   |
+//! | [`clone_to`]          | never (a new document for another poller name)                      |
+//!
+//! Operator transitions (reset, clone, fingerprint accept) append an entry to `history` (who, when,
+//! what, the checkpoint before), keeping the last [`HISTORY_LIMIT`]. A forced operator write clears
+//! the lease owner and keeps the fencing token, so the next tick acquires at once with a higher
+//! token, and the displaced holder's next write fails on the ETag.
+
+use chrono::{DateTime, Utc};
+
+use super::cursor::{CursorJson, Position};
+use super::lease::{self, LeaseStatus, LeaseTerms};
+pub use super::state::HistoryEntry;
+use super::state::{Checkpoint, CheckpointRegression, StateDocument, advance_checkpoint, describe};
+
+/// How many operator entries a document keeps.
+pub const HISTORY_LIMIT: usize = 50;
+
+/// Why a transition was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("the lease is held by {owner_id} until {}", expires_at.map(|at| at.to_rfc3339()).unwrap_or_else(|| "an unknown time".into()))]
+    HeldElsewhere { owner_id: String, expires_at: Option<DateTime<Utc>> },
+    #[error("the lease is not ours (it is {})", owner_id.as_deref().unwrap_or("released"))]
+    NotOwner { owner_id: Option<String> },
+    #[error(transparent)]
+    Regression(#[from] CheckpointRegression),
+    #[error("nothing to change: {0}")]
+    NoChange(String),
+}
+
+/// Who is acting, for the operator transitions.
+#[derive(Debug, Clone, Copy)]
+pub struct Operator<'a> {
+    pub who: &'a str,
+    /// Act even though another owner's lease is live.
+    pub force: bool,
+}
+
+/// Where a reset puts the checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ResetTarget {
+    /// No checkpoint: the next tick starts from the first row.
+    Beginning,
+    /// Just after this position (a cursor value and its key, or the source's last row for
+    /// "to the end").
+    After(Position),
+}
+
+/// How a stored fingerprint relates to the configuration's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FingerprintCheck {
+    Same,
+    /// The form an earlier build wrote for the same target: accepted, and replaced at the next write.
+    Earlier,
+    Changed,
+}
+
+pub fn check_fingerprint(stored: &str, current: &str, earlier: Option<&str>) -> FingerprintCheck {
+    if stored == current {
+        FingerprintCheck::Same
+    } else if earlier == Some(stored) {
+        FingerprintCheck::Earlier
+    } else {
+        FingerprintCheck::Changed
+    }
+}
+
+/// The document with the lease taken by `me` (a new lease, or ours renewed).
+pub fn acquire(
+    document: &StateDocument,
+    me: &str,
+    now: DateTime<Utc>,
+    terms: &LeaseTerms,
+) -> Result<StateDocument, Refusal> {
+    let lease = lease::acquire(document.lease.as_ref(), me, now, terms)
+        .map_err(|held| Refusal::HeldElsewhere { owner_id: held.owner_id, expires_at: held.expires_at })?;
+    let mut next = document.clone();
+    next.lease = Some(lease);
+    Ok(next)
+}
+
+/// The document with our lease extended.
+pub fn heartbeat(
+    document: &StateDocument,
+    me: &str,
+    now: DateTime<Utc>,
+    terms: &LeaseTerms,
+) -> Result<StateDocument, Refusal> {
+    let lease = ours(document, me)?;
+    let renewed = lease::renew(lease, me, now, terms).map_err(|not| Refusal::NotOwner { owner_id: not.owner_id })?;
+    let mut next = document.clone();
+    next.lease = Some(renewed);
+    Ok(next)
+}
+
+/// The document with our lease given up (owner cleared, fencing token kept).
+pub fn release(document: &StateDocument, me: &str, now: DateTime<Utc>) -> Result<StateDocument, Refusal> {
+    let lease = ours(document, me)?;
+    let released = lease::release(lease, me, now).map_err(|not| Refusal::NotOwner { owner_id: not.owner_id })?;
+    let mut next = document.clone();
+    next.lease = Some(released);
+    Ok(next)
+}
+
+/// What a commit covers: the contiguous, acknowledged batches ending at `last`.
+#[derive(Debug, Clone)]
+pub struct Delivered<'a> {
+    pub last: &'a Position,
+    pub last_batch_id: &'a str,
+    pub rows: usize,
+    pub batches: usize,
+}
+
+/// The document with the checkpoint moved past `delivered` and our lease renewed, or released when
+/// `release` (the last commit of a tick). A commit is a heartbeat.
+pub fn commit(
+    document: &StateDocument,
+    me: &str,
+    delivered: &Delivered<'_>,
+    release: bool,
+    now: DateTime<Utc>,
+    terms: &LeaseTerms,
+) -> Result<StateDocument, Refusal> {
+    let lease = ours(document, me)?;
+    let next_lease = if release { lease::release(lease, me, now) } else { lease::renew(lease, me, now, terms) }
+        .map_err(|not| Refusal::NotOwner { owner_id: not.owner_id })?;
+    let checkpoint =
+        advance_checkpoint(document.checkpoint.as_ref(), delivered.last, delivered.last_batch_id, delivered.rows, now)?;
+    let mut next = document.clone();
+    next.checkpoint = Some(checkpoint);
+    next.lease = Some(next_lease);
+    next.stats.rows_delivered += delivered.rows as u64;
+    next.stats.batches_delivered += delivered.batches as u64;
+    next.stats.last_tick_at = Some(now);
+    Ok(next)
+}
+
+/// The document with its checkpoint moved where an operator says (backwards, forwards, or to
+/// nothing), whatever it was.
+pub fn reset(
+    document: &StateDocument,
+    target: &ResetTarget,
+    operator: Operator<'_>,
+    now: DateTime<Utc>,
+    terms: &LeaseTerms,
+) -> Result<StateDocument, Refusal> {
+    let forced = operator_may_write(document, operator, now, terms)?;
+    let (checkpoint, what) = match target {
+        ResetTarget::Beginning => (None, "reset to the beginning".to_string()),
+        ResetTarget::After(position) => (
+            Some(Checkpoint {
+                cursor: CursorJson::from(position),
+                last_successful_batch_id: "reset".to_string(),
+                updated_at: now,
+                metadata: serde_json::json!({"reset_by": operator.who}),
+                extra: document.checkpoint.as_ref().map(|checkpoint| checkpoint.extra.clone()).unwrap_or_default(),
+            }),
+            format!("reset to after {}", describe(position)),
+        ),
+    };
+    let mut next = operator_write(document, operator, forced, what, None, now);
+    next.checkpoint = checkpoint;
+    Ok(next)
+}
+
+/// The document with the configuration's fingerprint recorded and the checkpoint kept: after an
+/// intended change of the source definition that keeps the rows' order and meaning.
+pub fn accept_fingerprint(
+    document: &StateDocument,
+    fingerprint: &str,
+    operator: Operator<'_>,
+    now: DateTime<Utc>,
+    terms: &LeaseTerms,
+) -> Result<StateDocument, Refusal> {
+    if document.source_fingerprint == fingerprint {
+        return Err(Refusal::NoChange(format!("the document already has fingerprint {fingerprint}")));
+    }
+    let forced = operator_may_write(document, operator, now, terms)?;
+    let what = format!("accepted fingerprint {fingerprint}");
+    let previous = Some(document.source_fingerprint.clone());
+    let mut next = operator_write(document, operator, forced, what, previous, now);
+    next.source_fingerprint = fingerprint.to_string();
+    Ok(next)
+}
+
+/// A new document for `poller_name` that starts where `source` is (or from the beginning): a
+/// backfill or a migration on a separate name. No lease, fresh stats, the history of the copy
+/// beginning with where it came from.
+pub fn clone_to(
+    source: &StateDocument,
+    poller_name: &str,
+    from_beginning: bool,
+    operator: Operator<'_>,
+    now: DateTime<Utc>,
+) -> StateDocument {
+    let mut next = StateDocument::new(poller_name, &source.source_fingerprint);
+    next.checkpoint = if from_beginning { None } else { source.checkpoint.clone() };
+    let what = if from_beginning {
+        format!("cloned from {} (from the beginning)", source.poller_name)
+    } else {
+        format!("cloned from {} at its checkpoint", source.poller_name)
+    };
+    next.history.push(HistoryEntry {
+        at: now,
+        who: operator.who.to_string(),
+        what,
+        previous_checkpoint: None,
+        previous_fingerprint: None,
+        forced: false,
+    });
+    next
+}
+
+fn ours<'a>(document: &'a StateDocument, me: &str) -> Result<&'a lease::LeaseRecord, Refusal> {
+    match &document.lease {
+        Some(lease) if lease.owner_id.as_deref() == Some(me) => Ok(lease),
+        Some(lease) => Err(Refusal::NotOwner { owner_id: lease.owner_id.clone() }),
+        None => Err(Refusal::NotOwner { owner_id: None }),
+    }
+}
+
+/// Whether an operator may write now; `Ok(true)` when it goes through a live lease by force.
+fn operator_may_write(
+    document: &StateDocument,
+    operator: Operator<'_>,
+    now: DateTime<Utc>,
+    terms: &LeaseTerms,
+) -> Result<bool, Refusal> {
+    match lease::status(document.lease.as_ref(), operator.who, now, terms) {
+        LeaseStatus::HeldByOther { .. } if operator.force => Ok(true),
+        LeaseStatus::HeldByOther { owner_id, expires_at } => Err(Refusal::HeldElsewhere { owner_id, expires_at }),
+        LeaseStatus::Free | LeaseStatus::Mine => Ok(false),
+    }
+}
+
+/// The document after an operator write: the entry appended (the oldest dropped past the limit),
+/// and a live lease (there only if forced) released, its token kept.
+fn operator_write(
+    document: &StateDocument,
+    operator: Operator<'_>,
+    forced: bool,
+    what: String,
+    previous_fingerprint: Option<String>,
+    now: DateTime<Utc>,
+) -> StateDocument {
+    let mut next = document.clone();
+    next.history.push(HistoryEntry {
+        at: now,
+        who: operator.who.to_string(),
+        what,
+        previous_checkpoint: document.checkpoint.as_ref().map(|checkpoint| checkpoint.cursor.clone()),
+        previous_fingerprint,
+        forced,
+    });
+    if next.history.len() > HISTORY_LIMIT {
+        let excess = next.history.len() - HISTORY_LIMIT;
+        next.history.drain(..excess);
+    }
+    if forced && let Some(lease) = next.lease.as_mut() {
+        lease.owner_id = None;
+        lease.acquired_at = None;
+        lease.expires_at = None;
+        lease.heartbeat_at = Some(now);
+    }
+    next
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::cursor::{CursorValue, PkValue};
+    use chrono::Duration;
+
+    fn terms() -> LeaseTerms {
+        LeaseTerms { ttl: Duration::seconds(60), heartbeat: Duration::seconds(15), clock_skew: Duration::seconds(5) }
+    }
+
+    fn at(seconds: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_780_000_000 + seconds, 0).unwrap()
+    }
+
+    fn position(cursor: i64, id: i64) -> Position {
+        Position { cursor: CursorValue::Integer(cursor), pk: vec![("id".to_string(), PkValue::Integer(id))] }
+    }
+
+    fn held_by(owner: &str, since: i64) -> StateDocument {
+        acquire(&StateDocument::new("orders", "sha256:a"), owner, at(since), &terms()).unwrap()
+    }
+
+    fn delivered(last: &Position) -> Delivered<'_> {
+        Delivered { last, last_batch_id: "bat_1", rows: 10, batches: 1 }
+    }
+
+    const ALICE: Operator<'static> = Operator { who: "alice", force: false };
+    const ALICE_FORCING: Operator<'static> = Operator { who: "alice", force: true };
+
+    /// acquire: (lease state, who, when) -> taken with which token, or refused.
+    #[test]
+    fn acquire_truth_table() {
+        let fresh = StateDocument::new("orders", "sha256:a");
+        let a_holds = held_by("a", 0);
+        let token = a_holds.lease.as_ref().unwrap().fencing_token;
+        let released = release(&a_holds, "a", at(1)).unwrap();
+        for (case, document, who, when, expected) in [
+            ("no lease: token from the clock", &fresh, "a", at(0), Ok(lease::first_fencing_token(at(0)))),
+            ("ours: renewed, same token", &a_holds, "a", at(10), Ok(token)),
+            ("another's live lease", &a_holds, "b", at(30), Err(())),
+            ("expired but within skew", &a_holds, "b", at(64), Err(())),
+            ("expired past skew: next token", &a_holds, "b", at(66), Ok(token + 1)),
+            ("released: at once, next token", &released, "b", at(2), Ok(token + 1)),
+        ] {
+            let result = acquire(document, who, when, &terms());
+            match (result, expected) {
+                (Ok(next), Ok(token)) => {
+                    let lease = next.lease.unwrap();
+                    assert_eq!(lease.fencing_token, token, "{case}");
+                    assert_eq!(lease.owner_id.as_deref(), Some(who), "{case}");
+                    assert_eq!(next.checkpoint, document.checkpoint, "{case}: the checkpoint is untouched");
+                }
+                (Err(refusal), Err(())) => assert!(matches!(refusal, Refusal::HeldElsewhere { .. }), "{case}"),
+                (result, expected) => panic!("{case}: got {result:?}, expected {expected:?}"),
+            }
+        }
+    }
+
+    /// heartbeat and release: only the owner, the token kept.
+    #[test]
+    fn heartbeat_and_release_truth_table() {
+        let a_holds = held_by("a", 0);
+        let token = a_holds.lease.as_ref().unwrap().fencing_token;
+        let renewed = heartbeat(&a_holds, "a", at(20), &terms()).unwrap();
+        assert_eq!(renewed.lease.as_ref().unwrap().expires_at, Some(at(80)));
+        assert_eq!(renewed.lease.as_ref().unwrap().fencing_token, token);
+        assert!(matches!(heartbeat(&a_holds, "b", at(20), &terms()), Err(Refusal::NotOwner { .. })));
+        assert!(matches!(
+            heartbeat(&StateDocument::new("orders", "x"), "a", at(0), &terms()),
+            Err(Refusal::NotOwner { owner_id: None })
+        ));
+        let released = release(&a_holds, "a", at(5)).unwrap();
+        assert_eq!(released.lease.as_ref().unwrap().owner_id, None);
+        assert_eq!(released.lease.as_ref().unwrap().fencing_token, token);
+        assert!(matches!(release(&released, "a", at(6)), Err(Refusal::NotOwner { owner_id: None })));
+        assert!(matches!(release(&a_holds, "b", at(6)), Err(Refusal::NotOwner { .. })));
+    }
+
+    /// commit: moves forward only, renews or releases, counts.
+    #[test]
+    fn commit_truth_table() {
+        let a_holds = held_by("a", 0);
+        let first = commit(&a_holds, "a", &delivered(&position(5, 1)), false, at(10), &terms()).unwrap();
+        assert_eq!(first.checkpoint.as_ref().unwrap().cursor.value, 5);
+        assert_eq!(first.lease.as_ref().unwrap().owner_id.as_deref(), Some("a"), "renewed");
+        assert_eq!(first.lease.as_ref().unwrap().expires_at, Some(at(70)));
+        assert_eq!((first.stats.rows_delivered, first.stats.batches_delivered), (10, 1));
+
+        let last = commit(&first, "a", &delivered(&position(6, 1)), true, at(11), &terms()).unwrap();
+        assert_eq!(last.lease.as_ref().unwrap().owner_id, None, "the last commit releases");
+        assert_eq!(last.stats.rows_delivered, 20);
+
+        for (case, document, who, to) in
+            [("backwards", &first, "a", position(4, 9)), ("the same position", &first, "a", position(5, 1))]
+        {
+            let refusal = commit(document, who, &delivered(&to), false, at(12), &terms()).unwrap_err();
+            assert!(matches!(refusal, Refusal::Regression(_)), "{case}: {refusal:?}");
+        }
+        assert!(matches!(
+            commit(&first, "b", &delivered(&position(9, 1)), false, at(12), &terms()),
+            Err(Refusal::NotOwner { .. })
+        ));
+        assert!(matches!(
+            commit(&last, "a", &delivered(&position(9, 1)), false, at(12), &terms()),
+            Err(Refusal::NotOwner { owner_id: None })
+        ));
+    }
+
+    /// reset: any direction, refused through a live lease unless forced, always audited.
+    #[test]
+    fn reset_truth_table() {
+        let a_holds = held_by("a", 0);
+        let committed = commit(&a_holds, "a", &delivered(&position(5, 1)), true, at(10), &terms()).unwrap();
+        let live = acquire(&committed, "a", at(20), &terms()).unwrap();
+
+        let to_start = reset(&committed, &ResetTarget::Beginning, ALICE, at(30), &terms()).unwrap();
+        assert_eq!(to_start.checkpoint, None);
+        let entry = to_start.history.last().unwrap();
+        assert_eq!((entry.who.as_str(), entry.what.as_str(), entry.forced), ("alice", "reset to the beginning", false));
+        assert_eq!(entry.previous_checkpoint.as_ref().unwrap().value, 5);
+
+        let forward = reset(&committed, &ResetTarget::After(position(9, 3)), ALICE, at(30), &terms()).unwrap();
+        assert_eq!(forward.checkpoint.as_ref().unwrap().cursor.value, 9);
+        assert_eq!(forward.checkpoint.as_ref().unwrap().cursor.tiebreaker["id"], 3);
+        let backward = reset(&forward, &ResetTarget::After(position(2, 0)), ALICE, at(31), &terms()).unwrap();
+        assert_eq!(backward.checkpoint.as_ref().unwrap().cursor.value, 2);
+        assert_eq!(backward.history.len(), 2);
+
+        let refused = reset(&live, &ResetTarget::Beginning, ALICE, at(30), &terms()).unwrap_err();
+        assert!(matches!(refused, Refusal::HeldElsewhere { ref owner_id, .. } if owner_id == "a"));
+        let forced = reset(&live, &ResetTarget::Beginning, ALICE_FORCING, at(30), &terms()).unwrap();
+        let lease = forced.lease.as_ref().unwrap();
+        assert_eq!(lease.owner_id, None, "the displaced holder's lease is cleared");
+        assert_eq!(lease.fencing_token, live.lease.as_ref().unwrap().fencing_token, "its token kept");
+        assert!(forced.history.last().unwrap().forced);
+        // After expiry plus skew the lease no longer protects anything: no force needed.
+        assert!(reset(&live, &ResetTarget::Beginning, ALICE, at(20 + 66), &terms()).is_ok());
+    }
+
+    #[test]
+    fn the_history_keeps_the_last_fifty_entries() {
+        let mut document = StateDocument::new("orders", "sha256:a");
+        for step in 0..60 {
+            document = reset(&document, &ResetTarget::After(position(step, 0)), ALICE, at(step), &terms()).unwrap();
+        }
+        assert_eq!(document.history.len(), HISTORY_LIMIT);
+        assert_eq!(document.history.first().unwrap().what, format!("reset to after {}", describe(&position(10, 0))));
+        assert_eq!(document.history.last().unwrap().previous_checkpoint.as_ref().unwrap().value, 58);
+    }
+
+    /// clone: a new document on the new name, at the checkpoint or the beginning, never a lease.
+    #[test]
+    fn clone_truth_table() {
+        let a_holds = held_by("a", 0);
+        let committed = commit(&a_holds, "a", &delivered(&position(5, 1)), false, at(10), &terms()).unwrap();
+        let at_checkpoint = clone_to(&committed, "orders_backfill", false, ALICE, at(20));
+        assert_eq!(at_checkpoint.poller_name, "orders_backfill");
+        assert_eq!(at_checkpoint.checkpoint, committed.checkpoint);
+        assert_eq!(at_checkpoint.lease, None);
+        assert_eq!(at_checkpoint.stats.rows_delivered, 0);
+        assert_eq!(at_checkpoint.source_fingerprint, committed.source_fingerprint);
+        assert_eq!(at_checkpoint.history.last().unwrap().what, "cloned from orders at its checkpoint");
+        let from_start = clone_to(&committed, "orders_backfill", true, ALICE, at(20));
+        assert_eq!(from_start.checkpoint, None);
+    }
+
+    /// fingerprint accept: records the new one, keeps the checkpoint, audited; refused when it
+    /// would change nothing or through a live lease.
+    #[test]
+    fn accept_fingerprint_truth_table() {
+        let a_holds = held_by("a", 0);
+        let committed = commit(&a_holds, "a", &delivered(&position(5, 1)), true, at(10), &terms()).unwrap();
+        let accepted = accept_fingerprint(&committed, "sha256:b", ALICE, at(20), &terms()).unwrap();
+        assert_eq!(accepted.source_fingerprint, "sha256:b");
+        assert_eq!(accepted.checkpoint, committed.checkpoint);
+        assert_eq!(accepted.history.last().unwrap().previous_fingerprint.as_deref(), Some("sha256:a"));
+        assert!(matches!(
+            accept_fingerprint(&accepted, "sha256:b", ALICE, at(21), &terms()),
+            Err(Refusal::NoChange(_))
+        ));
+        let live = acquire(&committed, "a", at(30), &terms()).unwrap();
+        assert!(matches!(
+            accept_fingerprint(&live, "sha256:b", ALICE, at(31), &terms()),
+            Err(Refusal::HeldElsewhere { .. })
+        ));
+    }
+
+    #[test]
+    fn fingerprint_check_truth_table() {
+        assert_eq!(check_fingerprint("a", "a", None), FingerprintCheck::Same);
+        assert_eq!(check_fingerprint("a", "a", Some("old")), FingerprintCheck::Same);
+        assert_eq!(check_fingerprint("old", "a", Some("old")), FingerprintCheck::Earlier);
+        assert_eq!(check_fingerprint("other", "a", Some("old")), FingerprintCheck::Changed);
+        assert_eq!(check_fingerprint("other", "a", None), FingerprintCheck::Changed);
+    }
+}
