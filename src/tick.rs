@@ -357,8 +357,8 @@ impl Poller {
 
     async fn run_tick(&self) -> Result<TickOutcome, TickError> {
         // Every decision about time in this tick (budget, lease, heartbeat) reads this one clock.
-        let budget_seconds = i64::try_from(self.config.batch.tick_budget.as_secs()).unwrap_or(i64::MAX / 1000);
-        let deadline = self.clock.now() + chrono::Duration::seconds(budget_seconds.min(i64::MAX / 1000));
+        // (The configuration bounds the budget to a day, far from any overflow.)
+        let deadline = self.clock.now() + chrono::Duration::seconds(self.config.batch.tick_budget.as_secs() as i64);
         let key = self.key();
         let terms = self.config.lease;
 
@@ -399,10 +399,7 @@ impl Poller {
         // 3. Take the lease, on the clock as it is after the query (which may have been slow).
         let mut acquired = match transitions::acquire(&document, &self.owner_id, self.clock.now(), &terms) {
             Ok(acquired) => acquired,
-            Err(Refusal::HeldElsewhere { owner_id, expires_at }) => {
-                return Ok(TickOutcome::LeaseHeld { owner_id, expires_at });
-            }
-            Err(refusal) => unreachable!("acquiring refuses only a lease held elsewhere: {refusal}"),
+            Err(held) => return Ok(TickOutcome::LeaseHeld { owner_id: held.owner_id, expires_at: held.expires_at }),
         };
         let fencing_token = acquired.lease.as_ref().map(|lease| lease.fencing_token).unwrap_or_default();
         if new_document {

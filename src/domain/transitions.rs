@@ -21,7 +21,7 @@
 use chrono::{DateTime, Utc};
 
 use super::cursor::{CursorJson, Position};
-use super::lease::{self, LeaseStatus, LeaseTerms};
+use super::lease::{self, HeldElsewhere, LeaseStatus, LeaseTerms};
 pub use super::state::HistoryEntry;
 use super::state::{Checkpoint, CheckpointRegression, StateDocument, advance_checkpoint, describe};
 
@@ -84,9 +84,8 @@ pub fn acquire(
     me: &str,
     now: DateTime<Utc>,
     terms: &LeaseTerms,
-) -> Result<StateDocument, Refusal> {
-    let lease = lease::acquire(document.lease.as_ref(), me, now, terms)
-        .map_err(|held| Refusal::HeldElsewhere { owner_id: held.owner_id, expires_at: held.expires_at })?;
+) -> Result<StateDocument, HeldElsewhere> {
+    let lease = lease::acquire(document.lease.as_ref(), me, now, terms)?;
     let mut next = document.clone();
     next.lease = Some(lease);
     Ok(next)
@@ -330,7 +329,7 @@ mod tests {
                     assert_eq!(lease.owner_id.as_deref(), Some(who), "{case}");
                     assert_eq!(next.checkpoint, document.checkpoint, "{case}: the checkpoint is untouched");
                 }
-                (Err(refusal), Err(())) => assert!(matches!(refusal, Refusal::HeldElsewhere { .. }), "{case}"),
+                (Err(held), Err(())) => assert_eq!(held.owner_id, "a", "{case}"),
                 (result, expected) => panic!("{case}: got {result:?}, expected {expected:?}"),
             }
         }
