@@ -3,6 +3,7 @@
 
 mod demo;
 mod dev;
+mod package;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -54,6 +55,18 @@ pub enum Command {
         /// Port for the handler [default: any free port].
         #[arg(long)]
         port: Option<u16>,
+    },
+    /// A zip for zip deploy: validates every function (settings from the environment, then
+    /// local.settings.json), then packs host.json, the function folders and this binary (executable).
+    Package {
+        #[command(flatten)]
+        app_root: AppRoot,
+        /// The zip to write.
+        #[arg(long, default_value = "app.zip")]
+        out: PathBuf,
+        /// The Linux binary to pack [default: this program].
+        #[arg(long)]
+        binary: Option<PathBuf>,
     },
     /// The quickstart: a SQLite table, a file state store and a built-in receiver, no setup at all.
     Demo {
@@ -110,6 +123,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Dev { app_root, port } => dev::run(&app_root.resolve()?, port).await,
+        Command::Package { app_root, out, binary } => package::run(&app_root.resolve()?, &out, binary.as_deref()),
         Command::Demo { rows, keep } => demo::run(rows, keep).await,
     }
 }

@@ -319,14 +319,19 @@ pub struct Handler {
 
 impl Handler {
     pub async fn start(app: &AppRoot, settings: &[(String, String)]) -> Handler {
+        Handler::start_binary(Path::new(env!("CARGO_BIN_EXE_dbtrigger")), &app.root, settings).await
+    }
+
+    /// Starts `binary` as the host would, in `app_root` (an unpacked zip, say).
+    pub async fn start_binary(binary: &Path, app_root: &Path, settings: &[(String, String)]) -> Handler {
         let port = free_port();
-        let log_path = app.root.join("handler.log");
+        let log_path = app_root.join("handler.log");
         let log = std::fs::File::create(&log_path).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_dbtrigger"))
+        let child = Command::new(binary)
             .arg("serve")
-            .current_dir(&app.root)
+            .current_dir(app_root)
             .env("FUNCTIONS_CUSTOMHANDLER_PORT", port.to_string())
-            .env("FUNCTIONS_APP_ROOT_PATH", &app.root)
+            .env("FUNCTIONS_APP_ROOT_PATH", app_root)
             .env("FUNCTIONS_CUSTOMHANDLER_WORKER_ID", uuid::Uuid::new_v4().to_string())
             .envs(settings.iter().map(|(key, value)| (key.as_str(), value.as_str())))
             .stdout(Stdio::from(log.try_clone().unwrap()))

@@ -5,6 +5,7 @@ mod azure;
 mod dev;
 mod harness;
 mod host;
+mod package;
 mod queue;
 mod services;
 mod sources;
