@@ -1,24 +1,32 @@
 # syntax=docker/dockerfile:1
-# Build: docker build -t dbtrigger-app .
-# The image is a Functions host (the .NET in-process image, as Core Tools' custom-handler template
-# uses) with the dbtrigger binary and the function folders at /home/site/wwwroot.
+# A Functions host with dbtrigger as its custom handler.
+#   docker build -t dbtrigger-app .
+# Your pollers: one folder per function, each with its function.json (see function_templates/),
+# copied under /home/site/wwwroot: replace the COPY of the webhook-poller template at the end with
+# your own folders (the folder name is the function name).
+#
+# The build stage caches dependencies with BuildKit cache mounts (the cargo registry and the target
+# directory persist between builds), so there are no stand-in sources to keep in step with
+# Cargo.toml. scripts/replay-docker-build runs this stage's COPY and RUN lines without a container
+# engine, in a clean directory, and CI runs it: the two cannot drift.
 
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
-# Dependencies first, so that source changes do not rebuild them.
 COPY Cargo.toml Cargo.lock ./
-# (Cargo checks that every declared target exists, so the benchmark gets a stand-in too.)
-RUN mkdir -p src benches && echo 'fn main() {}' > src/main.rs && echo '' > src/lib.rs \
-    && echo 'fn main() {}' > benches/seek.rs \
-    && cargo build --release --locked --bin dbtrigger \
-    && rm -rf src
 COPY src ./src
-RUN touch src/main.rs src/lib.rs && cargo build --release --locked --bin dbtrigger && strip target/release/dbtrigger
+COPY benches ./benches
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked --bin dbtrigger \
+    && mkdir -p out \
+    && cp target/release/dbtrigger out/dbtrigger \
+    && strip out/dbtrigger
 
-FROM mcr.microsoft.com/azure-functions/dotnet:4
+# The runtime: a Functions v4 base image. See docs/deploy.md for why this one.
+FROM mcr.microsoft.com/azure-functions/dotnet-isolated:4-dotnet-isolated8.0
 ENV AzureWebJobsScriptRoot=/home/site/wwwroot \
-    AzureFunctionsJobHost__Logging__Console__IsEnabled=true
+    AzureFunctionsJobHost__Logging__Console__IsEnabled=true \
+    FUNCTIONS_WORKER_RUNTIME=custom
 COPY host.json /home/site/wwwroot/host.json
-# Your pollers: one folder per function, each with its function.json (see function_templates/).
 COPY function_templates/webhook-poller /home/site/wwwroot/orders
-COPY --from=build --chmod=0755 /src/target/release/dbtrigger /home/site/wwwroot/dbtrigger
+COPY --from=build --chmod=0755 /src/out/dbtrigger /home/site/wwwroot/dbtrigger
