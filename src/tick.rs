@@ -17,12 +17,14 @@
 //! the lease alive while either runs.
 
 use std::any::Any;
+use std::collections::VecDeque;
 use std::fmt;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -462,9 +464,21 @@ impl Poller {
         let limit = self.fetch_limit();
         let mut window: BatchWindow<Sent> = BatchWindow::new();
         let mut in_flight: JoinSet<(u64, Result<(), SinkError>)> = JoinSet::new();
-        // At most one fetch at a time, running while batches are delivered.
-        let mut fetching: JoinSet<Result<Fetched, SourceError>> = JoinSet::new();
-        let mut next: Option<Fetched> = Some(first);
+        // A prefetcher task reads the batches after the first one, in order, while batches are
+        // delivered and committed, at most `maxInFlight` ahead (the channel's capacity): the
+        // window refills as soon as deliveries leave it, without waiting for a query, and a
+        // commit never holds up the reads. Dropping the set at any return stops it.
+        let max_in_flight = self.config.batch.max_in_flight;
+        let (fetched_sender, mut fetched_receiver) = mpsc::channel::<Result<Fetched, SourceError>>(max_in_flight);
+        let mut prefetcher = JoinSet::new();
+        let mut source_done = true;
+        if first.full
+            && let Some(last) = first.rows.last()
+        {
+            prefetcher.spawn(prefetch(self.source.clone(), last.position.clone(), limit, fetched_sender));
+            source_done = false;
+        }
+        let mut ready: VecDeque<Fetched> = VecDeque::from([first]);
         let mut fetch_error: Option<SourceError> = None;
         let mut budget_exhausted = false;
         // Acknowledged, contiguous batches not committed yet.
@@ -474,12 +488,12 @@ impl Poller {
         // After a failed heartbeat, the next attempt waits a little instead of following at once.
         let mut heartbeat_retry_at: Option<DateTime<Utc>> = None;
         loop {
-            if self.clock.now() >= deadline && (next.is_some() || !fetching.is_empty()) {
+            if self.clock.now() >= deadline && (!ready.is_empty() || !source_done) {
                 // Out of budget: what is fetched or fetching waits for the next tick.
                 budget_exhausted = true;
-                next = None;
-                fetching.abort_all();
-                fetching.detach_all();
+                ready.clear();
+                source_done = true;
+                prefetcher.abort_all();
             }
 
             // Commit what is acknowledged. When every batch is acknowledged but a fetch is still
@@ -488,8 +502,9 @@ impl Poller {
             // lease, and a tick keeps to 1 GET and k + 1 PUTs.
             if !pending.is_empty() {
                 let drained = in_flight.is_empty() && window.is_empty();
-                let nothing_more = (next.is_none() && fetching.is_empty()) || fetch_error.is_some();
-                if !drained || fetching.is_empty() || fetch_error.is_some() || heartbeat_due {
+                let nothing_more = (ready.is_empty() && source_done) || fetch_error.is_some();
+                let more_is_known = !ready.is_empty() || source_done || fetch_error.is_some();
+                if !drained || more_is_known || heartbeat_due {
                     let release = drained && nothing_more;
                     if !self.commit(writer, document, &pending, release).await? {
                         in_flight.abort_all();
@@ -519,8 +534,8 @@ impl Poller {
             }
 
             // Fill the window with what has been fetched.
-            while in_flight.len() < self.config.batch.max_in_flight && self.clock.now() < deadline {
-                let Some(fetched) = next.take() else {
+            while in_flight.len() < max_in_flight && self.clock.now() < deadline {
+                let Some(fetched) = ready.pop_front() else {
                     break;
                 };
                 let rows = fetched.rows;
@@ -536,13 +551,8 @@ impl Poller {
                 // The sink counts its time in its runtime's terms: the budget left, by our clock.
                 let sink_deadline = Instant::now() + (deadline - self.clock.now()).to_std().unwrap_or(Duration::ZERO);
                 in_flight.spawn(async move { (sequence, sink.deliver(&batch, sink_deadline).await) });
-                // A fetch that stopped short of its limits found the end: no need to ask again.
-                if fetched.full && fetch_error.is_none() {
-                    let source = self.source.clone();
-                    fetching.spawn(async move { source.fetch_after(Some(&last), limit).await });
-                }
             }
-            if in_flight.is_empty() && fetching.is_empty() && pending.is_empty() {
+            if in_flight.is_empty() && pending.is_empty() && (source_done || fetch_error.is_some()) {
                 break;
             }
 
@@ -577,7 +587,7 @@ impl Poller {
                     if let Some(error) = failure {
                         // Batches after the failed one may have landed: the next tick delivers them again.
                         in_flight.abort_all();
-                        fetching.abort_all();
+                        prefetcher.abort_all();
                         warn!(poller = %self.config.poller_name, error = %error, "delivery failed; checkpoint left before this batch");
                         if !pending.is_empty() {
                             // What was acknowledged before the failed batch is kept, and the lease released.
@@ -589,16 +599,22 @@ impl Poller {
                         return Err(TickError::Delivery { error, rows_committed: totals.rows });
                     }
                 }
-                fetched = fetching.join_next(), if !fetching.is_empty() => {
-                    match fetched.expect("the set is not empty") {
-                        Ok(Ok(more)) if !more.rows.is_empty() => next = Some(more),
-                        Ok(Ok(_)) => {}
-                        Ok(Err(error)) => fetch_error = Some(error),
-                        Err(join_error) => {
-                            fetch_error = Some(SourceError::Query {
-                                location: self.source.describe(),
-                                reason: format!("the fetch task failed: {join_error}"),
-                            });
+                received = fetched_receiver.recv(), if !source_done && fetch_error.is_none() && ready.len() < max_in_flight => {
+                    match received {
+                        Some(Ok(more)) => ready.push_back(more),
+                        Some(Err(error)) => fetch_error = Some(error),
+                        // The prefetcher has read to the end (or stopped on an error it sent), unless it
+                        // died: then the tick must not call itself caught up.
+                        None => {
+                            source_done = true;
+                            if let Some(Err(join_error)) = prefetcher.join_next().await
+                                && join_error.is_panic()
+                            {
+                                fetch_error = Some(SourceError::Query {
+                                    location: self.source.describe(),
+                                    reason: format!("the fetch task failed: {join_error}"),
+                                });
+                            }
                         }
                     }
                 }
@@ -731,6 +747,32 @@ impl Poller {
         }
         let mut writer = StateWriter::new(self.store.as_ref(), &key, Some(versioned.etag));
         self.release_lease(&mut writer, &mut document).await;
+    }
+}
+
+/// Reads batch after batch from `from` on, in order, into `batches`, until a fetch stops short of
+/// its limits (the end of the source for now), fails (the error is sent, then it stops), or the
+/// receiver is gone. The channel's capacity bounds how far it reads ahead.
+async fn prefetch(
+    source: Arc<dyn Source>,
+    mut from: Position,
+    limit: FetchLimit,
+    batches: mpsc::Sender<Result<Fetched, SourceError>>,
+) {
+    loop {
+        let fetched = source.fetch_after(Some(&from), limit).await;
+        let next_from = match &fetched {
+            Ok(batch) if batch.full => batch.rows.last().map(|row| row.position.clone()),
+            _ => None,
+        };
+        let empty = matches!(&fetched, Ok(batch) if batch.rows.is_empty());
+        if !empty && batches.send(fetched).await.is_err() {
+            return;
+        }
+        match next_from {
+            Some(position) => from = position,
+            None => return,
+        }
     }
 }
 
