@@ -10,7 +10,7 @@
 //! | [`domain`]   | the pure core: state, cursor order, lease, events, ids, window, schedule.      |
 //! | [`settings`] | app settings (environment, local.settings.json) and `%NAME%` values.           |
 //! | [`config`]   | function.json, one file a section, parsed once into a validated `PollerConfig`.|
-//! | [`store`]    | `StateStore` (ETag compare-and-swap): Azure Blob, file (memory for tests).     |
+//! | [`store`]    | `BlobStore` (get/put/list/delete, ETag CAS): Azure Blob, file; state documents.|
 //! | [`azure`]    | Azure Storage clients from a validated connection; Shared Key signing.         |
 //! | [`source`]   | `Source`: the keyset query over sqlx (PostgreSQL, MySQL/MariaDB, SQLite).     |
 //! | [`sink`]     | `Sink`: webhook and Storage queue (a recording sink for tests).                |

@@ -34,13 +34,13 @@ use tracing::{error, info, warn};
 use crate::config::PollerConfig;
 use crate::domain::ids::batch_id;
 use crate::domain::lease::{self, LeaseStatus};
-use crate::domain::state::{CheckpointRegression, WriteCheck, describe};
+use crate::domain::state::{CheckpointRegression, describe};
 use crate::domain::transitions::{self, Delivered, FingerprintCheck, Refusal};
 use crate::domain::window::BatchWindow;
 use crate::domain::{DocumentError, Position, StateDocument};
 use crate::sink::{Batch, Sink, SinkError};
 use crate::source::{FetchLimit, Fetched, Source, SourceError};
-use crate::store::{ETag, StateKey, StateStore, StoreError, WriteCondition};
+use crate::store::{StateKey, StateStore, StateWriter, StoreError, WriteFailure};
 
 /// How long after a failed heartbeat the next attempt is made (the lease stays ours until it
 /// expires; `holder_may_act` stops the tick before that).
@@ -196,87 +196,6 @@ pub enum TickError {
     /// A bug: something panicked during the tick. The lease was released if it was held.
     #[error("the tick failed unexpectedly (panic: {message}); the checkpoint did not move")]
     Panicked { message: String },
-}
-
-/// A write that did not land.
-enum WriteFailure {
-    /// Someone else wrote first; this is what is there now (if anything).
-    Conflict(Option<Box<StateDocument>>),
-    Store(StoreError),
-}
-
-/// Writes one poller's state document for the length of a tick: each write is conditional on
-/// the version the previous read or write left, and carries a fresh write id. A conditional write
-/// can answer 412 although it landed (a retry after a lost response, seed 001 case G), and a write
-/// can land although it answered an error (a timeout): so the ids of every write not yet
-/// acknowledged are remembered, and a 412 is checked against them before it counts as a conflict.
-struct StateWriter<'a> {
-    store: &'a dyn StateStore,
-    key: &'a StateKey,
-    condition: WriteCondition,
-    /// Write ids of this tick's writes that answered an error: any of them may have landed.
-    unacknowledged: Vec<String>,
-    /// Someone else wrote the document: nothing more may be written in this tick.
-    lost: bool,
-}
-
-impl<'a> StateWriter<'a> {
-    fn new(store: &'a dyn StateStore, key: &'a StateKey, etag: Option<ETag>) -> Self {
-        let condition = match etag {
-            Some(etag) => WriteCondition::Matches(etag),
-            None => WriteCondition::Absent,
-        };
-        StateWriter { store, key, condition, unacknowledged: Vec::new(), lost: false }
-    }
-
-    async fn write(&mut self, document: &mut StateDocument) -> Result<(), WriteFailure> {
-        // At most one retry: after finding our own earlier write in place of the one we expected.
-        for _ in 0..2 {
-            let write_id = uuid::Uuid::new_v4().simple().to_string();
-            document.write_id = Some(write_id.clone());
-            match self.store.write(self.key, document, self.condition.clone()).await {
-                Ok(etag) => {
-                    self.acknowledged(etag);
-                    return Ok(());
-                }
-                Err(StoreError::Conflict { .. } | StoreError::AlreadyExists { .. }) => {
-                    let stored = match self.store.read(self.key).await {
-                        Ok(stored) => stored,
-                        Err(error) => {
-                            self.unacknowledged.push(write_id);
-                            return Err(WriteFailure::Store(error));
-                        }
-                    };
-                    let stored_id = stored.as_ref().and_then(|versioned| versioned.document.write_id.clone());
-                    match (stored, WriteCheck::of(stored_id.as_deref(), &write_id, &self.unacknowledged)) {
-                        (Some(versioned), WriteCheck::ThisWriteLanded) => {
-                            self.acknowledged(versioned.etag);
-                            return Ok(());
-                        }
-                        (Some(versioned), WriteCheck::EarlierWriteLanded) => {
-                            // Ours, from a write whose answer was an error: write again over it.
-                            self.acknowledged(versioned.etag);
-                        }
-                        (stored, _) => {
-                            self.lost = true;
-                            return Err(WriteFailure::Conflict(stored.map(|versioned| Box::new(versioned.document))));
-                        }
-                    }
-                }
-                Err(error) => {
-                    self.unacknowledged.push(write_id);
-                    return Err(WriteFailure::Store(error));
-                }
-            }
-        }
-        self.lost = true;
-        Err(WriteFailure::Conflict(None))
-    }
-
-    fn acknowledged(&mut self, etag: ETag) {
-        self.condition = WriteCondition::Matches(etag);
-        self.unacknowledged.clear();
-    }
 }
 
 /// Why a heartbeat stopped the deliveries.

@@ -1,7 +1,9 @@
-//! State documents in Azure Blob Storage: `{container}/state/{app}/{poller}.json`, with the ETag
-//! compare-and-swap of seed 000 §5. A read returns the document and its ETag; a create sends
-//! `If-None-Match: *`; an update sends `If-Match: <etag>`. 404 means absent, 412 a conflict, 409
-//! BlobAlreadyExists an existing document; anything else says whether retrying may help.
+//! Blobs in Azure Blob Storage (`{container}/<path>`; state documents at
+//! `state/{app}/{poller}.json`), with the ETag compare-and-swap of seed 000 §5. A get returns the
+//! bytes and their ETag; a create sends `If-None-Match: *`; an update and a delete send
+//! `If-Match: <etag>`; a list pages through blobs by prefix with the service's continuation
+//! marker. 404 means absent, 412 a conflict, 409 BlobAlreadyExists an existing blob; anything else
+//! says whether retrying may help.
 //!
 //! The container is created the first time a write finds it missing (an existing one is fine), so a
 //! steady tick costs exactly the requests of the design's blob budget.
@@ -12,18 +14,24 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use azure_core::error::ErrorKind;
 use azure_core::http::{Etag, RequestContent};
-use azure_storage_blob::models::{BlobClientDownloadOptions, BlobClientUploadOptions};
+use azure_storage_blob::models::{
+    BlobClientDeleteOptions, BlobClientDownloadOptions, BlobClientUploadOptions, BlobContainerClientListBlobsOptions,
+};
 use azure_storage_blob::{BlobContainerClient, BlobContainerClientOptions};
+use futures::StreamExt;
 
-use super::{ETag, StateKey, StateStore, StoreError, Versioned, WriteCondition};
+use super::{Blob, BlobStore, ETag, ListPage, Listed, PutMode, StateKey, StoreError};
 use crate::azure::{RequestCounter, StorageConnection, client_options, token_credential};
-use crate::domain::StateDocument;
+
+/// Blobs a list page holds at most (the service's own maximum is 5,000).
+const LIST_PAGE_SIZE: i32 = 1000;
 
 pub struct AzureBlobStore {
     container: BlobContainerClient,
     /// `account/container`, for messages (no secret).
     location: String,
     counter: Arc<RequestCounter>,
+    list_page_size: i32,
 }
 
 /// What an SDK error means here. Classified before anything else touches the error (it is not
@@ -84,42 +92,25 @@ impl AzureBlobStore {
             container: container_client,
             location: format!("azure-blob:{}/{container}", connection.account),
             counter,
+            list_page_size: LIST_PAGE_SIZE,
         })
     }
 
-    /// Writes bytes unconditionally, creating the container if needed. For tests and operator
-    /// tools that plant or restore a document: the poller itself never writes without a condition.
-    pub async fn write_raw(&self, key: &StateKey, bytes: &[u8]) -> Result<(), StoreError> {
-        let blob = self.container.blob_client(&key.blob_path());
-        let upload = || async {
-            let content: RequestContent<azure_core::Bytes, azure_core::http::NoFormat> =
-                azure_core::Bytes::from(bytes.to_vec()).into();
-            blob.upload(content, None).await.map_err(classify)
-        };
-        let mut result = upload().await;
-        if matches!(result, Err(Failure::NotFound { container_missing: true })) {
-            self.create_container(key).await?;
-            result = upload().await;
-        }
-        result.map(|_| ()).map_err(|failure| self.unavailable(key, format!("{failure:?}"), false))
+    /// Lists return at most `size` blobs a page (tests exercise paging with a small one).
+    pub fn with_list_page_size(mut self, size: i32) -> Self {
+        self.list_page_size = size.max(1);
+        self
     }
 
-    /// The stored bytes, unparsed (`None` when absent).
+    /// Writes a state document's bytes unconditionally (tests and operator tools plant or restore
+    /// a document this way: the poller itself never writes without a condition).
+    pub async fn write_raw(&self, key: &StateKey, bytes: &[u8]) -> Result<(), StoreError> {
+        self.put(&key.blob_path(), bytes.to_vec(), PutMode::Overwrite).await.map(|_| ())
+    }
+
+    /// A state document's stored bytes, unparsed (`None` when absent).
     pub async fn read_raw(&self, key: &StateKey) -> Result<Option<Vec<u8>>, StoreError> {
-        let blob = self.container.blob_client(&key.blob_path());
-        let options = BlobClientDownloadOptions { parallel: NonZero::new(1), ..Default::default() };
-        match blob.download(Some(options)).await.map_err(classify) {
-            Ok(result) => {
-                let bytes = result
-                    .body
-                    .collect()
-                    .await
-                    .map_err(|error| self.unavailable(key, format!("reading failed: {error}"), true))?;
-                Ok(Some(bytes.to_vec()))
-            }
-            Err(Failure::NotFound { .. }) => Ok(None),
-            Err(failure) => Err(self.unavailable(key, format!("{failure:?}"), true)),
-        }
+        Ok(self.get(&key.blob_path()).await?.map(|blob| blob.bytes))
     }
 
     /// Requests sent so far: (GET/HEAD, PUT).
@@ -127,37 +118,39 @@ impl AzureBlobStore {
         self.counter.snapshot()
     }
 
-    fn location_of(&self, key: &StateKey) -> String {
-        format!("{}/{}", self.location, key.blob_path())
+    fn location_of(&self, path: &str) -> String {
+        format!("{}/{path}", self.location)
     }
 
-    fn unavailable(&self, key: &StateKey, reason: String, retryable: bool) -> StoreError {
-        StoreError::Unavailable { location: self.location_of(key), reason, retryable }
+    fn unavailable(&self, path: &str, reason: String, retryable: bool) -> StoreError {
+        StoreError::Unavailable { location: self.location_of(path), reason, retryable }
     }
 
-    async fn create_container(&self, key: &StateKey) -> Result<(), StoreError> {
+    async fn create_container(&self, path: &str) -> Result<(), StoreError> {
         match self.container.create(None).await {
             Ok(_) => Ok(()),
             Err(error) => match error.kind() {
                 ErrorKind::HttpResponse { status, .. } if u16::from(*status) == 409 => Ok(()),
                 _ => match classify(error) {
                     Failure::Other { reason, retryable } => {
-                        Err(self.unavailable(key, format!("cannot create the container: {reason}"), retryable))
+                        Err(self.unavailable(path, format!("cannot create the container: {reason}"), retryable))
                     }
-                    other => Err(self.unavailable(key, format!("cannot create the container: {other:?}"), false)),
+                    other => Err(self.unavailable(path, format!("cannot create the container: {other:?}"), false)),
                 },
             },
         }
     }
 
-    async fn upload(&self, key: &StateKey, bytes: Vec<u8>, condition: &WriteCondition) -> Result<ETag, Failure> {
+    async fn upload(&self, path: &str, bytes: Vec<u8>, mode: &PutMode) -> Result<ETag, Failure> {
+        let content_type = if path.ends_with(".json") { "application/json" } else { "application/octet-stream" };
         let mut options =
-            BlobClientUploadOptions { blob_content_type: Some("application/json".to_string()), ..Default::default() };
-        match condition {
-            WriteCondition::Absent => options.if_none_match = Some(Etag::from("*")),
-            WriteCondition::Matches(etag) => options.if_match = Some(Etag::from(etag.0.as_str())),
+            BlobClientUploadOptions { blob_content_type: Some(content_type.to_string()), ..Default::default() };
+        match mode {
+            PutMode::Create => options.if_none_match = Some(Etag::from("*")),
+            PutMode::Update(etag) => options.if_match = Some(Etag::from(etag.0.as_str())),
+            PutMode::Overwrite => {}
         }
-        let blob = self.container.blob_client(&key.blob_path());
+        let blob = self.container.blob_client(path);
         let content: RequestContent<azure_core::Bytes, azure_core::http::NoFormat> =
             azure_core::Bytes::from(bytes).into();
         let result = blob.upload(content, Some(options)).await.map_err(classify)?;
@@ -169,17 +162,17 @@ impl AzureBlobStore {
 }
 
 #[async_trait]
-impl StateStore for AzureBlobStore {
-    async fn read(&self, key: &StateKey) -> Result<Option<Versioned>, StoreError> {
-        let blob = self.container.blob_client(&key.blob_path());
+impl BlobStore for AzureBlobStore {
+    async fn get(&self, path: &str) -> Result<Option<Blob>, StoreError> {
+        let blob = self.container.blob_client(path);
         let options = BlobClientDownloadOptions { parallel: NonZero::new(1), ..Default::default() };
         let result = match blob.download(Some(options)).await {
             Ok(result) => result,
             Err(error) => {
                 return match classify(error) {
                     Failure::NotFound { .. } => Ok(None),
-                    Failure::Other { reason, retryable } => Err(self.unavailable(key, reason, retryable)),
-                    other => Err(self.unavailable(key, format!("unexpected answer to a read: {other:?}"), true)),
+                    Failure::Other { reason, retryable } => Err(self.unavailable(path, reason, retryable)),
+                    other => Err(self.unavailable(path, format!("unexpected answer to a read: {other:?}"), true)),
                 };
             }
         };
@@ -187,39 +180,84 @@ impl StateStore for AzureBlobStore {
             .properties
             .etag
             .clone()
-            .ok_or_else(|| self.unavailable(key, "the read answered no ETag".into(), true))?;
+            .ok_or_else(|| self.unavailable(path, "the read answered no ETag".into(), true))?;
         let bytes = result
             .body
             .collect()
             .await
-            .map_err(|error| self.unavailable(key, format!("reading the document failed: {error}"), true))?;
-        let document = StateDocument::parse(&bytes)
-            .map_err(|error| StoreError::Corrupt { location: self.location_of(key), reason: error.to_string() })?;
-        Ok(Some(Versioned { document, etag: ETag(etag.to_string()) }))
+            .map_err(|error| self.unavailable(path, format!("reading the blob failed: {error}"), true))?;
+        Ok(Some(Blob { bytes: bytes.to_vec(), etag: ETag(etag.to_string()) }))
     }
 
-    async fn write(
-        &self,
-        key: &StateKey,
-        document: &StateDocument,
-        condition: WriteCondition,
-    ) -> Result<ETag, StoreError> {
-        let bytes = document.to_bytes();
-        let mut result = self.upload(key, bytes.clone(), &condition).await;
+    async fn put(&self, path: &str, bytes: Vec<u8>, mode: PutMode) -> Result<ETag, StoreError> {
+        let mut result = self.upload(path, bytes.clone(), &mode).await;
         if matches!(result, Err(Failure::NotFound { container_missing: true })) {
-            self.create_container(key).await?;
-            result = self.upload(key, bytes, &condition).await;
+            self.create_container(path).await?;
+            result = self.upload(path, bytes, &mode).await;
         }
-        match (result, &condition) {
+        match (result, &mode) {
             (Ok(etag), _) => Ok(etag),
-            (Err(Failure::AlreadyExists | Failure::PreconditionFailed), WriteCondition::Absent) => {
-                Err(StoreError::AlreadyExists { location: self.location_of(key) })
+            (Err(Failure::AlreadyExists | Failure::PreconditionFailed), PutMode::Create) => {
+                Err(StoreError::AlreadyExists { location: self.location_of(path) })
             }
-            (Err(Failure::PreconditionFailed | Failure::NotFound { .. }), WriteCondition::Matches(_)) => {
-                Err(StoreError::Conflict { location: self.location_of(key) })
+            (Err(Failure::PreconditionFailed | Failure::NotFound { .. }), PutMode::Update(_)) => {
+                Err(StoreError::Conflict { location: self.location_of(path) })
             }
-            (Err(Failure::Other { reason, retryable }), _) => Err(self.unavailable(key, reason, retryable)),
-            (Err(other), _) => Err(self.unavailable(key, format!("unexpected answer to a write: {other:?}"), false)),
+            (Err(Failure::Other { reason, retryable }), _) => Err(self.unavailable(path, reason, retryable)),
+            (Err(other), _) => Err(self.unavailable(path, format!("unexpected answer to a write: {other:?}"), false)),
+        }
+    }
+
+    async fn list(&self, prefix: &str, continuation: Option<String>) -> Result<ListPage, StoreError> {
+        let options = BlobContainerClientListBlobsOptions {
+            prefix: Some(prefix.to_string()),
+            marker: continuation,
+            maxresults: Some(self.list_page_size),
+            ..Default::default()
+        };
+        let failed = |error: azure_core::Error| match classify(error) {
+            Failure::Other { reason, retryable } => {
+                self.unavailable(prefix, format!("listing failed: {reason}"), retryable)
+            }
+            other => self.unavailable(prefix, format!("listing failed: {other:?}"), true),
+        };
+        let pager = self.container.list_blobs(Some(options)).map_err(failed)?;
+        let mut pages = pager.into_pages();
+        let page = match pages.next().await {
+            None => return Ok(ListPage::default()),
+            Some(Ok(response)) => response.into_model().map_err(failed)?,
+            // No container yet: nothing in it.
+            Some(Err(error)) => match classify(error) {
+                Failure::NotFound { .. } => return Ok(ListPage::default()),
+                Failure::Other { reason, retryable } => {
+                    return Err(self.unavailable(prefix, format!("listing failed: {reason}"), retryable));
+                }
+                other => return Err(self.unavailable(prefix, format!("listing failed: {other:?}"), true)),
+            },
+        };
+        let mut items = Vec::new();
+        for item in page.blob_items {
+            let (Some(path), Some(etag)) = (item.name, item.properties.and_then(|properties| properties.etag)) else {
+                continue;
+            };
+            // The listing's XML gives the ETag bare, the headers quoted: one form, the headers'.
+            let etag = etag.to_string();
+            let etag = if etag.starts_with('"') { etag } else { format!("\"{etag}\"") };
+            items.push(Listed { path, etag: ETag(etag) });
+        }
+        let next = page.next_marker.filter(|marker| !marker.is_empty());
+        Ok(ListPage { items, next })
+    }
+
+    async fn delete(&self, path: &str, etag: &ETag) -> Result<(), StoreError> {
+        let options = BlobClientDeleteOptions { if_match: Some(Etag::from(etag.0.as_str())), ..Default::default() };
+        match self.container.blob_client(path).delete(Some(options)).await.map_err(classify) {
+            Ok(_) => Ok(()),
+            Err(Failure::PreconditionFailed | Failure::NotFound { .. }) => {
+                Err(StoreError::Conflict { location: self.location_of(path) })
+            }
+            Err(Failure::Other { reason, retryable }) => Err(self.unavailable(path, reason, retryable)),
+            Err(other) => Err(self.unavailable(path, format!("unexpected answer to a delete: {other:?}"), false)),
         }
     }
 

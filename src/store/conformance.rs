@@ -1,21 +1,120 @@
-//! The one test suite every [`StateStore`] passes (memory, file, and Azure Blob on Azurite).
-//! Each check panics with a message naming what broke. Keys are namespaced so that several runs
+//! The one test suite every [`BlobStore`] passes (memory, file, and Azure Blob on Azurite): the
+//! bytes level (get, put in each mode, list by prefix across pages, delete by ETag) and the state
+//! documents over it, including a race of tasks incrementing a counter through CAS. Each check
+//! panics with a message naming what broke. Paths and keys are namespaced so that several runs
 //! can share one container.
 
 use std::sync::Arc;
 
-use super::{StateKey, StateStore, StoreError, WriteCondition};
+use super::{BlobStore, ETag, PutMode, StateKey, StateStore, StoreError, WriteCondition};
 use crate::domain::StateDocument;
 
-/// Runs every check against `store`, under app name `namespace`.
-pub async fn run_all(store: Arc<dyn StateStore>, namespace: &str) {
-    read_of_a_missing_document_is_none(store.as_ref(), namespace).await;
-    create_then_read_returns_the_document(store.as_ref(), namespace).await;
-    create_twice_is_already_exists(store.as_ref(), namespace).await;
-    update_with_the_current_etag_succeeds(store.as_ref(), namespace).await;
-    update_with_a_stale_etag_conflicts(store.as_ref(), namespace).await;
-    update_of_a_missing_document_conflicts(store.as_ref(), namespace).await;
-    concurrent_increments_lose_no_update(store.clone(), namespace, 8, 10).await;
+/// Runs every check against `blobs`, under `namespace`. `page_size` is the store's list page size
+/// (listing is checked across more than two pages of it).
+pub async fn run_all(blobs: Arc<dyn BlobStore>, namespace: &str, page_size: usize) {
+    get_of_a_missing_blob_is_none(blobs.as_ref(), namespace).await;
+    put_modes_compare_and_swap(blobs.as_ref(), namespace).await;
+    delete_needs_the_current_etag(blobs.as_ref(), namespace).await;
+    list_finds_exactly_the_prefix_in_order_across_pages(blobs.as_ref(), namespace, page_size).await;
+    let store = blobs.as_ref();
+    read_of_a_missing_document_is_none(store, namespace).await;
+    create_then_read_returns_the_document(store, namespace).await;
+    create_twice_is_already_exists(store, namespace).await;
+    update_with_the_current_etag_succeeds(store, namespace).await;
+    update_with_a_stale_etag_conflicts(store, namespace).await;
+    update_of_a_missing_document_conflicts(store, namespace).await;
+    state_documents_are_listed_by_app(store, namespace).await;
+    concurrent_increments_lose_no_update(blobs.clone(), namespace, 8, 10).await;
+}
+
+pub async fn get_of_a_missing_blob_is_none(blobs: &dyn BlobStore, namespace: &str) {
+    assert!(blobs.get(&format!("{namespace}/missing")).await.expect("get of a missing blob").is_none());
+}
+
+pub async fn put_modes_compare_and_swap(blobs: &dyn BlobStore, namespace: &str) {
+    let path = format!("{namespace}/modes/blob");
+    let first = blobs.put(&path, b"one".to_vec(), PutMode::Create).await.expect("create");
+    let got = blobs.get(&path).await.unwrap().expect("the created blob");
+    assert_eq!((got.bytes.as_slice(), &got.etag), (&b"one"[..], &first), "get returns the bytes and the put's ETag");
+    let again = blobs.put(&path, b"two".to_vec(), PutMode::Create).await;
+    assert!(matches!(again, Err(StoreError::AlreadyExists { .. })), "a second create gave {again:?}");
+    let second = blobs.put(&path, b"two".to_vec(), PutMode::Update(first.clone())).await.expect("update");
+    assert_ne!(second, first, "an update gives a new ETag");
+    let stale = blobs.put(&path, b"three".to_vec(), PutMode::Update(first)).await;
+    assert!(matches!(stale, Err(StoreError::Conflict { .. })), "a stale update gave {stale:?}");
+    assert_eq!(blobs.get(&path).await.unwrap().unwrap().bytes, b"two", "a refused update changes nothing");
+    let missing = blobs.put(&format!("{namespace}/modes/never"), b"x".to_vec(), PutMode::Update(second.clone())).await;
+    assert!(matches!(missing, Err(StoreError::Conflict { .. })), "an update of a missing blob gave {missing:?}");
+    let overwritten = blobs.put(&path, b"four".to_vec(), PutMode::Overwrite).await.expect("overwrite");
+    assert_eq!(blobs.get(&path).await.unwrap().unwrap().etag, overwritten);
+    blobs.put(&format!("{namespace}/modes/fresh"), b"x".to_vec(), PutMode::Overwrite).await.expect("overwrite creates");
+}
+
+pub async fn delete_needs_the_current_etag(blobs: &dyn BlobStore, namespace: &str) {
+    let path = format!("{namespace}/delete/blob");
+    let first = blobs.put(&path, b"one".to_vec(), PutMode::Create).await.unwrap();
+    let second = blobs.put(&path, b"two".to_vec(), PutMode::Update(first.clone())).await.unwrap();
+    let stale = blobs.delete(&path, &first).await;
+    assert!(matches!(stale, Err(StoreError::Conflict { .. })), "a delete with a stale ETag gave {stale:?}");
+    assert!(blobs.get(&path).await.unwrap().is_some(), "and deleted nothing");
+    blobs.delete(&path, &second).await.expect("a delete with the current ETag");
+    assert!(blobs.get(&path).await.unwrap().is_none());
+    let gone = blobs.delete(&path, &second).await;
+    assert!(matches!(gone, Err(StoreError::Conflict { .. })), "a delete of a missing blob gave {gone:?}");
+}
+
+pub async fn list_finds_exactly_the_prefix_in_order_across_pages(
+    blobs: &dyn BlobStore,
+    namespace: &str,
+    page_size: usize,
+) {
+    let count = page_size * 2 + 1;
+    let mut expected = Vec::new();
+    for index in 0..count {
+        let path = format!("{namespace}/list/app/item-{index:04}.json");
+        let etag = blobs.put(&path, vec![b'x'; index % 7], PutMode::Overwrite).await.unwrap();
+        expected.push((path, etag));
+    }
+    // Siblings that share the beginning of the prefix but are outside it.
+    blobs.put(&format!("{namespace}/list/app2/item.json"), b"x".to_vec(), PutMode::Overwrite).await.unwrap();
+    blobs.put(&format!("{namespace}/list/ap"), b"x".to_vec(), PutMode::Overwrite).await.unwrap();
+    let mut found: Vec<(String, ETag)> = Vec::new();
+    let mut continuation = None;
+    let mut pages = 0;
+    loop {
+        let page = blobs.list(&format!("{namespace}/list/app/"), continuation).await.expect("list");
+        pages += 1;
+        assert!(page.items.len() <= page_size, "a page of {} items, over {page_size}", page.items.len());
+        found.extend(page.items.into_iter().map(|item| (item.path, item.etag)));
+        match page.next {
+            Some(next) => continuation = Some(next),
+            None => break,
+        }
+        assert!(pages <= count, "listing does not end");
+    }
+    assert!(pages >= 3, "{count} blobs in pages of {page_size} took {pages} pages");
+    assert_eq!(found, expected, "every blob of the prefix once, in order, with its ETag, and nothing else");
+    let empty = blobs.list(&format!("{namespace}/list/nothing-here/"), None).await.expect("list of nothing");
+    assert!(empty.items.is_empty() && empty.next.is_none());
+}
+
+pub async fn state_documents_are_listed_by_app(blobs: &dyn BlobStore, namespace: &str) {
+    let app = format!("{namespace}-listing");
+    for poller in ["b", "a", "c"] {
+        let key = StateKey::new(&app, poller);
+        StateStore::write(blobs, &key, &document(poller, 1), WriteCondition::Absent).await.unwrap();
+    }
+    StateStore::write(
+        blobs,
+        &StateKey::new(&format!("{app}x"), "other"),
+        &document("other", 1),
+        WriteCondition::Absent,
+    )
+    .await
+    .unwrap();
+    let keys = super::state::list(blobs, &app).await.expect("list the app's documents");
+    let pollers: Vec<&str> = keys.iter().map(|key| key.poller.as_str()).collect();
+    assert_eq!(pollers, ["a", "b", "c"], "the app's pollers, no other app's");
 }
 
 fn document(poller: &str, counter: u64) -> StateDocument {
@@ -24,12 +123,12 @@ fn document(poller: &str, counter: u64) -> StateDocument {
     document
 }
 
-pub async fn read_of_a_missing_document_is_none(store: &dyn StateStore, namespace: &str) {
+pub async fn read_of_a_missing_document_is_none(store: &dyn BlobStore, namespace: &str) {
     let key = StateKey::new(namespace, "missing");
     assert!(store.read(&key).await.expect("read of a missing document").is_none());
 }
 
-pub async fn create_then_read_returns_the_document(store: &dyn StateStore, namespace: &str) {
+pub async fn create_then_read_returns_the_document(store: &dyn BlobStore, namespace: &str) {
     let key = StateKey::new(namespace, "create-read");
     let etag = store.write(&key, &document("create-read", 7), WriteCondition::Absent).await.expect("create");
     let read = store.read(&key).await.expect("read").expect("the created document");
@@ -37,7 +136,7 @@ pub async fn create_then_read_returns_the_document(store: &dyn StateStore, names
     assert_eq!(read.etag, etag, "the ETag of a read equals the ETag the write returned");
 }
 
-pub async fn create_twice_is_already_exists(store: &dyn StateStore, namespace: &str) {
+pub async fn create_twice_is_already_exists(store: &dyn BlobStore, namespace: &str) {
     let key = StateKey::new(namespace, "create-twice");
     store.write(&key, &document("create-twice", 1), WriteCondition::Absent).await.expect("first create");
     let second = store.write(&key, &document("create-twice", 2), WriteCondition::Absent).await;
@@ -46,7 +145,7 @@ pub async fn create_twice_is_already_exists(store: &dyn StateStore, namespace: &
     assert_eq!(read.document.stats.batches_delivered, 1, "a refused create changes nothing");
 }
 
-pub async fn update_with_the_current_etag_succeeds(store: &dyn StateStore, namespace: &str) {
+pub async fn update_with_the_current_etag_succeeds(store: &dyn BlobStore, namespace: &str) {
     let key = StateKey::new(namespace, "update");
     let first = store.write(&key, &document("update", 1), WriteCondition::Absent).await.unwrap();
     let second = store
@@ -59,7 +158,7 @@ pub async fn update_with_the_current_etag_succeeds(store: &dyn StateStore, names
     assert_eq!(read.etag, second);
 }
 
-pub async fn update_with_a_stale_etag_conflicts(store: &dyn StateStore, namespace: &str) {
+pub async fn update_with_a_stale_etag_conflicts(store: &dyn BlobStore, namespace: &str) {
     let key = StateKey::new(namespace, "stale");
     let first = store.write(&key, &document("stale", 1), WriteCondition::Absent).await.unwrap();
     store.write(&key, &document("stale", 2), WriteCondition::Matches(first.clone())).await.unwrap();
@@ -69,7 +168,7 @@ pub async fn update_with_a_stale_etag_conflicts(store: &dyn StateStore, namespac
     assert_eq!(read.document.stats.batches_delivered, 2, "a refused update changes nothing");
 }
 
-pub async fn update_of_a_missing_document_conflicts(store: &dyn StateStore, namespace: &str) {
+pub async fn update_of_a_missing_document_conflicts(store: &dyn BlobStore, namespace: &str) {
     let key = StateKey::new(namespace, "never-created");
     let etag = {
         let other = StateKey::new(namespace, "etag-donor");
@@ -83,7 +182,7 @@ pub async fn update_of_a_missing_document_conflicts(store: &dyn StateStore, name
 /// `workers` tasks each add 1 to a counter `increments` times by read, modify, CAS, retrying on
 /// conflict. The final counter equals workers x increments: CAS lost no update.
 pub async fn concurrent_increments_lose_no_update(
-    store: Arc<dyn StateStore>,
+    store: Arc<dyn BlobStore>,
     namespace: &str,
     workers: u64,
     increments: u64,

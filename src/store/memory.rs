@@ -1,21 +1,34 @@
-//! An in-memory store for fast tests. It keeps bytes, not values, so that it parses what it
-//! returns exactly as the real stores do, and so that tests can plant a corrupted document.
+//! An in-memory blob store for fast tests. It keeps bytes, so that state documents are parsed
+//! exactly as the real stores parse them, and so that tests can plant a corrupted document. It
+//! counts requests (a tick's blob budget is asserted on them) and pages lists by a small,
+//! settable page size so that paging is exercised.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use async_trait::async_trait;
 
-use super::{ETag, StateKey, StateStore, StoreError, Versioned, WriteCondition};
-use crate::domain::StateDocument;
+use super::{Blob, BlobStore, ETag, ListPage, Listed, PutMode, StateKey, StoreError};
 
-#[derive(Default)]
 pub struct MemoryStore {
-    documents: Mutex<HashMap<StateKey, (Vec<u8>, ETag)>>,
+    blobs: Mutex<BTreeMap<String, (Vec<u8>, ETag)>>,
     next_version: AtomicU64,
     reads: AtomicU64,
     writes: AtomicU64,
+    page_size: AtomicUsize,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore {
+            blobs: Mutex::new(BTreeMap::new()),
+            next_version: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            page_size: AtomicUsize::new(1000),
+        }
+    }
 }
 
 impl MemoryStore {
@@ -23,19 +36,24 @@ impl MemoryStore {
         MemoryStore::default()
     }
 
-    /// Stores raw bytes as they are (a test's corrupted or foreign document).
+    /// Lists return at most `size` paths a page.
+    pub fn set_page_size(&self, size: usize) {
+        self.page_size.store(size.max(1), Ordering::SeqCst);
+    }
+
+    /// Stores raw bytes as a state document (a test's corrupted or foreign document).
     pub fn put_raw(&self, key: &StateKey, bytes: &[u8]) -> ETag {
         let etag = self.fresh_etag();
-        self.documents.lock().unwrap().insert(key.clone(), (bytes.to_vec(), etag.clone()));
+        self.blobs.lock().unwrap().insert(key.blob_path(), (bytes.to_vec(), etag.clone()));
         etag
     }
 
-    /// The stored bytes, if any.
+    /// The stored bytes of a state document, if any.
     pub fn raw(&self, key: &StateKey) -> Option<Vec<u8>> {
-        self.documents.lock().unwrap().get(key).map(|(bytes, _)| bytes.clone())
+        self.blobs.lock().unwrap().get(&key.blob_path()).map(|(bytes, _)| bytes.clone())
     }
 
-    /// Requests served so far: (reads, writes attempted).
+    /// Requests served so far: (gets, puts attempted).
     pub fn request_counts(&self) -> (u64, u64) {
         (self.reads.load(Ordering::SeqCst), self.writes.load(Ordering::SeqCst))
     }
@@ -45,43 +63,65 @@ impl MemoryStore {
     }
 }
 
+fn location(path: &str) -> String {
+    format!("memory:{path}")
+}
+
 #[async_trait]
-impl StateStore for MemoryStore {
-    async fn read(&self, key: &StateKey) -> Result<Option<Versioned>, StoreError> {
+impl BlobStore for MemoryStore {
+    async fn get(&self, path: &str) -> Result<Option<Blob>, StoreError> {
         self.reads.fetch_add(1, Ordering::SeqCst);
-        let stored = self.documents.lock().unwrap().get(key).cloned();
-        let Some((bytes, etag)) = stored else {
-            return Ok(None);
-        };
-        let document = StateDocument::parse(&bytes).map_err(|error| StoreError::Corrupt {
-            location: format!("memory:{}", key.blob_path()),
-            reason: error.to_string(),
-        })?;
-        Ok(Some(Versioned { document, etag }))
+        Ok(self.blobs.lock().unwrap().get(path).map(|(bytes, etag)| Blob { bytes: bytes.clone(), etag: etag.clone() }))
     }
 
-    async fn write(
-        &self,
-        key: &StateKey,
-        document: &StateDocument,
-        condition: WriteCondition,
-    ) -> Result<ETag, StoreError> {
+    async fn put(&self, path: &str, bytes: Vec<u8>, mode: PutMode) -> Result<ETag, StoreError> {
         self.writes.fetch_add(1, Ordering::SeqCst);
-        let location = format!("memory:{}", key.blob_path());
-        let mut documents = self.documents.lock().unwrap();
-        match (&condition, documents.get(key)) {
-            (WriteCondition::Absent, Some(_)) => {
-                return Err(StoreError::AlreadyExists { location });
-            }
-            (WriteCondition::Matches(_), None) => return Err(StoreError::Conflict { location }),
-            (WriteCondition::Matches(expected), Some((_, current))) if expected != current => {
-                return Err(StoreError::Conflict { location });
+        let mut blobs = self.blobs.lock().unwrap();
+        match (&mode, blobs.get(path)) {
+            (PutMode::Create, Some(_)) => return Err(StoreError::AlreadyExists { location: location(path) }),
+            (PutMode::Update(_), None) => return Err(StoreError::Conflict { location: location(path) }),
+            (PutMode::Update(expected), Some((_, current))) if expected != current => {
+                return Err(StoreError::Conflict { location: location(path) });
             }
             _ => {}
         }
         let etag = self.fresh_etag();
-        documents.insert(key.clone(), (document.to_bytes(), etag.clone()));
+        blobs.insert(path.to_string(), (bytes, etag.clone()));
         Ok(etag)
+    }
+
+    async fn list(&self, prefix: &str, continuation: Option<String>) -> Result<ListPage, StoreError> {
+        let page_size = self.page_size.load(Ordering::SeqCst);
+        let blobs = self.blobs.lock().unwrap();
+        let mut items = Vec::new();
+        let after = continuation.unwrap_or_default();
+        for (path, (_, etag)) in
+            blobs.range::<String, _>((std::ops::Bound::Excluded(&after), std::ops::Bound::Unbounded))
+        {
+            if !path.starts_with(prefix) {
+                if path.as_str() > prefix {
+                    break;
+                }
+                continue;
+            }
+            if items.len() == page_size {
+                let last: &Listed = items.last().expect("a full page");
+                return Ok(ListPage { next: Some(last.path.clone()), items });
+            }
+            items.push(Listed { path: path.clone(), etag: etag.clone() });
+        }
+        Ok(ListPage { items, next: None })
+    }
+
+    async fn delete(&self, path: &str, etag: &ETag) -> Result<(), StoreError> {
+        let mut blobs = self.blobs.lock().unwrap();
+        match blobs.get(path) {
+            Some((_, current)) if current == etag => {
+                blobs.remove(path);
+                Ok(())
+            }
+            _ => Err(StoreError::Conflict { location: location(path) }),
+        }
     }
 
     fn describe(&self) -> String {

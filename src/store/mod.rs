@@ -1,9 +1,14 @@
-//! Where state documents live, behind one small trait with ETag compare-and-swap semantics.
+//! Where documents live, at two levels.
 //!
-//! Implementations: [`azure_blob`] (production), [`file`](mod@file) (local work, `file:<dir>`), and
-//! `memory` (tests). Every implementation passes the same `conformance` suite, including a race of
-//! tasks incrementing through CAS. The memory store and the suite are compiled for tests only (the
-//! `testing` feature, which the integration tests turn on), never into the release binary.
+//! - [`BlobStore`]: bytes at paths, with ETag compare-and-swap: `get`, `put` with a [`PutMode`]
+//!   (create, update if the ETag matches, overwrite), `list` by prefix in pages, `delete` if the
+//!   ETag matches. Implementations: [`azure_blob`] (production), [`file`](mod@file) (local work,
+//!   `file:<dir>`, the same layout on disk), and `memory` (tests only). All pass one
+//!   `conformance` suite; the memory store and the suite are compiled for tests only (the
+//!   `testing` feature, which the integration tests turn on), never into the release binary.
+//! - Typed layers, one file a document kind: [`state`] (state documents: parse and validate on
+//!   read, never overwrite what cannot be read, list a poller's siblings, and the write-id check
+//!   after an ambiguous 412 in [`state::StateWriter`]). Every `BlobStore` is a [`StateStore`].
 
 pub mod azure_blob;
 #[cfg(any(test, feature = "testing"))]
@@ -11,6 +16,7 @@ pub mod conformance;
 pub mod file;
 #[cfg(any(test, feature = "testing"))]
 pub mod memory;
+pub mod state;
 
 use std::fmt;
 use std::sync::Arc;
@@ -19,6 +25,8 @@ use async_trait::async_trait;
 
 use crate::config::{StateConfig, StateLocation};
 use crate::domain::StateDocument;
+
+pub use state::{StateWriter, WriteFailure};
 
 /// Which document: `state/{app}/{poller}.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -36,6 +44,22 @@ impl StateKey {
     pub fn blob_path(&self) -> String {
         format!("state/{}/{}.json", self.app, self.poller)
     }
+
+    /// The prefix of every state document of `app`.
+    pub fn app_prefix(app: &str) -> String {
+        format!("state/{app}/")
+    }
+
+    /// The key of a path under [`StateKey::app_prefix`], if it is one.
+    pub fn from_blob_path(path: &str) -> Option<StateKey> {
+        let rest = path.strip_prefix("state/")?;
+        let (app, file) = rest.split_once('/')?;
+        let poller = file.strip_suffix(".json")?;
+        if app.is_empty() || poller.is_empty() || poller.contains('/') {
+            return None;
+        }
+        Some(StateKey::new(app, poller))
+    }
 }
 
 /// An opaque version tag. Two reads return the same tag only if nothing was written in between.
@@ -46,6 +70,59 @@ impl fmt::Display for ETag {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         formatter.write_str(&self.0)
     }
+}
+
+/// Bytes and the version they were read at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blob {
+    pub bytes: Vec<u8>,
+    pub etag: ETag,
+}
+
+/// How a `put` relates to what is there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PutMode {
+    /// Only if nothing is there: else [`StoreError::AlreadyExists`].
+    Create,
+    /// Only over this version: else [`StoreError::Conflict`] (also when nothing is there).
+    Update(ETag),
+    /// Whatever is there. Operator tools and tests only: a poller never writes unconditionally.
+    Overwrite,
+}
+
+/// One path a `list` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    pub path: String,
+    pub etag: ETag,
+}
+
+/// One page of a `list`, in path order; `next` continues it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ListPage {
+    pub items: Vec<Listed>,
+    pub next: Option<String>,
+}
+
+/// Bytes at paths with ETag compare-and-swap: what every store implements.
+#[async_trait]
+pub trait BlobStore: Send + Sync {
+    /// The bytes at `path` and their ETag, or `None` when there are none.
+    async fn get(&self, path: &str) -> Result<Option<Blob>, StoreError>;
+
+    /// Writes `bytes` at `path` if `mode` allows, returning the new ETag.
+    async fn put(&self, path: &str, bytes: Vec<u8>, mode: PutMode) -> Result<ETag, StoreError>;
+
+    /// The paths that start with `prefix`, in order, one page at a time: `continuation` is the
+    /// previous page's `next` (`None` for the first page).
+    async fn list(&self, prefix: &str, continuation: Option<String>) -> Result<ListPage, StoreError>;
+
+    /// Deletes `path` if its ETag is still `etag`; a changed or missing blob is a
+    /// [`StoreError::Conflict`].
+    async fn delete(&self, path: &str, etag: &ETag) -> Result<(), StoreError>;
+
+    /// Where the store is, for messages; never includes a secret.
+    fn describe(&self) -> String;
 }
 
 /// The precondition of a write.
@@ -80,6 +157,8 @@ pub enum StoreError {
     Unavailable { location: String, reason: String, retryable: bool },
 }
 
+/// State documents: what the tick reads and writes. Every [`BlobStore`] is one (through the typed
+/// layer in [`state`]); a test double may implement it directly to inject faults.
 #[async_trait]
 pub trait StateStore: Send + Sync {
     /// The document and its ETag, or `None` when there is none.
@@ -97,19 +176,49 @@ pub trait StateStore: Send + Sync {
     fn describe(&self) -> String;
 }
 
-/// Opens the store a poller's `state` section names.
+#[async_trait]
+impl<B: BlobStore + ?Sized> StateStore for B {
+    async fn read(&self, key: &StateKey) -> Result<Option<Versioned>, StoreError> {
+        state::read(self, key).await
+    }
+
+    async fn write(
+        &self,
+        key: &StateKey,
+        document: &StateDocument,
+        condition: WriteCondition,
+    ) -> Result<ETag, StoreError> {
+        state::write(self, key, document, condition).await
+    }
+
+    fn describe(&self) -> String {
+        BlobStore::describe(self)
+    }
+}
+
+/// Opens the store a poller's `state` section names, for its state documents.
 pub fn open(config: &StateConfig) -> Result<Arc<dyn StateStore>, StoreError> {
     match &config.location {
         StateLocation::File(directory) => Ok(Arc::new(file::FileStore::new(directory.clone()))),
-        StateLocation::AzureBlob(connection) => {
-            let store = azure_blob::AzureBlobStore::new(connection, &config.container).map_err(|reason| {
-                StoreError::Unavailable {
-                    location: format!("app setting {}", config.connection),
-                    reason,
-                    retryable: false,
-                }
-            })?;
-            Ok(Arc::new(store))
-        }
+        StateLocation::AzureBlob(connection) => Ok(Arc::new(azure_store(config, connection)?)),
     }
+}
+
+/// The same store at the bytes level (listing, other document kinds).
+pub fn open_blobs(config: &StateConfig) -> Result<Arc<dyn BlobStore>, StoreError> {
+    match &config.location {
+        StateLocation::File(directory) => Ok(Arc::new(file::FileStore::new(directory.clone()))),
+        StateLocation::AzureBlob(connection) => Ok(Arc::new(azure_store(config, connection)?)),
+    }
+}
+
+fn azure_store(
+    config: &StateConfig,
+    connection: &crate::config::StorageConnection,
+) -> Result<azure_blob::AzureBlobStore, StoreError> {
+    azure_blob::AzureBlobStore::new(connection, &config.container).map_err(|reason| StoreError::Unavailable {
+        location: format!("app setting {}", config.connection),
+        reason,
+        retryable: false,
+    })
 }

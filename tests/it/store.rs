@@ -12,13 +12,16 @@ use crate::harness::{AppRoot, Orders, Receiver, race_tick_processes};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_memory_store_passes_the_conformance_suite() {
-    conformance::run_all(Arc::new(MemoryStore::new()), "conformance").await;
+    let store = MemoryStore::new();
+    store.set_page_size(3);
+    conformance::run_all(Arc::new(store), "conformance", 3).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_file_store_passes_the_conformance_suite() {
     let directory = tempfile::tempdir().unwrap();
-    conformance::run_all(Arc::new(FileStore::new(directory.path().to_path_buf())), "conformance").await;
+    let store = FileStore::new(directory.path().to_path_buf()).with_page_size(3);
+    conformance::run_all(Arc::new(store), "conformance", 3).await;
 }
 
 #[tokio::test]
