@@ -22,11 +22,14 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     && cp target/release/dbtrigger out/dbtrigger \
     && strip out/dbtrigger
 
-# The runtime: a Functions v4 base image. See docs/deploy.md for why this one.
-FROM mcr.microsoft.com/azure-functions/dotnet-isolated:4-dotnet-isolated8.0
+# The runtime: the Functions v4 host without a language worker, the base image Microsoft lists for
+# custom handlers (docs/deploy.md, section 3.1). The binary is run once here, so that a C library
+# older than the build stage's fails `docker build` instead of the deployed app.
+FROM mcr.microsoft.com/azure-functions/base:4
 ENV AzureWebJobsScriptRoot=/home/site/wwwroot \
     AzureFunctionsJobHost__Logging__Console__IsEnabled=true \
     FUNCTIONS_WORKER_RUNTIME=custom
 COPY host.json /home/site/wwwroot/host.json
 COPY function_templates/webhook-poller /home/site/wwwroot/orders
 COPY --from=build --chmod=0755 /src/out/dbtrigger /home/site/wwwroot/dbtrigger
+RUN ["/home/site/wwwroot/dbtrigger", "--version"]
