@@ -569,6 +569,7 @@ impl Poller {
             last_batch_id: &last.batch_id,
             rows: ready.iter().map(|sent| sent.rows).sum(),
             batches: ready.len(),
+            quarantined: 0,
         };
         let mut next = match transitions::commit(
             document,

@@ -5,6 +5,7 @@
 //! - [`state`]: the state document (seed 000, `version: 1`), its parsing and its checkpoint rules.
 //! - [`transitions`]: every change to a state document as a pure function (acquire, commit,
 //!   heartbeat, release; reset, clone, fingerprint accept with their audit trail).
+//! - [`poison`]: counting a batch's failed attempts, and when to isolate it (seed 001 case I).
 //! - [`lease`]: lease decisions (acquire, renew, release) with the fencing token and skew margin.
 //! - [`ids`]: deterministic event and batch ids, and the source fingerprint.
 //! - [`window`]: batches in flight, acknowledged out of order, committed in order (seed 004).
@@ -14,6 +15,7 @@ pub mod cursor;
 pub mod event;
 pub mod ids;
 pub mod lease;
+pub mod poison;
 pub mod schedule;
 pub mod state;
 pub mod transitions;

@@ -10,6 +10,11 @@ use serde_json::{Map, Value};
 
 use super::cursor::{CursorJson, Position, PositionOrder};
 use super::lease::LeaseRecord;
+use super::poison::PoisonRecord;
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
+}
 
 /// The format version this build reads and writes.
 pub const STATE_VERSION: u64 = 1;
@@ -29,6 +34,9 @@ pub struct StateDocument {
     /// document carries our id, the write landed and only its response was lost (seed 001 case G).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub write_id: Option<String>,
+    /// The failures of the batch at the checkpoint; cleared by the next commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub poison: Option<PoisonRecord>,
     /// Operator changes (reset, clone, fingerprint accept), oldest first, the last 50 kept.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<HistoryEntry>,
@@ -78,6 +86,9 @@ pub struct Stats {
     pub batches_delivered: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_tick_at: Option<DateTime<Utc>>,
+    /// Rows isolated as poison and kept in the quarantine instead of delivered.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub quarantined: u64,
     /// Unknown stats fields, kept (see [`StateDocument::extra`]).
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -113,6 +124,7 @@ impl StateDocument {
             lease: None,
             stats: Stats::default(),
             write_id: None,
+            poison: None,
             history: Vec::new(),
             extra: Map::new(),
         }
@@ -259,10 +271,10 @@ mod tests {
         let mut document = StateDocument::new("orders", "sha256:abc");
         document.checkpoint = Some(advance_checkpoint(None, &position(5, 2), "b1", 10, fixed_time()).unwrap());
         let mut stored: Value = serde_json::from_slice(&document.to_bytes()).unwrap();
-        stored["poison"] = serde_json::json!({"attempts": 3, "last_error": "HTTP 422"});
+        stored["generation"] = serde_json::json!({"value": "load-7", "query": "SELECT max(load_id) FROM load_log"});
         stored["quarantine"] = serde_json::json!({"count": 1, "location": "quarantine/app/orders/"});
         stored["checkpoint"]["generation"] = serde_json::json!("load-7");
-        stored["stats"]["quarantined"] = serde_json::json!(2);
+        stored["stats"]["replayed"] = serde_json::json!(2);
 
         let mut read = StateDocument::parse(&serde_json::to_vec(&stored).unwrap()).unwrap();
         read.checkpoint =
@@ -270,10 +282,10 @@ mod tests {
         read.stats.rows_delivered += 10;
         let written: Value = serde_json::from_slice(&read.to_bytes()).unwrap();
 
-        assert_eq!(written["poison"], stored["poison"]);
+        assert_eq!(written["generation"], stored["generation"]);
         assert_eq!(written["quarantine"], stored["quarantine"]);
         assert_eq!(written["checkpoint"]["generation"], "load-7");
-        assert_eq!(written["stats"]["quarantined"], 2);
+        assert_eq!(written["stats"]["replayed"], 2);
         assert_eq!(written["checkpoint"]["cursor"]["value"], 6, "and the known fields did change");
     }
 

@@ -22,6 +22,7 @@ use chrono::{DateTime, Utc};
 
 use super::cursor::{CursorJson, Position};
 use super::lease::{self, HeldElsewhere, LeaseStatus, LeaseTerms};
+use super::poison::PoisonRecord;
 pub use super::state::HistoryEntry;
 use super::state::{Checkpoint, CheckpointRegression, StateDocument, advance_checkpoint, describe};
 
@@ -121,6 +122,8 @@ pub struct Delivered<'a> {
     pub last_batch_id: &'a str,
     pub rows: usize,
     pub batches: usize,
+    /// Rows of those batches kept in the quarantine instead of delivered.
+    pub quarantined: usize,
 }
 
 /// The document with the checkpoint moved past `delivered` and our lease renewed, or released when
@@ -141,9 +144,25 @@ pub fn commit(
     let mut next = document.clone();
     next.checkpoint = Some(checkpoint);
     next.lease = Some(next_lease);
+    // The batch at the checkpoint got through (or was isolated): its failures are history.
+    next.poison = None;
+    next.stats.quarantined += delivered.quarantined as u64;
     next.stats.rows_delivered += delivered.rows as u64;
     next.stats.batches_delivered += delivered.batches as u64;
     next.stats.last_tick_at = Some(now);
+    Ok(next)
+}
+
+/// The document after a failed tick: the failure of the batch at the checkpoint recorded, our
+/// lease released (the checkpoint stays, so the next tick, anywhere, tries again at once).
+pub fn record_failure(
+    document: &StateDocument,
+    me: &str,
+    poison: PoisonRecord,
+    now: DateTime<Utc>,
+) -> Result<StateDocument, Refusal> {
+    let mut next = release(document, me, now)?;
+    next.poison = Some(poison);
     Ok(next)
 }
 
@@ -300,7 +319,7 @@ mod tests {
     }
 
     fn delivered(last: &Position) -> Delivered<'_> {
-        Delivered { last, last_batch_id: "bat_1", rows: 10, batches: 1 }
+        Delivered { last, last_batch_id: "bat_1", rows: 10, batches: 1, quarantined: 0 }
     }
 
     const ALICE: Operator<'static> = Operator { who: "alice", force: false };
@@ -383,6 +402,25 @@ mod tests {
             commit(&last, "a", &delivered(&position(9, 1)), false, at(12), &terms()),
             Err(Refusal::NotOwner { owner_id: None })
         ));
+    }
+
+    /// A failed tick records the batch's failure and releases the lease; the next commit clears it
+    /// and counts what was quarantined.
+    #[test]
+    fn failure_then_commit_truth_table() {
+        let a_holds = held_by("a", 0);
+        let record =
+            crate::domain::poison::record_failure(None, "bat_1", &position(1, 1), &position(5, 1), "HTTP 503", at(5));
+        let failed = record_failure(&a_holds, "a", record.clone(), at(5)).unwrap();
+        assert_eq!(failed.poison, Some(record.clone()));
+        assert_eq!(failed.lease.as_ref().unwrap().owner_id, None, "released");
+        assert_eq!(failed.checkpoint, a_holds.checkpoint, "the checkpoint stays");
+        assert!(matches!(record_failure(&failed, "a", record, at(6)), Err(Refusal::NotOwner { .. })));
+        let again = acquire(&failed, "b", at(7), &terms()).unwrap();
+        let isolated = Delivered { last: &position(5, 1), last_batch_id: "bat_1", rows: 8, batches: 1, quarantined: 2 };
+        let committed = commit(&again, "b", &isolated, true, at(8), &terms()).unwrap();
+        assert_eq!(committed.poison, None);
+        assert_eq!((committed.stats.rows_delivered, committed.stats.quarantined), (8, 2));
     }
 
     /// reset: any direction, refused through a live lease unless forced, always audited.
