@@ -29,18 +29,22 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use chrono::{DateTime, Utc};
+use serde_json::Value;
 use tracing::{error, info, warn};
 
 use crate::config::PollerConfig;
+use crate::domain::Event;
 use crate::domain::ids::batch_id;
 use crate::domain::lease::{self, LeaseStatus};
+use crate::domain::poison::{self, FailureKind, Isolation, PoisonMode, PoisonRecord, Verdict};
 use crate::domain::state::{CheckpointRegression, describe};
 use crate::domain::transitions::{self, Delivered, FingerprintCheck, Refusal};
 use crate::domain::window::BatchWindow;
 use crate::domain::{DocumentError, Position, StateDocument};
 use crate::sink::{Batch, Sink, SinkError};
 use crate::source::{FetchLimit, Fetched, Source, SourceError};
-use crate::store::{StateKey, StateStore, StateWriter, StoreError, WriteFailure};
+use crate::store::quarantine::{self, QuarantineEntry};
+use crate::store::{BlobStore, StateKey, StateStore, StateWriter, StoreError, WriteFailure};
 
 /// How long after a failed heartbeat the next attempt is made (the lease stays ours until it
 /// expires; `holder_may_act` stops the tick before that).
@@ -97,6 +101,9 @@ pub struct Poller {
     pub clock: Arc<dyn Clock>,
     /// This process's lease owner id.
     pub owner_id: String,
+    /// Where rows isolated as poison are kept (the state store, at the bytes level). Without one
+    /// a poison batch is retried like any failure.
+    pub quarantine: Option<Arc<dyn BlobStore>>,
     /// One tick at a time per poller in this process (the lease guards across processes).
     running: tokio::sync::Mutex<()>,
 }
@@ -108,7 +115,7 @@ pub enum TickOutcome {
     Idle,
     /// Batches delivered and committed. `new_document`: there was no state document, so the tick
     /// started from the beginning of the source (said loudly: a deleted document means redelivery).
-    Delivered { rows: u64, batches: u64, checkpoint: String, stop: StopReason, new_document: bool },
+    Delivered { rows: u64, batches: u64, checkpoint: String, stop: StopReason, new_document: bool, quarantined: u64 },
     /// Another instance holds a live lease.
     LeaseHeld { owner_id: String, expires_at: Option<DateTime<Utc>> },
     /// The lease was lost mid-tick (someone else wrote the document); nothing more was committed.
@@ -121,6 +128,9 @@ pub enum TickOutcome {
 pub enum StopReason {
     CaughtUp,
     BudgetExhausted,
+    /// A poison batch was isolated: its good rows delivered, the others quarantined; the next tick
+    /// goes on after it.
+    Isolated,
 }
 
 impl TickOutcome {
@@ -130,6 +140,7 @@ impl TickOutcome {
             TickOutcome::Idle => "idle",
             TickOutcome::Delivered { stop: StopReason::CaughtUp, .. } => "caught-up",
             TickOutcome::Delivered { stop: StopReason::BudgetExhausted, .. } => "budget-exhausted",
+            TickOutcome::Delivered { stop: StopReason::Isolated, .. } => "isolated",
             TickOutcome::LeaseHeld { .. } => "lease-held",
             TickOutcome::LeaseLost { .. } => "lease-lost",
             TickOutcome::Busy => "busy",
@@ -141,12 +152,16 @@ impl fmt::Display for TickOutcome {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             TickOutcome::Idle => write!(formatter, "nothing new"),
-            TickOutcome::Delivered { rows, batches, checkpoint, stop, new_document } => {
+            TickOutcome::Delivered { rows, batches, checkpoint, stop, new_document, quarantined } => {
                 let how = match stop {
                     StopReason::CaughtUp => "caught up",
                     StopReason::BudgetExhausted => "tick budget used up, more to deliver",
+                    StopReason::Isolated => "a poison batch was isolated, the next tick goes on after it",
                 };
                 write!(formatter, "delivered {batches} batches, {rows} rows; {how}; checkpoint {checkpoint}")?;
+                if *quarantined > 0 {
+                    write!(formatter, "; {quarantined} rows quarantined (dbtrigger quarantine list)")?;
+                }
                 if *new_document {
                     write!(
                         formatter,
@@ -193,6 +208,18 @@ pub enum TickError {
          If this repeats, a fetch or a delivery is slower than lease.ttlSeconds allows"
     )]
     NoProgress { reason: String },
+    /// Every part of a poison batch failed the same transient way: the sink is down, not the rows.
+    #[error(
+        "{error}; the batch was isolated after {attempts} failed attempts, but every part failed the same transient way: \
+         the sink looks down, so nothing was quarantined and the checkpoint did not move"
+    )]
+    SinkDown { error: SinkError, attempts: u32 },
+    /// `poison.mode: stop`: a row the sink refuses alone holds the poller.
+    #[error(
+        "poison.mode is stop: the row with primary key {pk} fails alone ({error}); the rows before it were delivered, \
+         the checkpoint holds before it. Fix the receiver or the row, or reset the poller past it"
+    )]
+    PoisonStop { pk: String, error: SinkError },
     /// A bug: something panicked during the tick. The lease was released if it was held.
     #[error("the tick failed unexpectedly (panic: {message}); the checkpoint did not move")]
     Panicked { message: String },
@@ -207,8 +234,14 @@ enum DeliveryFailure {
 /// A batch handed to the sink, awaiting its acknowledgement.
 struct Sent {
     batch_id: String,
+    first: Position,
     last: Position,
+    /// Every row's position, in order: isolating a failed batch needs them.
+    positions: Vec<Position>,
+    /// Rows delivered (a batch's rows, or after isolation the ones that got through).
     rows: usize,
+    /// Rows of the batch kept in the quarantine instead.
+    quarantined: usize,
 }
 
 /// What the tick has committed so far.
@@ -216,12 +249,14 @@ struct Sent {
 struct Totals {
     rows: u64,
     batches: u64,
+    quarantined: u64,
     checkpoint: Option<String>,
 }
 
 impl Totals {
     fn add(&mut self, committed: &[Sent]) {
         self.rows += committed.iter().map(|sent| sent.rows as u64).sum::<u64>();
+        self.quarantined += committed.iter().map(|sent| sent.quarantined as u64).sum::<u64>();
         self.batches += committed.len() as u64;
         if let Some(last) = committed.last() {
             self.checkpoint = Some(describe(&last.last));
@@ -247,7 +282,13 @@ impl Poller {
         clock: Arc<dyn Clock>,
         owner_id: String,
     ) -> Self {
-        Poller { config, source, sink, store, clock, owner_id, running: tokio::sync::Mutex::new(()) }
+        Poller { config, source, sink, store, clock, owner_id, quarantine: None, running: tokio::sync::Mutex::new(()) }
+    }
+
+    /// Keeps rows isolated as poison in `blobs` (`quarantine/{app}/{poller}/…`).
+    pub fn with_quarantine(mut self, blobs: Arc<dyn BlobStore>) -> Self {
+        self.quarantine = Some(blobs);
+        self
     }
 
     pub fn key(&self) -> StateKey {
@@ -354,8 +395,8 @@ impl Poller {
         }
         let outcome = result?;
         Ok(match outcome {
-            TickOutcome::Delivered { rows, batches, checkpoint, stop, .. } => {
-                TickOutcome::Delivered { rows, batches, checkpoint, stop, new_document }
+            TickOutcome::Delivered { rows, batches, checkpoint, stop, quarantined, .. } => {
+                TickOutcome::Delivered { rows, batches, checkpoint, stop, new_document, quarantined }
             }
             other => other,
         })
@@ -382,7 +423,7 @@ impl Poller {
         let terms = self.config.lease;
         let limit = self.fetch_limit();
         let mut window: BatchWindow<Sent> = BatchWindow::new();
-        let mut in_flight: JoinSet<(u64, Result<(), SinkError>)> = JoinSet::new();
+        let mut in_flight: JoinSet<(u64, Delivery)> = JoinSet::new();
         // A prefetcher task reads the batches after the first one, in order, while batches are
         // delivered and committed, at most `maxInFlight` ahead (the channel's capacity): the
         // window refills as soon as deliveries leave it, without waiting for a query, and a
@@ -464,12 +505,24 @@ impl Poller {
                     batch_id(&self.config.poller_name, &self.config.fingerprint, &first_position, &last, rows.len());
                 let batch =
                     Batch::new(&self.config.poller_name, &self.config.fingerprint, id.clone(), fencing_token, &rows);
-                drop(rows);
-                let sequence = window.open(Sent { batch_id: id, last: last.clone(), rows: batch.events.len() });
+                // The rows' values are in the batch now; their positions are kept (moved, not copied).
+                let positions: Vec<Position> = rows.into_iter().map(|row| row.position).collect();
+                let sequence = window.open(Sent {
+                    batch_id: id,
+                    first: first_position,
+                    last: last.clone(),
+                    positions,
+                    rows: batch.events.len(),
+                    quarantined: 0,
+                });
                 let sink = self.sink.clone();
                 // The sink counts its time in its runtime's terms: the budget left, by our clock.
                 let sink_deadline = Instant::now() + (deadline - self.clock.now()).to_std().unwrap_or(Duration::ZERO);
-                in_flight.spawn(async move { (sequence, sink.deliver(&batch, sink_deadline).await) });
+                in_flight.spawn(async move {
+                    // A failed batch comes back: it may have to be isolated.
+                    let delivered = sink.deliver(&batch, sink_deadline).await;
+                    (sequence, delivered.map_err(|error| (error, batch)))
+                });
             }
             if in_flight.is_empty() && pending.is_empty() && (source_done || fetch_error.is_some()) {
                 break;
@@ -492,30 +545,44 @@ impl Poller {
                     while let Some(more) = in_flight.try_join_next() {
                         finished.push(more);
                     }
-                    let mut failure: Option<SinkError> = None;
+                    // The earliest failed batch, if any: the one the checkpoint stops before.
+                    let mut failure: Option<(u64, SinkError, Option<Batch>)> = None;
                     for joined in finished {
-                        match joined {
-                            Ok((sequence, Ok(()))) => pending.extend(window.acknowledge(sequence)),
-                            Ok((_, Err(error))) => failure = failure.or(Some(error)),
+                        let (sequence, error, batch) = match joined {
+                            Ok((sequence, Ok(()))) => {
+                                pending.extend(window.acknowledge(sequence));
+                                continue;
+                            }
+                            Ok((sequence, Err((error, batch)))) => (sequence, error, Some(batch)),
                             Err(join_error) => {
                                 let reason = format!("the delivery task failed: {join_error}");
-                                failure = failure.or(Some(SinkError::Transient { batch_id: String::new(), reason }));
+                                (u64::MAX, SinkError::Transient { batch_id: String::new(), reason }, None)
                             }
+                        };
+                        if failure.as_ref().is_none_or(|(earliest, _, _)| sequence < *earliest) {
+                            failure = Some((sequence, error, batch));
                         }
                     }
-                    if let Some(error) = failure {
+                    if let Some((sequence, error, batch)) = failure {
                         // Batches after the failed one may have landed: the next tick delivers them again.
                         in_flight.abort_all();
                         prefetcher.abort_all();
                         warn!(poller = %self.config.poller_name, error = %error, "delivery failed; checkpoint left before this batch");
                         if !pending.is_empty() {
-                            // What was acknowledged before the failed batch is kept, and the lease released.
-                            if !self.commit(writer, document, &pending, true).await? {
+                            // What was acknowledged before the failed batch is kept.
+                            if !self.commit(writer, document, &pending, false).await? {
                                 return totals.lease_lost("a commit found the state document taken over");
                             }
                             totals.add(&pending);
+                            pending.clear();
                         }
-                        return Err(TickError::Delivery { error, rows_committed: totals.rows });
+                        // Only the batch at the checkpoint is poison's business: a later one failing
+                        // is retried from the checkpoint by the next tick.
+                        let at_checkpoint = match (window.take_first_open(sequence), batch) {
+                            (Some(sent), Some(batch)) => Some((sent, batch)),
+                            _ => None,
+                        };
+                        return self.after_failure(writer, document, at_checkpoint, error, totals, deadline).await;
                     }
                 }
                 received = fetched_receiver.recv(), if !source_done && fetch_error.is_none() && ready.len() < max_in_flight => {
@@ -551,7 +618,220 @@ impl Poller {
             checkpoint: totals.checkpoint.clone().unwrap_or_default(),
             stop,
             new_document: false,
+            quarantined: totals.quarantined,
         })
+    }
+
+    /// A delivery failed. If it is the batch at the checkpoint, its failure is counted in the
+    /// document (seed 001 case I) and, when it is poison (refused for good, or failing for
+    /// `poison.maxAttempts` ticks), isolated: its rows that fail alone are quarantined (or, with
+    /// `poison.mode: stop`, delivered up to the first of them), the rest delivered. Otherwise the
+    /// lease is released with the failure recorded and the next tick retries the same batch.
+    async fn after_failure(
+        &self,
+        writer: &mut StateWriter<'_>,
+        document: &mut StateDocument,
+        at_checkpoint: Option<(Sent, Batch)>,
+        error: SinkError,
+        mut totals: Totals,
+        deadline: DateTime<Utc>,
+    ) -> Result<TickOutcome, TickError> {
+        let Some((sent, batch)) = at_checkpoint else {
+            return Err(TickError::Delivery { error, rows_committed: totals.rows });
+        };
+        let kind = match error {
+            SinkError::Rejected { .. } => FailureKind::Permanent,
+            SinkError::Transient { .. } => FailureKind::Transient,
+        };
+        let record = poison::record_failure(
+            document.poison.as_ref(),
+            &sent.batch_id,
+            &sent.first,
+            &sent.last,
+            &error.to_string(),
+            self.clock.now(),
+        );
+        let poison_config = self.config.poison;
+        let verdict = poison::verdict(kind, record.attempts, poison_config.max_attempts);
+        let quarantine = match (&self.quarantine, poison_config.mode) {
+            (Some(blobs), PoisonMode::Quarantine) => Some(blobs.clone()),
+            _ => None,
+        };
+        if verdict == Verdict::Retry || (poison_config.mode == PoisonMode::Quarantine && quarantine.is_none()) {
+            warn!(poller = %self.config.poller_name, attempts = record.attempts, "batch at the checkpoint failed; the next tick retries it");
+            self.write_failure(writer, document, record).await;
+            return Err(TickError::Delivery { error, rows_committed: totals.rows });
+        }
+
+        warn!(poller = %self.config.poller_name, attempts = record.attempts, batch = %sent.batch_id, "isolating a poison batch");
+        let stop_at_first = poison_config.mode == PoisonMode::Stop;
+        let isolated = self.isolate(&batch, &sent.positions, deadline, stop_at_first).await;
+        if isolated.sink_down {
+            let attempts = record.attempts;
+            self.write_failure(writer, document, record).await;
+            return Err(TickError::SinkDown { error, attempts });
+        }
+        if stop_at_first {
+            // Deliver nothing past the first poison row: commit up to the row before it, and hold.
+            let Some((row, row_error)) = isolated.poisoned.into_iter().next() else {
+                // Every part got through on the way: the batch is delivered after all.
+                let whole = Sent { rows: batch.events.len(), ..sent };
+                return self.finish_isolation(writer, document, whole, totals).await;
+            };
+            if let Some(last_delivered) = isolated.delivered_through {
+                let delivered = Sent {
+                    batch_id: sent.batch_id.clone(),
+                    first: sent.first.clone(),
+                    last: last_delivered,
+                    positions: Vec::new(),
+                    rows: isolated.delivered,
+                    quarantined: 0,
+                };
+                if !self.commit(writer, document, std::slice::from_ref(&delivered), false).await? {
+                    return totals.lease_lost("a commit found the state document taken over");
+                }
+                totals.add(std::slice::from_ref(&delivered));
+            }
+            self.write_failure(writer, document, record).await;
+            return Err(TickError::PoisonStop { pk: Value::Object(row.pk.clone()).to_string(), error: row_error });
+        }
+
+        // Keep each poison row before the checkpoint moves past it; a crash in between writes the
+        // same entries again (their ids come from the event ids).
+        let blobs = quarantine.expect("quarantine mode has a store here");
+        let now = self.clock.now();
+        for (event, row_error) in &isolated.poisoned {
+            let entry = QuarantineEntry {
+                id: quarantine::entry_id(&event.event_id),
+                poller: self.config.poller_name.clone(),
+                event: serde_json::to_value(event).expect("an event serializes"),
+                error: row_error.to_string(),
+                status: match row_error {
+                    SinkError::Rejected { status, .. } => Some(*status),
+                    SinkError::Transient { .. } => None,
+                },
+                attempts: record.attempts,
+                batch_id: sent.batch_id.clone(),
+                fencing_token: batch.fencing_token,
+                source_fingerprint: self.config.fingerprint.clone(),
+                first_failure_at: record.first_failure_at,
+                last_failure_at: record.last_failure_at,
+                quarantined_at: now,
+            };
+            quarantine::put(blobs.as_ref(), &self.config.app_name, &entry).await?;
+            let pk = Value::Object(event.pk.clone()).to_string();
+            warn!(
+                poller = %self.config.poller_name,
+                entry = %entry.id,
+                pk = %pk,
+                error = %row_error,
+                "row quarantined"
+            );
+        }
+        let whole = Sent { rows: isolated.delivered, quarantined: isolated.poisoned.len(), ..sent };
+        self.finish_isolation(writer, document, whole, totals).await
+    }
+
+    /// Commits past an isolated batch (releasing the lease) and ends the tick.
+    async fn finish_isolation(
+        &self,
+        writer: &mut StateWriter<'_>,
+        document: &mut StateDocument,
+        whole: Sent,
+        mut totals: Totals,
+    ) -> Result<TickOutcome, TickError> {
+        if !self.commit(writer, document, std::slice::from_ref(&whole), true).await? {
+            return totals.lease_lost("a commit found the state document taken over");
+        }
+        totals.add(std::slice::from_ref(&whole));
+        Ok(TickOutcome::Delivered {
+            rows: totals.rows,
+            batches: totals.batches,
+            checkpoint: totals.checkpoint.clone().unwrap_or_default(),
+            stop: StopReason::Isolated,
+            new_document: false,
+            quarantined: totals.quarantined,
+        })
+    }
+
+    /// Delivers `batch` in parts, halving the parts that fail down to single rows, in row order.
+    /// Both halves of the first split failing transiently means the sink is down: it stops there.
+    /// With `stop_at_first`, nothing after the first row that fails alone is delivered.
+    async fn isolate(
+        &self,
+        batch: &Batch,
+        positions: &[Position],
+        deadline: DateTime<Utc>,
+        stop_at_first: bool,
+    ) -> IsolationResult {
+        let mut result = IsolationResult::default();
+        let events = &batch.events;
+        let mut ranges: VecDeque<(usize, usize)> = VecDeque::new();
+        if events.len() < 2 {
+            ranges.push_back((0, events.len()));
+        } else {
+            ranges.push_back((0, events.len() / 2));
+            ranges.push_back((events.len() / 2, events.len()));
+        }
+        let mut first_split: Vec<Option<FailureKind>> = Vec::new();
+        while let Some((start, end)) = ranges.pop_front() {
+            let part = Batch {
+                poller: batch.poller.clone(),
+                batch_id: format!("{}-rows{start}to{end}", batch.batch_id),
+                fencing_token: batch.fencing_token,
+                events: events[start..end].to_vec(),
+            };
+            let sink_deadline = Instant::now() + (deadline - self.clock.now()).to_std().unwrap_or(Duration::ZERO);
+            let outcome = self.sink.deliver(&part, sink_deadline).await;
+            let is_first_split = first_split.len() < 2 && (start == 0 || end == events.len());
+            let kind = match &outcome {
+                Ok(()) => None,
+                Err(SinkError::Rejected { .. }) => Some(FailureKind::Permanent),
+                Err(SinkError::Transient { .. }) => Some(FailureKind::Transient),
+            };
+            if is_first_split {
+                first_split.push(kind);
+                let whole_batch_failed_transiently = events.len() < 2 && kind == Some(FailureKind::Transient);
+                let both_halves = first_split.len() == 2
+                    && poison::after_first_split(first_split[0], first_split[1]) == Isolation::SinkDown;
+                if whole_batch_failed_transiently || both_halves {
+                    result.sink_down = true;
+                    return result;
+                }
+            }
+            match outcome {
+                Ok(()) => {
+                    result.delivered += end - start;
+                    result.delivered_through = Some(positions[end - 1].clone());
+                }
+                Err(error) if end - start == 1 => {
+                    result.poisoned.push((events[start].clone(), error));
+                    if stop_at_first {
+                        return result;
+                    }
+                }
+                Err(_) => {
+                    let middle = start + (end - start) / 2;
+                    // The halves come next, left first, so rows keep their order.
+                    ranges.push_front((middle, end));
+                    ranges.push_front((start, middle));
+                }
+            }
+        }
+        result
+    }
+
+    async fn write_failure(&self, writer: &mut StateWriter<'_>, document: &mut StateDocument, record: PoisonRecord) {
+        let Ok(mut failed) = transitions::record_failure(document, &self.owner_id, record, self.clock.now()) else {
+            return;
+        };
+        match writer.write(&mut failed).await {
+            Ok(()) => *document = failed,
+            Err(WriteFailure::Conflict(_)) => {}
+            Err(WriteFailure::Store(error)) => {
+                warn!(poller = %self.config.poller_name, error = %error, "could not record the failure; the lease will expire");
+            }
+        }
     }
 
     /// Moves the checkpoint over `ready` (acknowledged, contiguous batches) in one CAS that also
@@ -569,7 +849,7 @@ impl Poller {
             last_batch_id: &last.batch_id,
             rows: ready.iter().map(|sent| sent.rows).sum(),
             batches: ready.len(),
-            quarantined: 0,
+            quarantined: ready.iter().map(|sent| sent.quarantined).sum(),
         };
         let mut next = match transitions::commit(
             document,
@@ -694,6 +974,21 @@ async fn prefetch(
             None => return,
         }
     }
+}
+
+/// How one delivery task ended: a failed batch comes back with its error.
+type Delivery = Result<(), (SinkError, Batch)>;
+
+/// What isolating a batch found.
+#[derive(Default)]
+struct IsolationResult {
+    /// The sink is down, not the rows: nothing more was tried.
+    sink_down: bool,
+    /// Rows delivered, and the position of the last of them in row order.
+    delivered: usize,
+    delivered_through: Option<Position>,
+    /// Rows that failed alone, in row order, with why.
+    poisoned: Vec<(Event, SinkError)>,
 }
 
 fn panic_message(panic: &(dyn Any + Send)) -> String {

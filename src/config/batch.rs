@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::function_json::{RawBatch, RawLease, RawPoison};
 use super::{ConfigError, Located, defaults, in_range, limits};
 use crate::domain::LeaseTerms;
+pub use crate::domain::poison::PoisonMode;
 
 #[derive(Debug, Clone, Copy)]
 pub struct BatchConfig {
@@ -20,6 +21,7 @@ pub struct BatchConfig {
 #[derive(Debug, Clone, Copy)]
 pub struct PoisonConfig {
     pub max_attempts: u32,
+    pub mode: PoisonMode,
 }
 
 /// `poller.batch`, each number in its range; the budget must end well before host.json's
@@ -107,5 +109,15 @@ pub(super) fn build_lease(raw: &RawLease, at: &Located<'_>) -> Result<LeaseTerms
 pub(super) fn build_poison(raw: &RawPoison, at: &Located<'_>) -> Result<PoisonConfig, ConfigError> {
     let max_attempts =
         in_range(at, "poller.poison.maxAttempts", raw.max_attempts, defaults::POISON_MAX_ATTEMPTS, 1..=1000)?;
-    Ok(PoisonConfig { max_attempts })
+    let mode = match raw.mode.as_deref().unwrap_or("quarantine") {
+        "quarantine" => PoisonMode::Quarantine,
+        "stop" => PoisonMode::Stop,
+        other => {
+            return Err(at.error(
+                "poller.poison.mode",
+                format!("{other:?}: expected \"quarantine\" (keep the rows that fail alone, deliver the rest) or \"stop\" (never skip a row)"),
+            ));
+        }
+    };
+    Ok(PoisonConfig { max_attempts, mode })
 }

@@ -82,6 +82,7 @@ pub(super) struct RawLease {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(super) struct RawPoison {
     pub(super) max_attempts: Option<u32>,
+    pub(super) mode: Option<String>,
 }
 
 #[derive(Deserialize, Default)]

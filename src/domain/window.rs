@@ -47,6 +47,16 @@ impl<T> BatchWindow<T> {
         ready
     }
 
+    /// Removes and returns the batch `sequence` if it is the oldest one still open: the batch the
+    /// checkpoint stops before (every batch before it was released). `None` otherwise.
+    pub fn take_first_open(&mut self, sequence: u64) -> Option<T> {
+        let entry = self.pending.first_entry()?;
+        if *entry.key() != sequence {
+            return None;
+        }
+        Some(entry.remove().0)
+    }
+
     /// Batches opened and not yet released (acknowledged behind a gap, or unacknowledged).
     pub fn len(&self) -> usize {
         self.pending.len()

@@ -8,7 +8,8 @@
 //!   `testing` feature, which the integration tests turn on), never into the release binary.
 //! - Typed layers, one file a document kind: [`state`] (state documents: parse and validate on
 //!   read, never overwrite what cannot be read, list a poller's siblings, and the write-id check
-//!   after an ambiguous 412 in [`state::StateWriter`]). Every `BlobStore` is a [`StateStore`].
+//!   after an ambiguous 412 in [`state::StateWriter`]; every `BlobStore` is a [`StateStore`]) and
+//!   [`quarantine`] (rows isolated as poison, one document each).
 
 pub mod azure_blob;
 #[cfg(any(test, feature = "testing"))]
@@ -16,6 +17,7 @@ pub mod conformance;
 pub mod file;
 #[cfg(any(test, feature = "testing"))]
 pub mod memory;
+pub mod quarantine;
 pub mod state;
 
 use std::fmt;

@@ -6,6 +6,7 @@ mod dev;
 mod harness;
 mod host;
 mod package;
+mod poison;
 mod queue;
 mod services;
 mod sources;
