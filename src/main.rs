@@ -10,7 +10,7 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     // The demo prints its own story; its library logs would drown it.
     let default_level = if matches!(cli.command, Command::Demo { .. }) { "warn" } else { "info" };
-    dbtrigger::logging::init(default_level);
+    dbtrigger::logging::init(default_level, cli.command.log_stream());
     match dbtrigger::cli::run(cli).await {
         Ok(code) => code,
         Err(error) => {

@@ -4,6 +4,7 @@
 mod demo;
 mod dev;
 mod package;
+mod quarantine;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -68,6 +69,11 @@ pub enum Command {
         #[arg(long)]
         binary: Option<PathBuf>,
     },
+    /// The rows a poller isolated as poison: list, show, replay through the sink, purge.
+    Quarantine {
+        #[command(subcommand)]
+        action: QuarantineAction,
+    },
     /// The quickstart: a SQLite table, a file state store and a built-in receiver, no setup at all.
     Demo {
         /// Rows in the sample table.
@@ -77,6 +83,78 @@ pub enum Command {
         #[arg(long)]
         keep: bool,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum QuarantineAction {
+    /// Every quarantined row: id, pk, cursor, status, attempts, error (and the event with --json).
+    List {
+        poller: String,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        app_root: AppRoot,
+    },
+    /// One entry, whole.
+    Show {
+        poller: String,
+        id: String,
+        #[command(flatten)]
+        app_root: AppRoot,
+    },
+    /// Delivers entries through the poller's sink (same event ids) and removes each once delivered.
+    Replay {
+        poller: String,
+        /// Entry ids (or --all).
+        ids: Vec<String>,
+        #[arg(long, conflicts_with = "ids")]
+        all: bool,
+        #[command(flatten)]
+        guard: GuardArgs,
+        #[command(flatten)]
+        app_root: AppRoot,
+    },
+    /// Removes entries without delivering them.
+    Purge {
+        poller: String,
+        ids: Vec<String>,
+        #[arg(long, conflicts_with = "ids")]
+        all: bool,
+        #[command(flatten)]
+        guard: GuardArgs,
+        #[command(flatten)]
+        app_root: AppRoot,
+    },
+}
+
+/// The guardrails of a write.
+#[derive(Debug, clap::Args)]
+pub struct GuardArgs {
+    /// Show what would be done, change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Go ahead without asking (required when not on a terminal).
+    #[arg(long)]
+    yes: bool,
+}
+
+impl Command {
+    /// Operator commands log to stderr, so that what they print stays clean; the rest to stdout,
+    /// as the Functions host expects.
+    pub fn log_stream(&self) -> crate::logging::LogStream {
+        match self {
+            Command::Quarantine { .. } | Command::Package { .. } => crate::logging::LogStream::Stderr,
+            _ => crate::logging::LogStream::Stdout,
+        }
+    }
+}
+
+fn selection(ids: Vec<String>, all: bool) -> anyhow::Result<quarantine::Selection> {
+    match (all, ids.is_empty()) {
+        (true, _) => Ok(quarantine::Selection::All),
+        (false, false) => Ok(quarantine::Selection::Ids(ids)),
+        (false, true) => bail!("name the entries to act on, or pass --all"),
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -125,6 +203,22 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Dev { app_root, port } => dev::run(&app_root.resolve()?, port).await,
         Command::Package { app_root, out, binary } => package::run(&app_root.resolve()?, &out, binary.as_deref()),
         Command::Demo { rows, keep } => demo::run(rows, keep).await,
+        Command::Quarantine { action } => match action {
+            QuarantineAction::List { poller, json, app_root } => {
+                quarantine::list(&app_root.resolve()?, &poller, json).await
+            }
+            QuarantineAction::Show { poller, id, app_root } => {
+                quarantine::show(&app_root.resolve()?, &poller, &id).await
+            }
+            QuarantineAction::Replay { poller, ids, all, guard, app_root } => {
+                let guard = quarantine::Guard { dry_run: guard.dry_run, yes: guard.yes };
+                quarantine::replay(&app_root.resolve()?, &poller, selection(ids, all)?, guard).await
+            }
+            QuarantineAction::Purge { poller, ids, all, guard, app_root } => {
+                let guard = quarantine::Guard { dry_run: guard.dry_run, yes: guard.yes };
+                quarantine::purge(&app_root.resolve()?, &poller, selection(ids, all)?, guard).await
+            }
+        },
     }
 }
 

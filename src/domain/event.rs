@@ -2,7 +2,7 @@
 //! batch of events a sink delivers at once. Sources produce [`SourceRow`]s, the tick turns them
 //! into a [`Batch`], sinks consume it; none of them depends on another for these types.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::cursor::Position;
@@ -18,7 +18,7 @@ pub struct SourceRow {
 /// What happened to a row. Keyset polling sees the latest state of a row, so it delivers
 /// `upsert`; `insert`, `update` and `delete` are for sources that say which it was (an outbox's
 /// operation column, a soft-delete column).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Op {
     Upsert,
@@ -28,7 +28,7 @@ pub enum Op {
 }
 
 /// One delivered row.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
     /// Deterministic: the same row version gets the same id on every redelivery.
     pub event_id: String,

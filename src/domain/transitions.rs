@@ -166,6 +166,12 @@ pub fn record_failure(
     Ok(next)
 }
 
+/// The document with an operator's action on something beside it (the quarantine) written into its
+/// history; nothing else changes. Never refused: it records what was done.
+pub fn audit(document: &StateDocument, operator: Operator<'_>, what: String, now: DateTime<Utc>) -> StateDocument {
+    operator_write(document, operator, false, what, None, now)
+}
+
 /// The document with its checkpoint moved where an operator says (backwards, forwards, or to
 /// nothing), whatever it was.
 pub fn reset(

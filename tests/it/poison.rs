@@ -187,3 +187,85 @@ async fn poison_mode_stop_holds_at_the_row_and_names_it() {
     assert!(matches!(setup.poller.tick().await.unwrap_err(), TickError::PoisonStop { .. }));
     drop(setup.orders);
 }
+
+/// Runs the real binary with the app's settings; returns (success, stdout, stderr).
+fn dbtrigger(app: &AppRoot, settings: &[(String, String)], arguments: &[&str]) -> (bool, String, String) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_dbtrigger"))
+        .args(arguments)
+        .arg("--app-root")
+        .arg(&app.root)
+        .envs(settings.iter().map(|(key, value)| (key.as_str(), value.as_str())))
+        .env_remove("FUNCTIONS_APP_ROOT_PATH")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// Through the real binary and the file store: two rows refused for good end in the quarantine,
+/// `quarantine list --json` shows them, a replay refuses without a terminal or --yes and changes
+/// nothing on --dry-run, and `replay --all --yes` delivers them once the receiver takes them,
+/// empties the quarantine and leaves a line in the history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quarantined_rows_are_listed_and_replayed_from_the_command_line() {
+    let rules = Arc::new(Mutex::new(Rules { poison: BTreeSet::from([70, 150]), ..Rules::default() }));
+    let router = axum::Router::new().route("/hook", post(receive)).with_state(rules.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    let directory = tempfile::tempdir().unwrap();
+    let orders = Orders::create(directory.path()).await;
+    orders.insert(1..=200, 3).await;
+    let mut poller_section = AppRoot::orders_poller(100);
+    poller_section["sink"]["maxRetries"] = json!(0);
+    let app = AppRoot::write(directory.path(), poller_section);
+    let settings = vec![
+        ("ORDERS_DB".to_string(), orders.url()),
+        ("ORDERS_WEBHOOK".to_string(), url),
+        ("ORDERS_STATE".to_string(), format!("file:{}", app.state_dir.display())),
+        ("DBTRIGGER_APP_NAME".to_string(), app.app_name.clone()),
+    ];
+
+    for _ in 0..10 {
+        let (_, stdout, _) = dbtrigger(&app, &settings, &["tick", "orders"]);
+        if stdout.contains("caught up") {
+            break;
+        }
+    }
+    let (ok, stdout, stderr) = dbtrigger(&app, &settings, &["quarantine", "list", "orders", "--json"]);
+    assert!(ok, "{stderr}");
+    let listed: Value = serde_json::from_str(&stdout).unwrap_or_else(|_| panic!("pure JSON on stdout: {stdout}"));
+    let ids: BTreeSet<i64> =
+        listed.as_array().unwrap().iter().map(|entry| entry["pk"]["id"].as_i64().unwrap()).collect();
+    assert_eq!(ids, BTreeSet::from([70, 150]));
+    assert_eq!(listed[0]["status"], 422);
+
+    let (ok, _, stderr) = dbtrigger(&app, &settings, &["quarantine", "replay", "orders", "--all"]);
+    assert!(!ok && stderr.contains("not a terminal"), "{stderr}");
+    let (ok, stdout, _) = dbtrigger(&app, &settings, &["quarantine", "replay", "orders", "--all", "--dry-run"]);
+    assert!(ok && stdout.contains("dry run"), "{stdout}");
+    assert_eq!(dbtrigger(&app, &settings, &["quarantine", "list", "orders", "--json"]).1, stdout_of_list(&listed));
+
+    rules.lock().unwrap().poison.clear();
+    let (ok, stdout, stderr) = dbtrigger(&app, &settings, &["quarantine", "replay", "orders", "--all", "--yes"]);
+    assert!(ok, "{stdout}{stderr}");
+    assert!(stdout.contains("replayed 2 rows, 0 kept"), "{stdout}");
+    let accepted: BTreeSet<i64> = rules.lock().unwrap().accepted.iter().copied().collect();
+    assert_eq!(accepted, (1..=200).collect::<BTreeSet<i64>>(), "every row arrived in the end");
+    let (_, stdout, _) = dbtrigger(&app, &settings, &["quarantine", "list", "orders", "--json"]);
+    assert_eq!(serde_json::from_str::<Value>(&stdout).unwrap(), json!([]));
+    let document = app.state_document().await.unwrap();
+    let history = document["history"].as_array().unwrap();
+    assert!(
+        history.last().unwrap()["what"].as_str().unwrap().starts_with("replayed 2 quarantined rows"),
+        "{history:?}"
+    );
+}
+
+fn stdout_of_list(listed: &Value) -> String {
+    format!("{}\n", serde_json::to_string_pretty(listed).unwrap())
+}
