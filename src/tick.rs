@@ -639,10 +639,7 @@ impl Poller {
         let Some((sent, batch)) = at_checkpoint else {
             return Err(TickError::Delivery { error, rows_committed: totals.rows });
         };
-        let kind = match error {
-            SinkError::Rejected { .. } => FailureKind::Permanent,
-            SinkError::Transient { .. } => FailureKind::Transient,
-        };
+        let kind = failure_kind(&error);
         let record = poison::record_failure(
             document.poison.as_ref(),
             &sent.batch_id,
@@ -754,9 +751,13 @@ impl Poller {
         })
     }
 
-    /// Delivers `batch` in parts, halving the parts that fail down to single rows, in row order.
-    /// Both halves of the first split failing transiently means the sink is down: it stops there.
-    /// With `stop_at_first`, nothing after the first row that fails alone is delivered.
+    /// Delivers `batch` in parts, halving the parts that fail down to single rows.
+    ///
+    /// Quarantine mode: both halves of the first split are tried first (both failing transiently
+    /// means the sink is down: nothing more is tried); then each failed half is split further, so a
+    /// receiver may see the rows of a poison batch out of order while it is isolated. Stop mode
+    /// keeps row order strictly: parts go depth first, left to right, and it stops at the first row
+    /// refused alone, or at any transient failure (the sink is not answering: hold).
     async fn isolate(
         &self,
         batch: &Batch,
@@ -765,60 +766,85 @@ impl Poller {
         stop_at_first: bool,
     ) -> IsolationResult {
         let mut result = IsolationResult::default();
-        let events = &batch.events;
-        let mut ranges: VecDeque<(usize, usize)> = VecDeque::new();
-        if events.len() < 2 {
-            ranges.push_back((0, events.len()));
+        let count = batch.events.len();
+        let halves: Vec<(usize, usize)> =
+            if count < 2 { vec![(0, count)] } else { vec![(0, count / 2), (count / 2, count)] };
+        let mut to_split: VecDeque<(usize, usize)> = VecDeque::new();
+        if stop_at_first {
+            to_split.extend(halves);
         } else {
-            ranges.push_back((0, events.len() / 2));
-            ranges.push_back((events.len() / 2, events.len()));
+            let mut kinds = Vec::new();
+            for (start, end) in halves {
+                match self.deliver_part(batch, start, end, deadline).await {
+                    Ok(()) => result.delivered_part(start, end, positions),
+                    Err(error) => {
+                        kinds.push(Some(failure_kind(&error)));
+                        if end - start == 1 {
+                            result.poisoned.push((batch.events[start].clone(), error));
+                        } else {
+                            to_split.push_back((start, end));
+                        }
+                    }
+                }
+            }
+            let sink_down = match kinds.as_slice() {
+                [Some(FailureKind::Transient)] => count < 2,
+                [first, second] => poison::after_first_split(*first, *second) == Isolation::SinkDown,
+                _ => false,
+            };
+            if sink_down {
+                result.sink_down = true;
+                result.poisoned.clear();
+                return result;
+            }
+            // The halves that failed are split next.
+            let failed: Vec<(usize, usize)> = to_split.drain(..).collect();
+            for (start, end) in failed {
+                let middle = start + (end - start) / 2;
+                to_split.push_back((start, middle));
+                to_split.push_back((middle, end));
+            }
         }
-        let mut first_split: Vec<Option<FailureKind>> = Vec::new();
-        while let Some((start, end)) = ranges.pop_front() {
-            let part = Batch {
-                poller: batch.poller.clone(),
-                batch_id: format!("{}-rows{start}to{end}", batch.batch_id),
-                fencing_token: batch.fencing_token,
-                events: events[start..end].to_vec(),
-            };
-            let sink_deadline = Instant::now() + (deadline - self.clock.now()).to_std().unwrap_or(Duration::ZERO);
-            let outcome = self.sink.deliver(&part, sink_deadline).await;
-            let is_first_split = first_split.len() < 2 && (start == 0 || end == events.len());
-            let kind = match &outcome {
-                Ok(()) => None,
-                Err(SinkError::Rejected { .. }) => Some(FailureKind::Permanent),
-                Err(SinkError::Transient { .. }) => Some(FailureKind::Transient),
-            };
-            if is_first_split {
-                first_split.push(kind);
-                let whole_batch_failed_transiently = events.len() < 2 && kind == Some(FailureKind::Transient);
-                let both_halves = first_split.len() == 2
-                    && poison::after_first_split(first_split[0], first_split[1]) == Isolation::SinkDown;
-                if whole_batch_failed_transiently || both_halves {
+        while let Some((start, end)) = to_split.pop_front() {
+            match self.deliver_part(batch, start, end, deadline).await {
+                Ok(()) => result.delivered_part(start, end, positions),
+                Err(error) if stop_at_first && failure_kind(&error) == FailureKind::Transient => {
                     result.sink_down = true;
                     return result;
                 }
-            }
-            match outcome {
-                Ok(()) => {
-                    result.delivered += end - start;
-                    result.delivered_through = Some(positions[end - 1].clone());
-                }
                 Err(error) if end - start == 1 => {
-                    result.poisoned.push((events[start].clone(), error));
+                    result.poisoned.push((batch.events[start].clone(), error));
                     if stop_at_first {
                         return result;
                     }
                 }
                 Err(_) => {
                     let middle = start + (end - start) / 2;
-                    // The halves come next, left first, so rows keep their order.
-                    ranges.push_front((middle, end));
-                    ranges.push_front((start, middle));
+                    // Its halves come next, left first.
+                    to_split.push_front((middle, end));
+                    to_split.push_front((start, middle));
                 }
             }
         }
         result
+    }
+
+    /// Delivers the rows `start..end` of `batch` as one part, with an id of its own.
+    async fn deliver_part(
+        &self,
+        batch: &Batch,
+        start: usize,
+        end: usize,
+        deadline: DateTime<Utc>,
+    ) -> Result<(), SinkError> {
+        let part = Batch {
+            poller: batch.poller.clone(),
+            batch_id: format!("{}-rows{start}to{end}", batch.batch_id),
+            fencing_token: batch.fencing_token,
+            events: batch.events[start..end].to_vec(),
+        };
+        let sink_deadline = Instant::now() + (deadline - self.clock.now()).to_std().unwrap_or(Duration::ZERO);
+        self.sink.deliver(&part, sink_deadline).await
     }
 
     async fn write_failure(&self, writer: &mut StateWriter<'_>, document: &mut StateDocument, record: PoisonRecord) {
@@ -979,6 +1005,13 @@ async fn prefetch(
 /// How one delivery task ended: a failed batch comes back with its error.
 type Delivery = Result<(), (SinkError, Batch)>;
 
+fn failure_kind(error: &SinkError) -> FailureKind {
+    match error {
+        SinkError::Rejected { .. } => FailureKind::Permanent,
+        SinkError::Transient { .. } => FailureKind::Transient,
+    }
+}
+
 /// What isolating a batch found.
 #[derive(Default)]
 struct IsolationResult {
@@ -987,8 +1020,16 @@ struct IsolationResult {
     /// Rows delivered, and the position of the last of them in row order.
     delivered: usize,
     delivered_through: Option<Position>,
-    /// Rows that failed alone, in row order, with why.
+    /// Rows that failed alone, with why.
     poisoned: Vec<(Event, SinkError)>,
+}
+
+impl IsolationResult {
+    fn delivered_part(&mut self, start: usize, end: usize, positions: &[Position]) {
+        self.delivered += end - start;
+        // Meaningful in stop mode, where parts go strictly in row order.
+        self.delivered_through = Some(positions[end - 1].clone());
+    }
 }
 
 fn panic_message(panic: &(dyn Any + Send)) -> String {
