@@ -5,6 +5,7 @@ mod azure;
 mod dev;
 mod harness;
 mod host;
+mod matrix;
 mod package;
 mod poison;
 mod queue;
