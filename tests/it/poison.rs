@@ -206,21 +206,21 @@ fn dbtrigger(app: &AppRoot, settings: &[(String, String)], arguments: &[&str]) -
     )
 }
 
-/// Through the real binary and the file store: two rows refused for good end in the quarantine,
+/// Through the real binary and the file store: two rows of 2,000 refused for good end in the quarantine,
 /// `quarantine list --json` shows them, a replay refuses without a terminal or --yes and changes
 /// nothing on --dry-run, and `replay --all --yes` delivers them once the receiver takes them,
 /// empties the quarantine and leaves a line in the history.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quarantined_rows_are_listed_and_replayed_from_the_command_line() {
-    let rules = Arc::new(Mutex::new(Rules { poison: BTreeSet::from([70, 150]), ..Rules::default() }));
+    let rules = Arc::new(Mutex::new(Rules { poison: BTreeSet::from([700, 1500]), ..Rules::default() }));
     let router = axum::Router::new().route("/hook", post(receive)).with_state(rules.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/hook", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, router).await });
     let directory = tempfile::tempdir().unwrap();
     let orders = Orders::create(directory.path()).await;
-    orders.insert(1..=200, 3).await;
-    let mut poller_section = AppRoot::orders_poller(100);
+    orders.insert(1..=2000, 3).await;
+    let mut poller_section = AppRoot::orders_poller(500);
     poller_section["sink"]["maxRetries"] = json!(0);
     let app = AppRoot::write(directory.path(), poller_section);
     let settings = vec![
@@ -241,7 +241,11 @@ async fn quarantined_rows_are_listed_and_replayed_from_the_command_line() {
     let listed: Value = serde_json::from_str(&stdout).unwrap_or_else(|_| panic!("pure JSON on stdout: {stdout}"));
     let ids: BTreeSet<i64> =
         listed.as_array().unwrap().iter().map(|entry| entry["pk"]["id"].as_i64().unwrap()).collect();
-    assert_eq!(ids, BTreeSet::from([70, 150]));
+    assert_eq!(ids, BTreeSet::from([700, 1500]));
+    let accepted: BTreeSet<i64> = rules.lock().unwrap().accepted.iter().copied().collect();
+    assert_eq!(accepted.len(), 1998, "the other 1,998 arrived");
+    let document = app.state_document().await.unwrap();
+    assert_eq!(document["checkpoint"]["cursor"]["tiebreaker"]["id"], 2000, "the checkpoint reached the end");
     assert_eq!(listed[0]["status"], 422);
 
     let (ok, _, stderr) = dbtrigger(&app, &settings, &["quarantine", "replay", "orders", "--all"]);
@@ -255,7 +259,7 @@ async fn quarantined_rows_are_listed_and_replayed_from_the_command_line() {
     assert!(ok, "{stdout}{stderr}");
     assert!(stdout.contains("replayed 2 rows, 0 kept"), "{stdout}");
     let accepted: BTreeSet<i64> = rules.lock().unwrap().accepted.iter().copied().collect();
-    assert_eq!(accepted, (1..=200).collect::<BTreeSet<i64>>(), "every row arrived in the end");
+    assert_eq!(accepted, (1..=2000).collect::<BTreeSet<i64>>(), "every row arrived in the end");
     let (_, stdout, _) = dbtrigger(&app, &settings, &["quarantine", "list", "orders", "--json"]);
     assert_eq!(serde_json::from_str::<Value>(&stdout).unwrap(), json!([]));
     let document = app.state_document().await.unwrap();
