@@ -663,6 +663,12 @@ impl Poller {
         warn!(poller = %self.config.poller_name, attempts = record.attempts, batch = %sent.batch_id, "isolating a poison batch");
         let stop_at_first = poison_config.mode == PoisonMode::Stop;
         let isolated = self.isolate(&batch, &sent.positions, deadline, stop_at_first).await;
+        if isolated.out_of_time {
+            // Rows that failed for lack of time are no poison: try again next tick.
+            warn!(poller = %self.config.poller_name, "the tick budget ran out while isolating; the next tick starts over");
+            self.write_failure(writer, document, record).await;
+            return Err(TickError::Delivery { error, rows_committed: totals.rows });
+        }
         if isolated.sink_down {
             let attempts = record.attempts;
             self.write_failure(writer, document, record).await;
@@ -775,8 +781,16 @@ impl Poller {
         } else {
             let mut kinds = Vec::new();
             for (start, end) in halves {
+                if self.clock.now() >= deadline {
+                    result.out_of_time = true;
+                    return result;
+                }
                 match self.deliver_part(batch, start, end, deadline).await {
                     Ok(()) => result.delivered_part(start, end, positions),
+                    Err(_) if self.clock.now() >= deadline => {
+                        result.out_of_time = true;
+                        return result;
+                    }
                     Err(error) => {
                         kinds.push(Some(failure_kind(&error)));
                         if end - start == 1 {
@@ -806,8 +820,16 @@ impl Poller {
             }
         }
         while let Some((start, end)) = to_split.pop_front() {
+            if self.clock.now() >= deadline {
+                result.out_of_time = true;
+                return result;
+            }
             match self.deliver_part(batch, start, end, deadline).await {
                 Ok(()) => result.delivered_part(start, end, positions),
+                Err(_) if self.clock.now() >= deadline => {
+                    result.out_of_time = true;
+                    return result;
+                }
                 Err(error) if stop_at_first && failure_kind(&error) == FailureKind::Transient => {
                     result.sink_down = true;
                     return result;
@@ -1017,6 +1039,9 @@ fn failure_kind(error: &SinkError) -> FailureKind {
 struct IsolationResult {
     /// The sink is down, not the rows: nothing more was tried.
     sink_down: bool,
+    /// The tick budget ran out before every part was tried: nothing may be concluded (a part
+    /// failing for lack of time says nothing about its rows).
+    out_of_time: bool,
     /// Rows delivered, and the position of the last of them in row order.
     delivered: usize,
     delivered_through: Option<Position>,

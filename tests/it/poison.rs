@@ -22,11 +22,15 @@ use crate::harness::{AppRoot, Orders};
 struct Rules {
     poison: BTreeSet<i64>,
     down: bool,
+    /// How long each answer takes.
+    delay: std::time::Duration,
     accepted: Vec<i64>,
     requests: u64,
 }
 
 async fn receive(State(rules): State<Arc<Mutex<Rules>>>, body: axum::body::Bytes) -> (StatusCode, String) {
+    let delay = rules.lock().unwrap().delay;
+    tokio::time::sleep(delay).await;
     let envelope: Value = serde_json::from_slice(&body).unwrap();
     let ids: Vec<i64> =
         envelope["events"].as_array().unwrap().iter().map(|event| event["pk"]["id"].as_i64().unwrap()).collect();
@@ -272,4 +276,37 @@ async fn quarantined_rows_are_listed_and_replayed_from_the_command_line() {
 
 fn stdout_of_list(listed: &Value) -> String {
     format!("{}\n", serde_json::to_string_pretty(listed).unwrap())
+}
+
+/// Isolation that runs out of tick budget concludes nothing: a part that failed for lack of time
+/// says nothing about its rows, so nothing is quarantined and the next tick starts over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn isolation_out_of_time_quarantines_nothing() {
+    let setup = setup(10, 10, json!({"maxAttempts": 5})).await;
+    {
+        let mut rules = setup.rules.lock().unwrap();
+        rules.poison = BTreeSet::from([5]);
+        rules.delay = std::time::Duration::from_millis(900);
+    }
+    let mut config = setup.poller.config.clone();
+    config.batch.tick_budget = std::time::Duration::from_secs(2);
+    let poller = Poller::new(
+        config.clone(),
+        dbtrigger::source::open(&config.source).unwrap(),
+        dbtrigger::sink::open(&config.sink).unwrap(),
+        setup.store.clone(),
+        Arc::new(SystemClock),
+        "a".into(),
+    )
+    .with_quarantine(setup.store.clone());
+    let error = poller.tick().await.unwrap_err();
+    assert!(matches!(error, TickError::Delivery { .. }), "{error:?}");
+    assert!(quarantine::list(setup.store.as_ref(), "it", "orders").await.unwrap().is_empty(), "nothing quarantined");
+    assert_eq!(document(&setup.store).poison.unwrap().attempts, 1);
+
+    setup.rules.lock().unwrap().delay = std::time::Duration::ZERO;
+    tick_until_caught_up(&poller, 5).await;
+    let entries = quarantine::list(setup.store.as_ref(), "it", "orders").await.unwrap();
+    assert_eq!(entries.len(), 1, "with time, the one poison row is found");
+    assert_eq!(entries[0].0.event["pk"]["id"], 5);
 }
