@@ -3,6 +3,7 @@
 
 mod demo;
 mod dev;
+mod ops;
 mod package;
 mod quarantine;
 
@@ -69,6 +70,49 @@ pub enum Command {
         #[arg(long)]
         binary: Option<PathBuf>,
     },
+    /// A poller's whole state document, as pretty JSON.
+    Inspect {
+        poller: String,
+        #[command(flatten)]
+        app_root: AppRoot,
+    },
+    /// Moves a poller's checkpoint: to the beginning, after a cursor and key, or to a checkpoint
+    /// from a file (as `inspect` prints it). Audited; refused while a tick holds the lease.
+    Reset {
+        poller: String,
+        #[arg(long, group = "target")]
+        to_beginning: bool,
+        /// A cursor value, read with the checkpoint's kind; give every key column with --pk.
+        #[arg(long, group = "target")]
+        to_cursor: Option<String>,
+        /// COL=VALUE of a key column, with --to-cursor.
+        #[arg(long, requires = "to_cursor")]
+        pk: Vec<String>,
+        #[arg(long, group = "target")]
+        from_file: Option<PathBuf>,
+        #[command(flatten)]
+        guard: OpsGuardArgs,
+        #[command(flatten)]
+        app_root: AppRoot,
+    },
+    /// A new poller name's state document starting at this poller's checkpoint (or the
+    /// beginning): a backfill or a migration on a separate name.
+    Clone {
+        poller: String,
+        new_poller: String,
+        #[arg(long)]
+        from_beginning: bool,
+        #[command(flatten)]
+        guard: GuardArgs,
+        #[command(flatten)]
+        app_root: AppRoot,
+    },
+    /// After an intended change of the source definition: record the new fingerprint, keep the
+    /// checkpoint. Audited.
+    Fingerprint {
+        #[command(subcommand)]
+        action: FingerprintAction,
+    },
     /// The rows a poller isolated as poison: list, show, replay through the sink, purge.
     Quarantine {
         #[command(subcommand)]
@@ -127,6 +171,37 @@ pub enum QuarantineAction {
     },
 }
 
+#[derive(Debug, Subcommand)]
+pub enum FingerprintAction {
+    Accept {
+        poller: String,
+        #[command(flatten)]
+        guard: OpsGuardArgs,
+        #[command(flatten)]
+        app_root: AppRoot,
+    },
+}
+
+/// The guardrails of a write to a state document.
+#[derive(Debug, clap::Args)]
+pub struct OpsGuardArgs {
+    /// Show the document before and after, write nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Go ahead without asking (required when not on a terminal).
+    #[arg(long)]
+    yes: bool,
+    /// Write even while a tick holds the lease (its next write then fails).
+    #[arg(long)]
+    force: bool,
+}
+
+impl OpsGuardArgs {
+    fn guard(&self) -> ops::Guard {
+        ops::Guard { dry_run: self.dry_run, yes: self.yes, force: self.force }
+    }
+}
+
 /// The guardrails of a write.
 #[derive(Debug, clap::Args)]
 pub struct GuardArgs {
@@ -143,7 +218,12 @@ impl Command {
     /// as the Functions host expects.
     pub fn log_stream(&self) -> crate::logging::LogStream {
         match self {
-            Command::Quarantine { .. } | Command::Package { .. } => crate::logging::LogStream::Stderr,
+            Command::Quarantine { .. }
+            | Command::Package { .. }
+            | Command::Inspect { .. }
+            | Command::Reset { .. }
+            | Command::Clone { .. }
+            | Command::Fingerprint { .. } => crate::logging::LogStream::Stderr,
             _ => crate::logging::LogStream::Stdout,
         }
     }
@@ -203,6 +283,23 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Dev { app_root, port } => dev::run(&app_root.resolve()?, port).await,
         Command::Package { app_root, out, binary } => package::run(&app_root.resolve()?, &out, binary.as_deref()),
         Command::Demo { rows, keep } => demo::run(rows, keep).await,
+        Command::Inspect { poller, app_root } => ops::inspect(&app_root.resolve()?, &poller).await,
+        Command::Reset { poller, to_beginning, to_cursor, pk, from_file, guard, app_root } => {
+            let to = match (to_beginning, to_cursor, from_file) {
+                (true, None, None) => ops::ResetTo::Beginning,
+                (false, Some(value), None) => ops::ResetTo::Cursor { value, pk },
+                (false, None, Some(path)) => ops::ResetTo::File(path),
+                _ => bail!("say where to: --to-beginning, --to-cursor VALUE --pk COL=VALUE, or --from-file F"),
+            };
+            ops::reset(&app_root.resolve()?, &poller, to, guard.guard()).await
+        }
+        Command::Clone { poller, new_poller, from_beginning, guard, app_root } => {
+            let guard = ops::Guard { dry_run: guard.dry_run, yes: guard.yes, force: false };
+            ops::clone(&app_root.resolve()?, &poller, &new_poller, from_beginning, guard).await
+        }
+        Command::Fingerprint { action: FingerprintAction::Accept { poller, guard, app_root } } => {
+            ops::accept_fingerprint(&app_root.resolve()?, &poller, guard.guard()).await
+        }
         Command::Quarantine { action } => match action {
             QuarantineAction::List { poller, json, app_root } => {
                 quarantine::list(&app_root.resolve()?, &poller, json).await

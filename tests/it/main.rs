@@ -7,6 +7,7 @@ mod dev;
 mod harness;
 mod host;
 mod matrix;
+mod ops;
 mod package;
 mod poison;
 mod queue;
