@@ -3,6 +3,7 @@
 
 mod demo;
 mod dev;
+mod operator;
 mod ops;
 mod package;
 mod quarantine;
@@ -197,8 +198,14 @@ pub struct OpsGuardArgs {
 }
 
 impl OpsGuardArgs {
-    fn guard(&self) -> ops::Guard {
-        ops::Guard { dry_run: self.dry_run, yes: self.yes, force: self.force }
+    fn guard(&self) -> operator::Guard {
+        operator::Guard { dry_run: self.dry_run, yes: self.yes, force: self.force }
+    }
+}
+
+impl GuardArgs {
+    fn guard(&self) -> operator::Guard {
+        operator::Guard { dry_run: self.dry_run, yes: self.yes, force: false }
     }
 }
 
@@ -294,8 +301,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ops::reset(&app_root.resolve()?, &poller, to, guard.guard()).await
         }
         Command::Clone { poller, new_poller, from_beginning, guard, app_root } => {
-            let guard = ops::Guard { dry_run: guard.dry_run, yes: guard.yes, force: false };
-            ops::clone(&app_root.resolve()?, &poller, &new_poller, from_beginning, guard).await
+            ops::clone(&app_root.resolve()?, &poller, &new_poller, from_beginning, guard.guard()).await
         }
         Command::Fingerprint { action: FingerprintAction::Accept { poller, guard, app_root } } => {
             ops::accept_fingerprint(&app_root.resolve()?, &poller, guard.guard()).await
@@ -308,12 +314,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 quarantine::show(&app_root.resolve()?, &poller, &id).await
             }
             QuarantineAction::Replay { poller, ids, all, guard, app_root } => {
-                let guard = quarantine::Guard { dry_run: guard.dry_run, yes: guard.yes };
-                quarantine::replay(&app_root.resolve()?, &poller, selection(ids, all)?, guard).await
+                quarantine::replay(&app_root.resolve()?, &poller, selection(ids, all)?, guard.guard()).await
             }
             QuarantineAction::Purge { poller, ids, all, guard, app_root } => {
-                let guard = quarantine::Guard { dry_run: guard.dry_run, yes: guard.yes };
-                quarantine::purge(&app_root.resolve()?, &poller, selection(ids, all)?, guard).await
+                quarantine::purge(&app_root.resolve()?, &poller, selection(ids, all)?, guard.guard()).await
             }
         },
     }

@@ -4,51 +4,21 @@
 //! ETag it was read at (a tick that moved meanwhile makes it fail, not win), and it leaves an entry
 //! in the document's history. A live lease held by a tick refuses the write unless `--force`.
 
-use std::io::{BufRead, IsTerminal, Write};
 use std::path::Path;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use serde_json::Value;
 
-use crate::app::{App, Function};
+use super::operator::{Guard, find_poller, operator_name};
 use crate::domain::StateDocument;
 use crate::domain::cursor::{CursorJson, Position};
 use crate::domain::transitions::{self, Operator, ResetTarget};
 use crate::store::{StateKey, StateStore, StoreError, WriteCondition};
 use crate::tick::Poller;
 
-/// How a write goes ahead.
-pub struct Guard {
-    pub dry_run: bool,
-    pub yes: bool,
-    pub force: bool,
-}
-
-fn poller(app_root: &Path, name: &str) -> anyhow::Result<Arc<Poller>> {
-    let settings = super::dev::settings_for(app_root)?;
-    let app = App::load(app_root, &settings)?;
-    let found = app
-        .pollers()
-        .map(|(_, poller)| poller)
-        .find(|poller| poller.config.poller_name == name || poller.config.function_name == name)
-        .cloned();
-    match found {
-        Some(poller) => Ok(poller),
-        None => match app.function(name) {
-            Some(Function::Unusable(reason)) => bail!("{name}: {reason}"),
-            _ => bail!("no poller {name:?} in {} (functions: {})", app_root.display(), app.function_names().join(", ")),
-        },
-    }
-}
-
-fn operator_name() -> String {
-    std::env::var("USER").ok().filter(|user| !user.is_empty()).unwrap_or_else(|| "operator".to_string())
-}
-
 pub async fn inspect(app_root: &Path, name: &str) -> anyhow::Result<ExitCode> {
-    let poller = poller(app_root, name)?;
+    let poller = find_poller(app_root, name)?;
     match poller.store.read(&poller.key()).await? {
         Some(current) => println!("{}", serde_json::to_string_pretty(&current.document)?),
         None => bail!("poller {name} has no state document yet (no tick has delivered anything)"),
@@ -56,28 +26,14 @@ pub async fn inspect(app_root: &Path, name: &str) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Shows the change and asks; `false`: stop (dry run, or declined).
-fn confirm(before: Option<&StateDocument>, after: &StateDocument, guard: &Guard) -> anyhow::Result<bool> {
+/// Prints the document before and after a planned write.
+fn show(before: Option<&StateDocument>, after: &StateDocument) -> anyhow::Result<()> {
     let before = match before {
         Some(document) => serde_json::to_string_pretty(document)?,
         None => "(none)".to_string(),
     };
     println!("before:\n{before}\nafter:\n{}", serde_json::to_string_pretty(after)?);
-    if guard.dry_run {
-        println!("dry run: nothing was written");
-        return Ok(false);
-    }
-    if guard.yes {
-        return Ok(true);
-    }
-    if !std::io::stdin().is_terminal() {
-        bail!("refusing to write without confirmation: not a terminal; pass --yes to go ahead");
-    }
-    print!("write this document? [y/N] ");
-    std::io::stdout().flush()?;
-    let mut answer = String::new();
-    std::io::stdin().lock().read_line(&mut answer)?;
-    Ok(matches!(answer.trim(), "y" | "Y" | "yes"))
+    Ok(())
 }
 
 /// Plans a change of `key`'s document, shows it, and writes it by CAS on what was read.
@@ -97,7 +53,8 @@ async fn apply(
         }
         Err(refusal) => bail!("refused: {refusal}"),
     };
-    if !confirm(Some(&current.document), &next, guard)? {
+    show(Some(&current.document), &next)?;
+    if !guard.confirmed("write this document?")? {
         return Ok(ExitCode::SUCCESS);
     }
     next.write_id = Some(uuid::Uuid::new_v4().simple().to_string());
@@ -123,7 +80,7 @@ pub enum ResetTo {
 }
 
 pub async fn reset(app_root: &Path, name: &str, to: ResetTo, guard: Guard) -> anyhow::Result<ExitCode> {
-    let poller = poller(app_root, name)?;
+    let poller = find_poller(app_root, name)?;
     let key = poller.key();
     let current = poller.store.read(&key).await?;
     let kind = current
@@ -219,7 +176,7 @@ pub async fn clone(
     from_beginning: bool,
     guard: Guard,
 ) -> anyhow::Result<ExitCode> {
-    let poller = poller(app_root, name)?;
+    let poller = find_poller(app_root, name)?;
     if crate::config::validate_identifier(&new_name.replace('-', "_")).is_err() {
         bail!("{new_name:?} is not a valid poller name");
     }
@@ -238,7 +195,8 @@ pub async fn clone(
         Operator { who: &who, force: false },
         chrono::Utc::now(),
     );
-    if !confirm(None, &next, &guard)? {
+    show(None, &next)?;
+    if !guard.confirmed("write this document?")? {
         return Ok(ExitCode::SUCCESS);
     }
     next.write_id = Some(uuid::Uuid::new_v4().simple().to_string());
@@ -255,7 +213,7 @@ pub async fn clone(
 }
 
 pub async fn accept_fingerprint(app_root: &Path, name: &str, guard: Guard) -> anyhow::Result<ExitCode> {
-    let poller = poller(app_root, name)?;
+    let poller = find_poller(app_root, name)?;
     let who = operator_name();
     let operator = Operator { who: &who, force: guard.force };
     let fingerprint = poller.config.fingerprint.clone();

@@ -3,7 +3,6 @@
 //! confirmation on a terminal (refuse without one unless `--yes`), delete each entry only by the
 //! ETag it was read at, and leave a line in the poller's state document history.
 
-use std::io::{BufRead, IsTerminal, Write};
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -11,7 +10,7 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
-use crate::app::{App, Function};
+use super::operator::{Guard, find_poller, operator_name};
 use crate::domain::transitions::{self, Operator};
 use crate::domain::{Batch, Event};
 use crate::store::quarantine::{self, QuarantineEntry};
@@ -24,31 +23,13 @@ pub enum Selection {
     Ids(Vec<String>),
 }
 
-/// How a write goes ahead.
-pub struct Guard {
-    pub dry_run: bool,
-    pub yes: bool,
-}
-
 struct Target {
     poller: Arc<Poller>,
     blobs: Arc<dyn BlobStore>,
 }
 
 fn open(app_root: &Path, poller_name: &str) -> anyhow::Result<Target> {
-    let settings = super::dev::settings_for(app_root)?;
-    let app = App::load(app_root, &settings)?;
-    let poller = app
-        .pollers()
-        .map(|(_, poller)| poller)
-        .find(|poller| poller.config.poller_name == poller_name || poller.config.function_name == poller_name)
-        .cloned();
-    let Some(poller) = poller else {
-        if let Some(Function::Unusable(reason)) = app.function(poller_name) {
-            bail!("{poller_name}: {reason}");
-        }
-        bail!("no poller {poller_name:?} in {} (functions: {})", app_root.display(), app.function_names().join(", "));
-    };
+    let poller = find_poller(app_root, poller_name)?;
     let blobs = crate::store::open_blobs(&poller.config.state)?;
     Ok(Target { poller, blobs })
 }
@@ -127,26 +108,7 @@ fn confirm(verb: &str, chosen: &[(QuarantineEntry, ETag)], guard: &Guard) -> any
         let pk = entry.event.get("pk").map(Value::to_string).unwrap_or_default();
         println!("  {}  pk {pk}", entry.id);
     }
-    if guard.dry_run {
-        println!("dry run: nothing was changed");
-        return Ok(false);
-    }
-    if guard.yes {
-        return Ok(true);
-    }
-    if !std::io::stdin().is_terminal() {
-        bail!("refusing to {verb} without confirmation: not a terminal; pass --yes to go ahead");
-    }
-    print!("{verb} these rows? [y/N] ");
-    std::io::stdout().flush()?;
-    let mut answer = String::new();
-    std::io::stdin().lock().read_line(&mut answer)?;
-    Ok(matches!(answer.trim(), "y" | "Y" | "yes"))
-}
-
-/// Who is acting, for the history.
-fn operator_name() -> String {
-    std::env::var("USER").ok().filter(|user| !user.is_empty()).unwrap_or_else(|| "operator".to_string())
+    guard.confirmed(&format!("{verb} these rows?"))
 }
 
 /// Appends `what` to the poller's state document history, by compare-and-swap (re-read on a
