@@ -781,17 +781,13 @@ impl Poller {
         } else {
             let mut kinds = Vec::new();
             for (start, end) in halves {
-                if self.clock.now() >= deadline {
-                    result.out_of_time = true;
-                    return result;
-                }
                 match self.deliver_part(batch, start, end, deadline).await {
-                    Ok(()) => result.delivered_part(start, end, positions),
-                    Err(_) if self.clock.now() >= deadline => {
+                    Part::Delivered => result.delivered_part(start, end, positions),
+                    Part::OutOfTime => {
                         result.out_of_time = true;
                         return result;
                     }
-                    Err(error) => {
+                    Part::Failed(error) => {
                         kinds.push(Some(failure_kind(&error)));
                         if end - start == 1 {
                             result.poisoned.push((batch.events[start].clone(), error));
@@ -820,27 +816,23 @@ impl Poller {
             }
         }
         while let Some((start, end)) = to_split.pop_front() {
-            if self.clock.now() >= deadline {
-                result.out_of_time = true;
-                return result;
-            }
             match self.deliver_part(batch, start, end, deadline).await {
-                Ok(()) => result.delivered_part(start, end, positions),
-                Err(_) if self.clock.now() >= deadline => {
+                Part::Delivered => result.delivered_part(start, end, positions),
+                Part::OutOfTime => {
                     result.out_of_time = true;
                     return result;
                 }
-                Err(error) if stop_at_first && failure_kind(&error) == FailureKind::Transient => {
+                Part::Failed(error) if stop_at_first && failure_kind(&error) == FailureKind::Transient => {
                     result.sink_down = true;
                     return result;
                 }
-                Err(error) if end - start == 1 => {
+                Part::Failed(error) if end - start == 1 => {
                     result.poisoned.push((batch.events[start].clone(), error));
                     if stop_at_first {
                         return result;
                     }
                 }
-                Err(_) => {
+                Part::Failed(_) => {
                     let middle = start + (end - start) / 2;
                     // Its halves come next, left first.
                     to_split.push_front((middle, end));
@@ -851,14 +843,12 @@ impl Poller {
         result
     }
 
-    /// Delivers the rows `start..end` of `batch` as one part, with an id of its own.
-    async fn deliver_part(
-        &self,
-        batch: &Batch,
-        start: usize,
-        end: usize,
-        deadline: DateTime<Utc>,
-    ) -> Result<(), SinkError> {
+    /// Delivers the rows `start..end` of `batch` as one part, with an id of its own; not at all once
+    /// the deadline has passed, and a failure once it has passed says nothing about the rows.
+    async fn deliver_part(&self, batch: &Batch, start: usize, end: usize, deadline: DateTime<Utc>) -> Part {
+        if self.clock.now() >= deadline {
+            return Part::OutOfTime;
+        }
         let part = Batch {
             poller: batch.poller.clone(),
             batch_id: format!("{}-rows{start}to{end}", batch.batch_id),
@@ -866,7 +856,11 @@ impl Poller {
             events: batch.events[start..end].to_vec(),
         };
         let sink_deadline = Instant::now() + (deadline - self.clock.now()).to_std().unwrap_or(Duration::ZERO);
-        self.sink.deliver(&part, sink_deadline).await
+        match self.sink.deliver(&part, sink_deadline).await {
+            Ok(()) => Part::Delivered,
+            Err(_) if self.clock.now() >= deadline => Part::OutOfTime,
+            Err(error) => Part::Failed(error),
+        }
     }
 
     async fn write_failure(&self, writer: &mut StateWriter<'_>, document: &mut StateDocument, record: PoisonRecord) {
@@ -1026,6 +1020,14 @@ async fn prefetch(
 
 /// How one delivery task ended: a failed batch comes back with its error.
 type Delivery = Result<(), (SinkError, Batch)>;
+
+/// How one part of an isolated batch went.
+enum Part {
+    Delivered,
+    Failed(SinkError),
+    /// The tick budget ran out, before or during the attempt.
+    OutOfTime,
+}
 
 fn failure_kind(error: &SinkError) -> FailureKind {
     match error {
