@@ -310,6 +310,25 @@ pub async fn race_tick_processes(
     panic!("the processes did not catch up in {rounds} rounds: {outputs:?}");
 }
 
+/// Runs the real binary with `arguments` and `--app-root`, the given settings as its environment
+/// and no terminal: returns (success, stdout, stderr).
+pub fn run_dbtrigger(app: &AppRoot, settings: &[(String, String)], arguments: &[&str]) -> (bool, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_dbtrigger"))
+        .args(arguments)
+        .arg("--app-root")
+        .arg(&app.root)
+        .envs(settings.iter().map(|(key, value)| (key.as_str(), value.as_str())))
+        .env_remove("FUNCTIONS_APP_ROOT_PATH")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
 /// The real binary, started the way the Functions host starts a custom handler.
 pub struct Handler {
     child: Child,

@@ -3,24 +3,7 @@
 
 use serde_json::{Value, json};
 
-use crate::harness::{AppRoot, Orders, Receiver};
-
-fn run(app: &AppRoot, settings: &[(String, String)], arguments: &[&str]) -> (bool, String, String) {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_dbtrigger"))
-        .args(arguments)
-        .arg("--app-root")
-        .arg(&app.root)
-        .envs(settings.iter().map(|(key, value)| (key.as_str(), value.as_str())))
-        .env_remove("FUNCTIONS_APP_ROOT_PATH")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
-}
+use crate::harness::{AppRoot, Orders, Receiver, run_dbtrigger};
 
 fn state_path(app: &AppRoot, poller: &str) -> std::path::PathBuf {
     app.state_dir.join(format!("state/{}/{poller}.json", app.app_name))
@@ -38,20 +21,20 @@ async fn operators_reset_clone_and_accept_with_guardrails() {
     let receiver = Receiver::start().await;
     let app = AppRoot::write(directory.path(), AppRoot::orders_poller(100));
     let settings = app.settings(&orders, &receiver);
-    assert!(run(&app, &settings, &["tick", "orders"]).0);
+    assert!(run_dbtrigger(&app, &settings, &["tick", "orders"]).0);
     assert_eq!(receiver.acknowledged_ids(), (1..=10).collect::<Vec<i64>>());
 
     // inspect: the whole document, pure JSON on stdout.
-    let (ok, stdout, _) = run(&app, &settings, &["inspect", "orders"]);
+    let (ok, stdout, _) = run_dbtrigger(&app, &settings, &["inspect", "orders"]);
     let inspected: Value = serde_json::from_str(&stdout).unwrap_or_else(|_| panic!("{stdout}"));
     assert!(ok);
     assert_eq!(inspected["checkpoint"]["cursor"]["tiebreaker"]["id"], 10);
 
     // Guardrails: no terminal and no --yes refuses; --dry-run writes nothing.
     let before = std::fs::read(state_path(&app, "orders")).unwrap();
-    let (ok, _, stderr) = run(&app, &settings, &["reset", "orders", "--to-beginning"]);
+    let (ok, _, stderr) = run_dbtrigger(&app, &settings, &["reset", "orders", "--to-beginning"]);
     assert!(!ok && stderr.contains("not a terminal"), "{stderr}");
-    let (ok, stdout, _) = run(&app, &settings, &["reset", "orders", "--to-beginning", "--dry-run"]);
+    let (ok, stdout, _) = run_dbtrigger(&app, &settings, &["reset", "orders", "--to-beginning", "--dry-run"]);
     assert!(ok && stdout.contains("before:") && stdout.contains("dry run"), "{stdout}");
     assert_eq!(std::fs::read(state_path(&app, "orders")).unwrap(), before, "nothing written");
 
@@ -61,9 +44,9 @@ async fn operators_reset_clone_and_accept_with_guardrails() {
     busy["lease"] = json!({"owner_id": "busy/1", "fencing_token": 99, "acquired_at": now,
                            "heartbeat_at": now, "expires_at": now + chrono::Duration::seconds(60)});
     std::fs::write(state_path(&app, "orders"), serde_json::to_vec_pretty(&busy).unwrap()).unwrap();
-    let (ok, _, stderr) = run(&app, &settings, &["reset", "orders", "--to-beginning", "--yes"]);
+    let (ok, _, stderr) = run_dbtrigger(&app, &settings, &["reset", "orders", "--to-beginning", "--yes"]);
     assert!(!ok && stderr.contains("busy/1") && stderr.contains("--force"), "{stderr}");
-    let (ok, _, stderr) = run(&app, &settings, &["reset", "orders", "--to-beginning", "--yes", "--force"]);
+    let (ok, _, stderr) = run_dbtrigger(&app, &settings, &["reset", "orders", "--to-beginning", "--yes", "--force"]);
     assert!(ok, "{stderr}");
     let reset = state(&app, "orders");
     assert_eq!(reset["checkpoint"], Value::Null);
@@ -72,24 +55,27 @@ async fn operators_reset_clone_and_accept_with_guardrails() {
     let entry = reset["history"].as_array().unwrap().last().unwrap().clone();
     assert_eq!((entry["what"].as_str(), entry["forced"].as_bool()), (Some("reset to the beginning"), Some(true)));
     assert_eq!(entry["previous_checkpoint"]["tiebreaker"]["id"], 10);
-    assert!(run(&app, &settings, &["tick", "orders"]).0);
+    assert!(run_dbtrigger(&app, &settings, &["tick", "orders"]).0);
     assert_eq!(receiver.acknowledged_ids().len(), 20, "everything again after the reset");
 
     // Reset after a cursor and key: the rows after it come again.
-    let (ok, _, stderr) = run(&app, &settings, &["reset", "orders", "--to-cursor", "5", "--pk", "id=5", "--yes"]);
+    let (ok, _, stderr) =
+        run_dbtrigger(&app, &settings, &["reset", "orders", "--to-cursor", "5", "--pk", "id=5", "--yes"]);
     assert!(ok, "{stderr}");
-    assert!(run(&app, &settings, &["tick", "orders"]).0);
+    assert!(run_dbtrigger(&app, &settings, &["tick", "orders"]).0);
     assert_eq!(receiver.acknowledged_ids()[20..], [6, 7, 8, 9, 10]);
-    let (ok, _, stderr) = run(&app, &settings, &["reset", "orders", "--to-cursor", "5", "--pk", "code=5", "--yes"]);
+    let (ok, _, stderr) =
+        run_dbtrigger(&app, &settings, &["reset", "orders", "--to-cursor", "5", "--pk", "code=5", "--yes"]);
     assert!(!ok && stderr.contains("id=VALUE"), "a position needs the poller's key columns: {stderr}");
 
     // Clone: a backfill on a separate name, from the beginning; never over an existing document.
-    let (ok, _, stderr) = run(&app, &settings, &["clone", "orders", "orders_backfill", "--from-beginning", "--yes"]);
+    let (ok, _, stderr) =
+        run_dbtrigger(&app, &settings, &["clone", "orders", "orders_backfill", "--from-beginning", "--yes"]);
     assert!(ok, "{stderr}");
     let cloned = state(&app, "orders_backfill");
     assert_eq!((cloned["poller_name"].as_str(), &cloned["checkpoint"]), (Some("orders_backfill"), &Value::Null));
     assert!(cloned["history"][0]["what"].as_str().unwrap().starts_with("cloned from orders"));
-    let (ok, _, stderr) = run(&app, &settings, &["clone", "orders", "orders_backfill", "--yes"]);
+    let (ok, _, stderr) = run_dbtrigger(&app, &settings, &["clone", "orders", "orders_backfill", "--yes"]);
     assert!(!ok && stderr.contains("already has a state document"), "{stderr}");
 
     // An intended change of the source definition: the tick refuses, accept records it.
@@ -97,11 +83,11 @@ async fn operators_reset_clone_and_accept_with_guardrails() {
     let mut document: Value = serde_json::from_slice(&std::fs::read(&function).unwrap()).unwrap();
     document["poller"]["source"]["where"] = json!("id > 0");
     std::fs::write(&function, serde_json::to_vec_pretty(&document).unwrap()).unwrap();
-    let (ok, stdout, _) = run(&app, &settings, &["tick", "orders"]);
+    let (ok, stdout, _) = run_dbtrigger(&app, &settings, &["tick", "orders"]);
     assert!(!ok && stdout.contains("source definition changed"), "{stdout}");
-    let (ok, _, stderr) = run(&app, &settings, &["fingerprint", "accept", "orders", "--yes"]);
+    let (ok, _, stderr) = run_dbtrigger(&app, &settings, &["fingerprint", "accept", "orders", "--yes"]);
     assert!(ok, "{stderr}");
-    let (ok, stdout, _) = run(&app, &settings, &["tick", "orders"]);
+    let (ok, stdout, _) = run_dbtrigger(&app, &settings, &["tick", "orders"]);
     assert!(ok && stdout.contains("nothing new"), "the checkpoint was kept: {stdout}");
     let accepted = state(&app, "orders");
     assert!(

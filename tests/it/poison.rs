@@ -14,7 +14,7 @@ use dbtrigger::store::{StateKey, quarantine};
 use dbtrigger::tick::{Poller, StopReason, SystemClock, TickError, TickOutcome};
 use serde_json::{Value, json};
 
-use crate::harness::{AppRoot, Orders};
+use crate::harness::{AppRoot, Orders, run_dbtrigger};
 
 /// A receiver that refuses (422) any batch holding one of `poison`, answers 503 while `down`, and
 /// records the ids of what it accepted.
@@ -192,24 +192,6 @@ async fn poison_mode_stop_holds_at_the_row_and_names_it() {
     drop(setup.orders);
 }
 
-/// Runs the real binary with the app's settings; returns (success, stdout, stderr).
-fn dbtrigger(app: &AppRoot, settings: &[(String, String)], arguments: &[&str]) -> (bool, String, String) {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_dbtrigger"))
-        .args(arguments)
-        .arg("--app-root")
-        .arg(&app.root)
-        .envs(settings.iter().map(|(key, value)| (key.as_str(), value.as_str())))
-        .env_remove("FUNCTIONS_APP_ROOT_PATH")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
-}
-
 /// Through the real binary and the file store: two rows of 2,000 refused for good end in the quarantine,
 /// `quarantine list --json` shows them, a replay refuses without a terminal or --yes and changes
 /// nothing on --dry-run, and `replay --all --yes` delivers them once the receiver takes them,
@@ -235,12 +217,12 @@ async fn quarantined_rows_are_listed_and_replayed_from_the_command_line() {
     ];
 
     for _ in 0..10 {
-        let (_, stdout, _) = dbtrigger(&app, &settings, &["tick", "orders"]);
+        let (_, stdout, _) = run_dbtrigger(&app, &settings, &["tick", "orders"]);
         if stdout.contains("caught up") {
             break;
         }
     }
-    let (ok, stdout, stderr) = dbtrigger(&app, &settings, &["quarantine", "list", "orders", "--json"]);
+    let (ok, stdout, stderr) = run_dbtrigger(&app, &settings, &["quarantine", "list", "orders", "--json"]);
     assert!(ok, "{stderr}");
     let listed: Value = serde_json::from_str(&stdout).unwrap_or_else(|_| panic!("pure JSON on stdout: {stdout}"));
     let ids: BTreeSet<i64> =
@@ -252,19 +234,19 @@ async fn quarantined_rows_are_listed_and_replayed_from_the_command_line() {
     assert_eq!(document["checkpoint"]["cursor"]["tiebreaker"]["id"], 2000, "the checkpoint reached the end");
     assert_eq!(listed[0]["status"], 422);
 
-    let (ok, _, stderr) = dbtrigger(&app, &settings, &["quarantine", "replay", "orders", "--all"]);
+    let (ok, _, stderr) = run_dbtrigger(&app, &settings, &["quarantine", "replay", "orders", "--all"]);
     assert!(!ok && stderr.contains("not a terminal"), "{stderr}");
-    let (ok, stdout, _) = dbtrigger(&app, &settings, &["quarantine", "replay", "orders", "--all", "--dry-run"]);
+    let (ok, stdout, _) = run_dbtrigger(&app, &settings, &["quarantine", "replay", "orders", "--all", "--dry-run"]);
     assert!(ok && stdout.contains("dry run"), "{stdout}");
-    assert_eq!(dbtrigger(&app, &settings, &["quarantine", "list", "orders", "--json"]).1, stdout_of_list(&listed));
+    assert_eq!(run_dbtrigger(&app, &settings, &["quarantine", "list", "orders", "--json"]).1, stdout_of_list(&listed));
 
     rules.lock().unwrap().poison.clear();
-    let (ok, stdout, stderr) = dbtrigger(&app, &settings, &["quarantine", "replay", "orders", "--all", "--yes"]);
+    let (ok, stdout, stderr) = run_dbtrigger(&app, &settings, &["quarantine", "replay", "orders", "--all", "--yes"]);
     assert!(ok, "{stdout}{stderr}");
     assert!(stdout.contains("replayed 2 rows, 0 kept"), "{stdout}");
     let accepted: BTreeSet<i64> = rules.lock().unwrap().accepted.iter().copied().collect();
     assert_eq!(accepted, (1..=2000).collect::<BTreeSet<i64>>(), "every row arrived in the end");
-    let (_, stdout, _) = dbtrigger(&app, &settings, &["quarantine", "list", "orders", "--json"]);
+    let (_, stdout, _) = run_dbtrigger(&app, &settings, &["quarantine", "list", "orders", "--json"]);
     assert_eq!(serde_json::from_str::<Value>(&stdout).unwrap(), json!([]));
     let document = app.state_document().await.unwrap();
     let history = document["history"].as_array().unwrap();
