@@ -5,14 +5,19 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use serde_json::Value;
 use tracing::{error, info};
 
-use crate::config::{AppConfig, ConfigError, PollerConfig, Settings};
+use crate::config::{AppConfig, ConfigError, FunctionConfig, PollerConfig, Settings, StatusConfig};
+use crate::domain::health::PollerHealth;
+use crate::handler::payload::InvocationRequest;
 use crate::tick::{Clock, Poller, SystemClock, TickError, TickOutcome};
 
 /// One function of the app, as it was opened at start-up.
 pub enum Function {
     Poller(Arc<Poller>),
+    /// Answers HTTP requests with every poller's status.
+    Status(StatusConfig),
     /// Its configuration (or a connection it names) is unusable: every invocation fails with this.
     Unusable(Unusable),
 }
@@ -30,10 +35,31 @@ pub enum Unusable {
 /// What one invocation came to: the same for every caller, each rendering it its own way.
 #[derive(Debug)]
 pub enum Invocation {
-    Ticked { poller: String, outcome: TickOutcome },
-    Failed { poller: String, error: TickError },
-    Unusable { function: String, reason: Unusable },
-    Unknown { function: String, known: Vec<String> },
+    Ticked {
+        poller: String,
+        outcome: TickOutcome,
+    },
+    Failed {
+        poller: String,
+        error: TickError,
+    },
+    Unusable {
+        function: String,
+        reason: Unusable,
+    },
+    Unknown {
+        function: String,
+        known: Vec<String>,
+    },
+    /// A status function answered: `status_code` (200 when every poller is healthy, 503 when one
+    /// is not, 404 for an unknown `?poller=`) and `body` go into the HTTP output binding.
+    Answered {
+        function: String,
+        response_binding: String,
+        status_code: u16,
+        body: Value,
+        summary: String,
+    },
 }
 
 impl Invocation {
@@ -46,17 +72,19 @@ impl Invocation {
             Invocation::Unknown { function, known } => {
                 format!("{function}: no such function in this app (functions: {})", known.join(", "))
             }
+            Invocation::Answered { function, summary, .. } => format!("{function}: {summary}"),
         }
     }
 
     pub fn succeeded(&self) -> bool {
-        matches!(self, Invocation::Ticked { .. })
+        matches!(self, Invocation::Ticked { .. } | Invocation::Answered { .. })
     }
 }
 
 pub struct App {
     pub app_name: String,
     functions: BTreeMap<String, Function>,
+    clock: Arc<dyn Clock>,
 }
 
 impl App {
@@ -72,7 +100,8 @@ impl App {
         let mut functions = BTreeMap::new();
         for (name, parsed) in config.functions {
             let function = match parsed.map_err(Unusable::Config) {
-                Ok(poller_config) => open_poller(poller_config, clock.clone(), &owner_id),
+                Ok(FunctionConfig::Poller(poller_config)) => open_poller(*poller_config, clock.clone(), &owner_id),
+                Ok(FunctionConfig::Status(status)) => Function::Status(status),
                 Err(unusable) => Function::Unusable(unusable),
             };
             match &function {
@@ -84,11 +113,12 @@ impl App {
                     state = %poller.store.describe(),
                     "poller ready"
                 ),
+                Function::Status(_) => info!(function = %name, "status function ready"),
                 Function::Unusable(reason) => error!(function = %name, "poller not usable: {reason}"),
             }
             functions.insert(name, function);
         }
-        App { app_name: config.app_name, functions }
+        App { app_name: config.app_name, functions, clock }
     }
 
     /// The function the host names (function names are case-insensitive, as in Azure Functions).
@@ -109,16 +139,77 @@ impl App {
     pub fn pollers(&self) -> impl Iterator<Item = (&String, &Arc<Poller>)> {
         self.functions.iter().filter_map(|(name, function)| match function {
             Function::Poller(poller) => Some((name, poller)),
-            Function::Unusable(_) => None,
+            Function::Status(_) | Function::Unusable(_) => None,
         })
     }
 
-    /// Runs `function` once: the one way in for the handler, the CLI, `dev` and `demo`.
+    /// The status of every poller of the app (and of every function that cannot run), or of the
+    /// one named by its poller or function name; `None` when there is no such poller.
+    pub async fn status(&self, only: Option<&str>) -> Option<Vec<PollerHealth>> {
+        let now = self.clock.now();
+        let wanted = |name: &str, poller: Option<&Poller>| match only {
+            None => true,
+            Some(only) => {
+                name.eq_ignore_ascii_case(only) || poller.is_some_and(|poller| poller.config.poller_name == only)
+            }
+        };
+        let mut reports = Vec::new();
+        for (name, function) in &self.functions {
+            match function {
+                Function::Poller(poller) if wanted(name, Some(poller)) => {
+                    reports.push(crate::status::of_poller(name, poller, now));
+                }
+                _ => {}
+            }
+        }
+        let mut healths = futures::future::join_all(reports).await;
+        for (name, function) in &self.functions {
+            if let Function::Unusable(reason) = function
+                && wanted(name, None)
+            {
+                healths.push(PollerHealth::unusable(name, reason.to_string()));
+            }
+        }
+        healths.sort_by(|left, right| left.function.cmp(&right.function));
+        if only.is_some() && healths.is_empty() { None } else { Some(healths) }
+    }
+
+    /// Runs `function` once, as a manual run (no request data): the CLI's `tick`.
     pub async fn invoke(&self, function: &str) -> Invocation {
+        self.invoke_with(function, &InvocationRequest::default()).await
+    }
+
+    /// Runs `function` once for `request`: the one way in for the handler, the CLI, `dev` and `demo`.
+    pub async fn invoke_with(&self, function: &str, request: &InvocationRequest) -> Invocation {
         match self.function(function) {
             None => Invocation::Unknown { function: function.to_string(), known: self.function_names() },
             Some(Function::Unusable(reason)) => {
                 Invocation::Unusable { function: function.to_string(), reason: reason.clone() }
+            }
+            Some(Function::Status(config)) => {
+                let query = request.http_query(&config.request_binding);
+                let only = query.get("poller").map(String::as_str);
+                let response_binding = config.response_binding.clone();
+                let function = function.to_string();
+                match self.status(only).await {
+                    None => Invocation::Answered {
+                        function,
+                        response_binding,
+                        status_code: 404,
+                        body: serde_json::json!({"error": format!("no poller {:?} in this app", only.unwrap_or_default())}),
+                        summary: format!("no poller {:?}", only.unwrap_or_default()),
+                    },
+                    Some(healths) => {
+                        let unhealthy = healths.iter().filter(|health| !health.healthy).count();
+                        Invocation::Answered {
+                            function,
+                            response_binding,
+                            status_code: if unhealthy == 0 { 200 } else { 503 },
+                            summary: format!("status of {} pollers, {unhealthy} unhealthy", healths.len()),
+                            body: serde_json::to_value(&healths).unwrap_or(Value::Null),
+                        }
+                    }
+                }
             }
             Some(Function::Poller(poller)) => {
                 let poller_name = poller.config.poller_name.clone();

@@ -14,6 +14,7 @@
 //! | [`azure`]    | Azure Storage clients from a validated connection; Shared Key signing.         |
 //! | [`source`]   | `Source`: the keyset query over sqlx (PostgreSQL, MySQL/MariaDB, SQLite).     |
 //! | [`sink`]     | `Sink`: webhook and Storage queue (a recording sink for tests).                |
+//! | [`status`]   | what `status` reads of each poller (state, lag), for the CLI and the app.     |
 //! | [`tick`]     | one tick: the orchestrator that carries out the domain's decisions.            |
 //! | [`app`]      | every function of the app, and `App::invoke`, the one way to run one.          |
 //! | [`handler`]  | the custom-handler HTTP server the Functions host calls.                       |
@@ -38,5 +39,6 @@ pub mod logging;
 pub mod settings;
 pub mod sink;
 pub mod source;
+pub mod status;
 pub mod store;
 pub mod tick;

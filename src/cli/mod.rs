@@ -7,6 +7,7 @@ mod operator;
 mod ops;
 mod package;
 mod quarantine;
+mod status;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -71,6 +72,18 @@ pub enum Command {
         #[arg(long)]
         binary: Option<PathBuf>,
     },
+    /// Every poller of the app: checkpoint, lag, lease, last success, attempts, quarantine,
+    /// fingerprint, and every function that cannot run. Exits 1 when any is unhealthy.
+    Status {
+        /// One JSON array on stdout (logs go to stderr).
+        #[arg(long)]
+        json: bool,
+        /// Only this poller (its poller or function name).
+        #[arg(long)]
+        poller: Option<String>,
+        #[command(flatten)]
+        app_root: AppRoot,
+    },
     /// A poller's whole state document, as pretty JSON.
     Inspect {
         poller: String,
@@ -83,6 +96,10 @@ pub enum Command {
         poller: String,
         #[arg(long, group = "target")]
         to_beginning: bool,
+        /// Skip everything the source holds now: after its last settled row (rows younger than
+        /// settleSeconds are still delivered, since late commits may join them).
+        #[arg(long, group = "target")]
+        to_end: bool,
         /// A cursor value, read with the checkpoint's kind; give every key column with --pk.
         #[arg(long, group = "target")]
         to_cursor: Option<String>,
@@ -195,17 +212,20 @@ pub struct OpsGuardArgs {
     /// Write even while a tick holds the lease (its next write then fails).
     #[arg(long)]
     force: bool,
+    /// Why, for the audit entry in the document's history.
+    #[arg(long)]
+    reason: Option<String>,
 }
 
 impl OpsGuardArgs {
     fn guard(&self) -> operator::Guard {
-        operator::Guard { dry_run: self.dry_run, yes: self.yes, force: self.force }
+        operator::Guard { dry_run: self.dry_run, yes: self.yes, force: self.force, reason: self.reason.clone() }
     }
 }
 
 impl GuardArgs {
     fn guard(&self) -> operator::Guard {
-        operator::Guard { dry_run: self.dry_run, yes: self.yes, force: false }
+        operator::Guard { dry_run: self.dry_run, yes: self.yes, force: false, reason: self.reason.clone() }
     }
 }
 
@@ -218,6 +238,9 @@ pub struct GuardArgs {
     /// Go ahead without asking (required when not on a terminal).
     #[arg(long)]
     yes: bool,
+    /// Why, for the audit entry in the document's history.
+    #[arg(long)]
+    reason: Option<String>,
 }
 
 impl Command {
@@ -228,6 +251,7 @@ impl Command {
             Command::Quarantine { .. }
             | Command::Package { .. }
             | Command::Inspect { .. }
+            | Command::Status { .. }
             | Command::Reset { .. }
             | Command::Clone { .. }
             | Command::Fingerprint { .. } => crate::logging::LogStream::Stderr,
@@ -276,9 +300,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Tick { poller, app_root } => {
             let root = app_root.resolve()?;
             let app = App::load(&root, &Settings::from_env())?;
+            if let Some(crate::app::Function::Status(_)) = app.function(&poller) {
+                bail!("{poller} is a status function, not a poller: run `dbtrigger status`");
+            }
             let invocation = app.invoke(&poller).await;
             match invocation {
-                Invocation::Unknown { .. } | Invocation::Unusable { .. } => {
+                Invocation::Unknown { .. } | Invocation::Unusable { .. } | Invocation::Answered { .. } => {
                     bail!("{} (app root {})", invocation.line(), root.display())
                 }
                 Invocation::Ticked { .. } | Invocation::Failed { .. } => {
@@ -290,13 +317,17 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Dev { app_root, port } => dev::run(&app_root.resolve()?, port).await,
         Command::Package { app_root, out, binary } => package::run(&app_root.resolve()?, &out, binary.as_deref()),
         Command::Demo { rows, keep } => demo::run(rows, keep).await,
+        Command::Status { json, poller, app_root } => status::run(&app_root.resolve()?, json, poller.as_deref()).await,
         Command::Inspect { poller, app_root } => ops::inspect(&app_root.resolve()?, &poller).await,
-        Command::Reset { poller, to_beginning, to_cursor, pk, from_file, guard, app_root } => {
-            let to = match (to_beginning, to_cursor, from_file) {
-                (true, None, None) => ops::ResetTo::Beginning,
-                (false, Some(value), None) => ops::ResetTo::Cursor { value, pk },
-                (false, None, Some(path)) => ops::ResetTo::File(path),
-                _ => bail!("say where to: --to-beginning, --to-cursor VALUE --pk COL=VALUE, or --from-file F"),
+        Command::Reset { poller, to_beginning, to_end, to_cursor, pk, from_file, guard, app_root } => {
+            let to = match (to_beginning, to_end, to_cursor, from_file) {
+                (true, false, None, None) => ops::ResetTo::Beginning,
+                (false, true, None, None) => ops::ResetTo::End,
+                (false, false, Some(value), None) => ops::ResetTo::Cursor { value, pk },
+                (false, false, None, Some(path)) => ops::ResetTo::File(path),
+                _ => {
+                    bail!("say where to: --to-beginning, --to-end, --to-cursor VALUE --pk COL=VALUE, or --from-file F")
+                }
             };
             ops::reset(&app_root.resolve()?, &poller, to, guard.guard()).await
         }

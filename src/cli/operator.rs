@@ -16,6 +16,8 @@ pub struct Guard {
     pub yes: bool,
     /// Write even while a tick holds the lease (state document writes only).
     pub force: bool,
+    /// Why, for the audit entry (`--reason`).
+    pub reason: Option<String>,
 }
 
 impl Guard {
@@ -59,7 +61,18 @@ pub fn find_poller(app_root: &Path, name: &str) -> anyhow::Result<Arc<Poller>> {
     }
 }
 
-/// Who is acting, for the history.
+/// Who is acting, for the history: `user@host`.
 pub fn operator_name() -> String {
-    std::env::var("USER").ok().filter(|user| !user.is_empty()).unwrap_or_else(|| "operator".to_string())
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("USERNAME"))
+        .ok()
+        .filter(|user| !user.is_empty())
+        .unwrap_or_else(|| "operator".to_string());
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|host| host.trim().to_string())
+        .filter(|host| !host.is_empty())
+        .unwrap_or_else(|| "unknown-host".to_string());
+    format!("{user}@{host}")
 }

@@ -75,7 +75,12 @@ async fn apply(
 /// Where `reset` puts the checkpoint.
 pub enum ResetTo {
     Beginning,
-    Cursor { value: String, pk: Vec<String> },
+    /// After the source's last settled row.
+    End,
+    Cursor {
+        value: String,
+        pk: Vec<String>,
+    },
     File(std::path::PathBuf),
 }
 
@@ -89,13 +94,20 @@ pub async fn reset(app_root: &Path, name: &str, to: ResetTo, guard: Guard) -> an
         .map(|checkpoint| checkpoint.cursor.kind.clone());
     let target = match to {
         ResetTo::Beginning => ResetTarget::Beginning,
+        ResetTo::End => match crate::source::last_position(poller.source.as_ref()).await? {
+            Some(last) => ResetTarget::After(last),
+            None => {
+                println!("the source has no settled row yet: the end is the beginning");
+                ResetTarget::Beginning
+            }
+        },
         ResetTo::Cursor { value, pk } => {
             ResetTarget::After(position_from_arguments(&poller, kind.as_deref(), &value, &pk)?)
         }
         ResetTo::File(path) => ResetTarget::After(position_from_file(&poller, &path)?),
     };
     let who = operator_name();
-    let operator = Operator { who: &who, force: guard.force };
+    let operator = Operator { who: &who, force: guard.force, reason: guard.reason.as_deref() };
     let terms = poller.config.lease;
     apply(poller.store.as_ref(), &key, &guard, |document| {
         transitions::reset(document, &target, operator, chrono::Utc::now(), &terms)
@@ -192,7 +204,7 @@ pub async fn clone(
         &source.document,
         new_name,
         from_beginning,
-        Operator { who: &who, force: false },
+        Operator { who: &who, force: false, reason: guard.reason.as_deref() },
         chrono::Utc::now(),
     );
     show(None, &next)?;
@@ -215,7 +227,7 @@ pub async fn clone(
 pub async fn accept_fingerprint(app_root: &Path, name: &str, guard: Guard) -> anyhow::Result<ExitCode> {
     let poller = find_poller(app_root, name)?;
     let who = operator_name();
-    let operator = Operator { who: &who, force: guard.force };
+    let operator = Operator { who: &who, force: guard.force, reason: guard.reason.as_deref() };
     let fingerprint = poller.config.fingerprint.clone();
     let terms = poller.config.lease;
     apply(poller.store.as_ref(), &poller.key(), &guard, |document| {

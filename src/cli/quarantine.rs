@@ -113,7 +113,7 @@ fn confirm(verb: &str, chosen: &[(QuarantineEntry, ETag)], guard: &Guard) -> any
 
 /// Appends `what` to the poller's state document history, by compare-and-swap (re-read on a
 /// conflict: a tick may be writing at the same time).
-async fn audit(target: &Target, what: String) -> anyhow::Result<()> {
+async fn audit(target: &Target, what: String, guard: &Guard) -> anyhow::Result<()> {
     let store: &dyn StateStore = target.poller.store.as_ref();
     let key = target.poller.key();
     let who = operator_name();
@@ -123,7 +123,7 @@ async fn audit(target: &Target, what: String) -> anyhow::Result<()> {
         };
         let mut next = transitions::audit(
             &current.document,
-            Operator { who: &who, force: false },
+            Operator { who: &who, force: false, reason: guard.reason.as_deref() },
             what.clone(),
             chrono::Utc::now(),
         );
@@ -154,7 +154,7 @@ pub async fn purge(app_root: &Path, poller: &str, selection: Selection, guard: G
         target.blobs.delete(&path, etag).await.with_context(|| format!("purging {}", entry.id))?;
         purged.push(entry.id.clone());
     }
-    audit(&target, format!("purged {} quarantined rows: {}", purged.len(), purged.join(", "))).await?;
+    audit(&target, format!("purged {} quarantined rows: {}", purged.len(), purged.join(", ")), &guard).await?;
     println!("purged {} rows", purged.len());
     Ok(ExitCode::SUCCESS)
 }
@@ -201,7 +201,8 @@ pub async fn replay(app_root: &Path, poller: &str, selection: Selection, guard: 
         }
     }
     if !replayed.is_empty() {
-        audit(&target, format!("replayed {} quarantined rows: {}", replayed.len(), replayed.join(", "))).await?;
+        audit(&target, format!("replayed {} quarantined rows: {}", replayed.len(), replayed.join(", ")), &guard)
+            .await?;
     }
     println!("replayed {} rows, {} kept in the quarantine", replayed.len(), failed.len());
     Ok(if failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })

@@ -16,6 +16,7 @@ pub mod redact;
 pub mod sink;
 pub mod source;
 pub mod state;
+pub mod status;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -30,6 +31,7 @@ pub use self::connection::{StorageConnection, StorageCredential};
 pub use self::sink::{MessageEncoding, MessagePer, QueueConfig, SigningKey, SinkConfig, WebhookConfig};
 pub use self::source::{Engine, SourceConfig, SourceTarget, validate_identifier};
 pub use self::state::{StateConfig, StateLocation};
+pub use self::status::StatusConfig;
 pub use crate::settings::{Secret, Settings};
 
 use self::batch::{build_batch, build_lease, build_poison};
@@ -55,7 +57,56 @@ pub struct ConfigError {
 pub struct AppConfig {
     pub app_root: PathBuf,
     pub app_name: String,
-    pub functions: BTreeMap<String, Result<PollerConfig, ConfigError>>,
+    pub functions: BTreeMap<String, Result<FunctionConfig, ConfigError>>,
+}
+
+/// What a function of the app is, by the section its function.json has.
+#[derive(Debug, Clone)]
+pub enum FunctionConfig {
+    /// A `poller` section: a timer that delivers a table's changes.
+    Poller(Box<PollerConfig>),
+    /// A `status` section: an HTTP trigger that answers with every poller's status.
+    Status(StatusConfig),
+}
+
+impl FunctionConfig {
+    /// Loads `<app_root>/<function_name>/function.json`, whichever kind it is.
+    pub fn load(
+        app_root: &Path,
+        function_name: &str,
+        settings: &Settings,
+        function_timeout: Option<Duration>,
+    ) -> Result<FunctionConfig, ConfigError> {
+        let file = app_root.join(function_name).join("function.json");
+        let at = Located { file: &file };
+        let document = read_function_json(&at, function_name)?;
+        if document.get("status").is_some() && document.get("poller").is_none() {
+            return status::build_status(&document, function_name, &at).map(FunctionConfig::Status);
+        }
+        PollerConfig::load(app_root, function_name, settings, function_timeout)
+            .map(|config| FunctionConfig::Poller(Box::new(config)))
+    }
+
+    pub fn as_poller(&self) -> Option<&PollerConfig> {
+        match self {
+            FunctionConfig::Poller(config) => Some(config),
+            FunctionConfig::Status(_) => None,
+        }
+    }
+}
+
+/// A function's function.json as JSON, its folder name checked.
+fn read_function_json(at: &Located<'_>, function_name: &str) -> Result<Value, ConfigError> {
+    if !is_valid_function_name(function_name) {
+        return Err(at.error(
+            "(function name)",
+            format!("{function_name:?} is not a valid function name: letters, digits, '_' and '-', starting with a letter, at most 128"),
+        ));
+    }
+    let text = std::fs::read_to_string(at.file).map_err(|error| at.error("(file)", format!("cannot read: {error}")))?;
+    serde_json::from_str(&text).map_err(|error| {
+        at.error("(document)", format!("invalid JSON at line {} column {}: {error}", error.line(), error.column()))
+    })
 }
 
 impl AppConfig {
@@ -78,7 +129,7 @@ impl AppConfig {
             let Some(function_name) = folder.file_name().and_then(|name| name.to_str()).map(str::to_string) else {
                 continue;
             };
-            let parsed = PollerConfig::load(app_root, &function_name, settings, function_timeout);
+            let parsed = FunctionConfig::load(app_root, &function_name, settings, function_timeout);
             functions.insert(function_name, parsed);
         }
         refuse_shared_poller_names(&mut functions);
@@ -89,10 +140,10 @@ impl AppConfig {
 /// Two functions with one `poller.name` would share one state document and one lease owner id
 /// (one per process), so both would believe they hold the lease and deliver at once: every
 /// function that shares its poller name with another becomes a configuration error naming them all.
-fn refuse_shared_poller_names(functions: &mut BTreeMap<String, Result<PollerConfig, ConfigError>>) {
+fn refuse_shared_poller_names(functions: &mut BTreeMap<String, Result<FunctionConfig, ConfigError>>) {
     let mut by_poller: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (function_name, parsed) in functions.iter() {
-        if let Ok(config) = parsed {
+        if let Ok(FunctionConfig::Poller(config)) = parsed {
             by_poller.entry(config.poller_name.clone()).or_default().push(function_name.clone());
         }
     }
@@ -101,7 +152,7 @@ fn refuse_shared_poller_names(functions: &mut BTreeMap<String, Result<PollerConf
             continue;
         }
         for function_name in &sharing {
-            let Some(Ok(config)) = functions.get(function_name) else {
+            let Some(Ok(FunctionConfig::Poller(config))) = functions.get(function_name) else {
                 continue;
             };
             let error = ConfigError {
@@ -240,22 +291,13 @@ impl PollerConfig {
     ) -> Result<PollerConfig, ConfigError> {
         let file = app_root.join(function_name).join("function.json");
         let at = Located { file: &file };
-        if !is_valid_function_name(function_name) {
-            return Err(at.error(
-                "(function name)",
-                format!("{function_name:?} is not a valid function name: letters, digits, '_' and '-', starting with a letter, at most 128"),
-            ));
-        }
-        let text =
-            std::fs::read_to_string(&file).map_err(|error| at.error("(file)", format!("cannot read: {error}")))?;
-        let document: Value = serde_json::from_str(&text).map_err(|error| {
-            at.error("(document)", format!("invalid JSON at line {} column {}: {error}", error.line(), error.column()))
-        })?;
+        let document = read_function_json(&at, function_name)?;
         let (schedule, run_on_startup) = timer_schedule(&document, &at, settings)?;
         let Some(poller) = document.get("poller") else {
-            return Err(
-                at.error("poller", "missing: this function has no `poller` section, so dbtrigger cannot run it")
-            );
+            return Err(at.error(
+                "poller",
+                "missing: this function has no `poller` section (nor a `status` one), so dbtrigger cannot run it",
+            ));
         };
         let mut poller = poller.clone();
         substitute_settings(&mut poller, "poller", settings, &at)?;

@@ -5,6 +5,8 @@
 //! - [`state`]: the state document (seed 000, `version: 1`), its parsing and its checkpoint rules.
 //! - [`transitions`]: every change to a state document as a pure function (acquire, commit,
 //!   heartbeat, release; reset, clone, fingerprint accept with their audit trail).
+//! - [`health`]: what `status` says of a poller (lag, lease, attempts, fingerprint), and whether
+//!   it is healthy.
 //! - [`poison`]: counting a batch's failed attempts, and when to isolate it (seed 001 case I).
 //! - [`lease`]: lease decisions (acquire, renew, release) with the fencing token and skew margin.
 //! - [`ids`]: deterministic event and batch ids, and the source fingerprint.
@@ -13,6 +15,7 @@
 
 pub mod cursor;
 pub mod event;
+pub mod health;
 pub mod ids;
 pub mod lease;
 pub mod poison;

@@ -63,7 +63,7 @@ pub struct Checkpoint {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HistoryEntry {
     pub at: DateTime<Utc>,
-    /// Who asked (the operator's name as the command was given it).
+    /// Who asked: `user@host` of the operator's shell.
     pub who: String,
     /// What was done, in words: `reset to the beginning`, `cloned from orders`…
     pub what: String,
@@ -75,6 +75,9 @@ pub struct HistoryEntry {
     /// The write went through another owner's live lease.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub forced: bool,
+    /// Why, in the operator's words (`--reason`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// Running totals, for `status` and for people reading the blob.

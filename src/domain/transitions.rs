@@ -45,9 +45,12 @@ pub enum Refusal {
 /// Who is acting, for the operator transitions.
 #[derive(Debug, Clone, Copy)]
 pub struct Operator<'a> {
+    /// `user@host`.
     pub who: &'a str,
     /// Act even though another owner's lease is live.
     pub force: bool,
+    /// Why, in the operator's words (`--reason`).
+    pub reason: Option<&'a str>,
 }
 
 /// Where a reset puts the checkpoint.
@@ -197,6 +200,16 @@ pub fn reset(
     };
     let mut next = operator_write(document, operator, forced, what, None, now);
     next.checkpoint = checkpoint;
+    // A new fencing token: deliveries of a tick still running on the old checkpoint are then
+    // recognisably stale to receivers (the next tick acquires above it again).
+    if let Some(lease) = next.lease.as_mut() {
+        lease.fencing_token += 1;
+        lease.owner_id = None;
+        lease.acquired_at = None;
+        lease.expires_at = None;
+    }
+    // The failures recorded were those of the batch at the old checkpoint.
+    next.poison = None;
     Ok(next)
 }
 
@@ -244,6 +257,7 @@ pub fn clone_to(
         previous_checkpoint: None,
         previous_fingerprint: None,
         forced: false,
+        reason: operator.reason.map(str::to_string),
     });
     next
 }
@@ -288,6 +302,7 @@ fn operator_write(
         previous_checkpoint: document.checkpoint.as_ref().map(|checkpoint| checkpoint.cursor.clone()),
         previous_fingerprint,
         forced,
+        reason: operator.reason.map(str::to_string),
     });
     if next.history.len() > HISTORY_LIMIT {
         let excess = next.history.len() - HISTORY_LIMIT;
@@ -328,8 +343,9 @@ mod tests {
         Delivered { last, last_batch_id: "bat_1", rows: 10, batches: 1, quarantined: 0 }
     }
 
-    const ALICE: Operator<'static> = Operator { who: "alice", force: false };
-    const ALICE_FORCING: Operator<'static> = Operator { who: "alice", force: true };
+    const ALICE: Operator<'static> =
+        Operator { who: "alice@laptop", force: false, reason: Some("replay after the outage") };
+    const ALICE_FORCING: Operator<'static> = Operator { who: "alice@laptop", force: true, reason: None };
 
     /// acquire: (lease state, who, when) -> taken with which token, or refused.
     #[test]
@@ -439,8 +455,17 @@ mod tests {
         let to_start = reset(&committed, &ResetTarget::Beginning, ALICE, at(30), &terms()).unwrap();
         assert_eq!(to_start.checkpoint, None);
         let entry = to_start.history.last().unwrap();
-        assert_eq!((entry.who.as_str(), entry.what.as_str(), entry.forced), ("alice", "reset to the beginning", false));
+        assert_eq!(
+            (entry.who.as_str(), entry.what.as_str(), entry.forced),
+            ("alice@laptop", "reset to the beginning", false)
+        );
+        assert_eq!(entry.reason.as_deref(), Some("replay after the outage"));
         assert_eq!(entry.previous_checkpoint.as_ref().unwrap().value, 5);
+        // A reset takes a new fencing token: a tick still delivering from the old checkpoint is stale.
+        let token = |document: &StateDocument| document.lease.as_ref().unwrap().fencing_token;
+        assert_eq!(token(&to_start), token(&committed) + 1);
+        let after_reset = acquire(&to_start, "b", at(31), &terms()).unwrap();
+        assert!(token(&after_reset) > token(&to_start));
 
         let forward = reset(&committed, &ResetTarget::After(position(9, 3)), ALICE, at(30), &terms()).unwrap();
         assert_eq!(forward.checkpoint.as_ref().unwrap().cursor.value, 9);
@@ -454,7 +479,7 @@ mod tests {
         let forced = reset(&live, &ResetTarget::Beginning, ALICE_FORCING, at(30), &terms()).unwrap();
         let lease = forced.lease.as_ref().unwrap();
         assert_eq!(lease.owner_id, None, "the displaced holder's lease is cleared");
-        assert_eq!(lease.fencing_token, live.lease.as_ref().unwrap().fencing_token, "its token kept");
+        assert!(lease.fencing_token > live.lease.as_ref().unwrap().fencing_token, "above the displaced holder's token");
         assert!(forced.history.last().unwrap().forced);
         // After expiry plus skew the lease no longer protects anything: no force needed.
         assert!(reset(&live, &ResetTarget::Beginning, ALICE, at(20 + 66), &terms()).is_ok());

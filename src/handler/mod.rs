@@ -1,7 +1,8 @@
 //! The custom handler: the HTTP server the Functions host starts and calls.
 //!
 //! - `GET /` answers 200 at once (the host polls it for readiness and keeps pinging it);
-//! - `POST /{function}` runs one tick of that poller and answers the host's JSON shape;
+//! - `POST /{function}` runs one tick of that poller (or, for a `status` function, answers its
+//!   HTTP request in `Outputs.<http output binding>`) and answers the host's JSON shape;
 //! - anything else answers JSON too, never an empty body (an empty body makes the host hang).
 
 pub mod payload;
@@ -74,9 +75,21 @@ async fn invoke(
     if request.timer_is_past_due() {
         info!(function = %function, invocation = %invocation_id, "timer is past due: catching up");
     }
-    let invocation = app.invoke(&function).await;
+    let invocation = app.invoke_with(&function, &request).await;
     let line = invocation.line();
     match &invocation {
+        Invocation::Answered { response_binding, status_code, body, .. } => {
+            info!(function = %function, invocation = %invocation_id, status = status_code, "{line}");
+            // The host takes the HTTP answer from the output binding; a 2xx here says the
+            // invocation itself worked (a non-2xx would make the host drop the Outputs).
+            let text = serde_json::to_string_pretty(body).unwrap_or_default();
+            let mut outputs = serde_json::Map::new();
+            outputs.insert(
+                response_binding.clone(),
+                json!({"statusCode": status_code, "body": text, "headers": {"Content-Type": "application/json"}}),
+            );
+            json_response(StatusCode::OK, json!({"Outputs": outputs, "Logs": [line], "ReturnValue": null}))
+        }
         Invocation::Ticked { outcome, .. } => {
             info!(function = %function, invocation = %invocation_id, outcome = outcome.kind(), "{line}");
             let mut response =

@@ -2,6 +2,8 @@
 //! parsed leniently (first runs carry `0001-01-01T00:00:00` with no offset; `ScheduleStatus` may be
 //! null); only the envelope's shape is checked.
 
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -37,6 +39,38 @@ impl InvocationRequest {
         Ok(InvocationRequest { data, metadata: object.get("Metadata").cloned() })
     }
 
+    /// The query parameters of the HTTP request in binding `binding` (`Data.<binding>`): its
+    /// `Query` as an object, or as a JSON string holding one, else the query string of its `Url`.
+    pub fn http_query(&self, binding: &str) -> BTreeMap<String, String> {
+        let mut query = BTreeMap::new();
+        let Some(request) = self.data.get(binding) else {
+            return query;
+        };
+        let object = match request.get("Query") {
+            Some(Value::Object(object)) => Some(object.clone()),
+            Some(Value::String(text)) => serde_json::from_str::<Map<String, Value>>(text).ok(),
+            _ => None,
+        };
+        if let Some(object) = object {
+            for (key, value) in object {
+                let text = match value {
+                    Value::String(text) => text,
+                    Value::Array(items) => items.first().and_then(Value::as_str).unwrap_or_default().to_string(),
+                    other => other.to_string(),
+                };
+                query.insert(key, text);
+            }
+        }
+        if query.is_empty()
+            && let Some(url) = request.get("Url").and_then(Value::as_str).and_then(|url| url::Url::parse(url).ok())
+        {
+            for (key, value) in url.query_pairs() {
+                query.entry(key.into_owned()).or_insert_with(|| value.into_owned());
+            }
+        }
+        query
+    }
+
     /// `IsPastDue` of the first timer binding, if the host sent one.
     pub fn timer_is_past_due(&self) -> bool {
         self.data.values().filter_map(|binding| binding.get("IsPastDue")).any(|flag| flag.as_bool() == Some(true))
@@ -60,6 +94,21 @@ mod tests {
             assert!(request.data.contains_key("timer"));
             assert_eq!(request.timer_is_past_due(), past_due);
         }
+    }
+
+    #[test]
+    fn the_http_fixture_gives_its_query() {
+        let text = include_str!("../../tests/fixtures/host/http_status.json");
+        let request = InvocationRequest::parse(text.as_bytes()).unwrap();
+        assert_eq!(request.http_query("req").get("poller").map(String::as_str), Some("orders"));
+        assert!(request.http_query("other").is_empty());
+        let from_url = InvocationRequest::parse(
+            br#"{"Data":{"req":{"Url":"https://app.azurewebsites.net/api/status?poller=a%20b&code=k","Query":{}}}}"#,
+        )
+        .unwrap();
+        assert_eq!(from_url.http_query("req").get("poller").map(String::as_str), Some("a b"));
+        let as_text = InvocationRequest::parse(br#"{"Data":{"req":{"Query":"{\"poller\":\"x\"}"}}}"#).unwrap();
+        assert_eq!(as_text.http_query("req").get("poller").map(String::as_str), Some("x"));
     }
 
     #[test]

@@ -24,6 +24,7 @@ use sqlx::{Database, Encode, Type};
 use crate::config::redact::Redaction;
 use crate::config::{Engine, SourceConfig};
 use crate::domain::{CursorValue, PkValue, Position};
+pub use query::Probe;
 use query::{SeekQuery, Slot};
 
 pub use crate::domain::event::SourceRow;
@@ -64,12 +65,61 @@ pub enum SourceError {
 
 #[async_trait]
 pub trait Source: Send + Sync {
-    /// The rows strictly after `after` (from the start when `None`), in (cursor, pk...) order, up
-    /// to `limit`.
-    async fn fetch_after(&self, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError>;
+    /// The rows `probe` asks for, strictly after `after` (from the start when `None`), in
+    /// (cursor, pk...) order (the last row first for [`Probe::Last`]), up to `limit`.
+    async fn read(&self, probe: Probe, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError>;
+
+    /// How many rows come after `after`, settled or not, counted up to `cap`.
+    async fn count_after(&self, after: Option<&Position>, cap: u64) -> Result<u64, SourceError>;
 
     /// Where the source is, for messages; never includes a password.
     fn describe(&self) -> String;
+
+    /// The next rows to deliver: settled rows strictly after `after`, up to `limit`.
+    async fn fetch_after(&self, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
+        self.read(Probe::Deliver, after, limit).await
+    }
+}
+
+/// What waits after a checkpoint: `status`'s lag.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Backlog {
+    /// Rows after the checkpoint, settled or not, counted up to the cap.
+    pub rows: u64,
+    /// The count stopped at the cap: there are at least `rows`.
+    pub capped: bool,
+    /// The cursor of the first row not yet delivered.
+    pub oldest: Option<CursorValue>,
+}
+
+/// Counts what waits after `after` (up to `cap` rows) and finds the first of it.
+pub async fn backlog(source: &dyn Source, after: Option<&Position>, cap: u64) -> Result<Backlog, SourceError> {
+    let rows = source.count_after(after, cap).await?;
+    let oldest = if rows == 0 {
+        None
+    } else {
+        let first = source.read(Probe::Pending, after, FetchLimit { rows: 1, bytes: usize::MAX }).await?;
+        first.rows.into_iter().next().map(|row| row.position.cursor)
+    };
+    Ok(Backlog { rows, capped: rows >= cap, oldest })
+}
+
+/// The position of the source's last settled row (`None`: the source is empty), for
+/// `reset --to-end`.
+pub async fn last_position(source: &dyn Source) -> Result<Option<Position>, SourceError> {
+    let last = source.read(Probe::Last, None, FetchLimit { rows: 1, bytes: usize::MAX }).await?;
+    Ok(last.rows.into_iter().next().map(|row| row.position))
+}
+
+/// Runs a source question under the source's query timeout.
+pub(crate) async fn timed<T, F>(config: &SourceConfig, location: &str, work: F) -> Result<T, SourceError>
+where
+    F: Future<Output = Result<T, SourceError>>,
+{
+    match tokio::time::timeout(config.query_timeout, work).await {
+        Ok(result) => result,
+        Err(_) => Err(SourceError::Timeout { location: location.to_string(), seconds: config.query_timeout.as_secs() }),
+    }
 }
 
 /// Runs an engine's fetch under the source's query timeout (a query that does not answer in time
@@ -84,15 +134,7 @@ pub(crate) async fn guarded_fetch<F>(
 where
     F: Future<Output = Result<Fetched, SourceError>>,
 {
-    let fetched = match tokio::time::timeout(config.query_timeout, fetch).await {
-        Ok(result) => result?,
-        Err(_) => {
-            return Err(SourceError::Timeout {
-                location: location.to_string(),
-                seconds: config.query_timeout.as_secs(),
-            });
-        }
-    };
+    let fetched = timed(config, location, fetch).await?;
     warn_if_settle_ignored(config, &fetched, settle_warned, location);
     Ok(fetched)
 }
@@ -322,7 +364,7 @@ pub(crate) fn json_size(value: &Value) -> usize {
     }
 }
 
-/// Runs the seek, from the start or after `after`, and decodes rows with `decode_value` (which
+/// Runs `probe`'s query, from the start or after `after`, and decodes rows with `decode_value` (which
 /// names each value's type and turns it into JSON) as they stream in, stopping at `limit.rows`
 /// rows or once they add up to `limit.bytes`. One body for every engine.
 #[allow(clippy::too_many_arguments)]
@@ -330,6 +372,7 @@ pub(crate) async fn fetch_rows<DB, F>(
     pool: &sqlx::Pool<DB>,
     config: &SourceConfig,
     seek: &SeekQuery,
+    probe: Probe,
     after: Option<&Position>,
     limit: FetchLimit,
     redaction: &Redaction,
@@ -345,10 +388,11 @@ where
     NaiveDateTime: for<'t> Encode<'t, DB> + Type<DB>,
     F: Fn(&DB::Row, usize, &str) -> Result<(String, Decoded), SourceError>,
 {
+    let after = if probe == Probe::Last { None } else { after };
     let query = match after {
-        None => sqlx::query(sqlx::AssertSqlSafe(seek.from_start.as_str())),
+        None => sqlx::query(sqlx::AssertSqlSafe(seek.sql(probe, false))),
         Some(position) => {
-            bind_position(sqlx::query(sqlx::AssertSqlSafe(seek.after.as_str())), &seek.after_slots, position)
+            bind_position(sqlx::query(sqlx::AssertSqlSafe(seek.sql(probe, true))), &seek.after_slots, position)
         }
     };
     let mut stream = query.bind(limit.rows as i64).fetch(pool);
@@ -374,6 +418,36 @@ where
     }
     fetched.full = fetched.rows.len() >= limit.rows;
     Ok(fetched)
+}
+
+/// Counts the rows after `after` (settled or not), up to `cap`.
+pub(crate) async fn count_rows<DB>(
+    pool: &sqlx::Pool<DB>,
+    seek: &SeekQuery,
+    after: Option<&Position>,
+    cap: u64,
+    redaction: &Redaction,
+) -> Result<u64, SourceError>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    <DB as Database>::Arguments: sqlx::IntoArguments<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB> + for<'r> sqlx::Decode<'r, DB>,
+    String: for<'t> Encode<'t, DB> + Type<DB>,
+    DateTime<Utc>: for<'t> Encode<'t, DB> + Type<DB>,
+    NaiveDateTime: for<'t> Encode<'t, DB> + Type<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+{
+    let query = match after {
+        None => sqlx::query(sqlx::AssertSqlSafe(seek.count_sql(false))),
+        Some(position) => {
+            bind_position(sqlx::query(sqlx::AssertSqlSafe(seek.count_sql(true))), &seek.after_slots, position)
+        }
+    };
+    let cap = i64::try_from(cap).unwrap_or(i64::MAX);
+    let row = query.bind(cap).fetch_one(pool).await.map_err(|error| classify(redaction, error))?;
+    let count: i64 = sqlx::Row::try_get_unchecked(&row, 0usize).map_err(|error| classify(redaction, error))?;
+    Ok(count.max(0) as u64)
 }
 
 /// Binds a position's values to the seek's placeholders, each as its native type.

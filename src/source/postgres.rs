@@ -15,7 +15,8 @@ use tokio::sync::OnceCell;
 
 use super::query::{CursorType, SeekPlan, SeekQuery, build_seek};
 use super::{
-    Decoded, FetchLimit, Fetched, Source, SourceError, classify, fetch_rows, guarded_fetch, warn_missing_index,
+    Decoded, FetchLimit, Fetched, Probe, Source, SourceError, classify, count_rows, fetch_rows, guarded_fetch, timed,
+    warn_missing_index,
 };
 use crate::config::redact::Redaction;
 use crate::config::{SourceConfig, SourceTarget};
@@ -273,17 +274,28 @@ pub fn numeric_text(bytes: &[u8]) -> Option<String> {
 
 #[async_trait]
 impl Source for PostgresSource {
-    async fn fetch_after(&self, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
+    async fn read(&self, probe: Probe, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
         let fetch = async {
             let seek = self.seek().await?;
-            fetch_rows(&self.pool, &self.config, seek, after, limit, &self.redaction, |row, index, name| {
+            fetch_rows(&self.pool, &self.config, seek, probe, after, limit, &self.redaction, |row, index, name| {
                 let type_name = row.columns()[index].type_info().name().to_string();
                 let value = decode_value(row, index, name, &type_name)?;
                 Ok((type_name, value))
             })
             .await
         };
-        guarded_fetch(&self.config, &self.redaction.location, &self.settle_warned, fetch).await
+        match probe {
+            Probe::Deliver => guarded_fetch(&self.config, &self.redaction.location, &self.settle_warned, fetch).await,
+            Probe::Pending | Probe::Last => timed(&self.config, &self.redaction.location, fetch).await,
+        }
+    }
+
+    async fn count_after(&self, after: Option<&Position>, cap: u64) -> Result<u64, SourceError> {
+        let count = async {
+            let seek = self.seek().await?;
+            count_rows(&self.pool, seek, after, cap, &self.redaction).await
+        };
+        timed(&self.config, &self.redaction.location, count).await
     }
 
     fn describe(&self) -> String {

@@ -44,7 +44,7 @@ pub struct SeekPlan {
     pub placeholder_types: Option<Vec<String>>,
 }
 
-/// The SQL of one seek.
+/// The SQL of one seek, and of the questions `status` and `reset --to-end` ask beside it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SeekQuery {
     /// After a checkpoint: binds `after_slots` then the limit.
@@ -52,6 +52,45 @@ pub struct SeekQuery {
     pub after_slots: Vec<Slot>,
     /// The first batch ever: binds the limit only.
     pub from_start: String,
+    /// The rows after a checkpoint not yet delivered, settled or not (the seek without the settle
+    /// predicate): binds like `after` / `from_start`.
+    pub pending_after: String,
+    pub pending_from_start: String,
+    /// How many rows are pending, counted up to the bound limit (so it stays cheap on a deep
+    /// backlog): binds like `after` / `from_start`.
+    pub count_after: String,
+    pub count_from_start: String,
+    /// The source's last settled row, in the seek's order (for `reset --to-end`): binds the limit.
+    pub last: String,
+}
+
+/// Which rows a read asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// The next rows to deliver: settled rows after the checkpoint.
+    Deliver,
+    /// Rows after the checkpoint, settled or not (what is waiting).
+    Pending,
+    /// The last settled row of the source (the position is ignored).
+    Last,
+}
+
+impl SeekQuery {
+    /// The SQL of `probe`, after a position or from the start.
+    pub fn sql(&self, probe: Probe, after: bool) -> &str {
+        match (probe, after) {
+            (Probe::Deliver, true) => &self.after,
+            (Probe::Deliver, false) => &self.from_start,
+            (Probe::Pending, true) => &self.pending_after,
+            (Probe::Pending, false) => &self.pending_from_start,
+            (Probe::Last, _) => &self.last,
+        }
+    }
+
+    /// The SQL of the capped count, after a position or from the start.
+    pub fn count_sql(&self, after: bool) -> &str {
+        if after { &self.count_after } else { &self.count_from_start }
+    }
 }
 
 /// The settle predicate: only rows older than the database's own `now - settle`.
@@ -195,17 +234,34 @@ pub fn build_seek(config: &SourceConfig, plan: &SeekPlan) -> SeekQuery {
         Engine::Sqlite | Engine::MySql => "?".to_string(),
     };
 
-    let compose = |predicates: &[String], limit: &str| {
-        let where_part =
-            if predicates.is_empty() { String::new() } else { format!(" WHERE {}", predicates.join(" AND ")) };
-        format!("SELECT {projection} FROM {from}{where_part} ORDER BY {order_by} LIMIT {limit}")
+    let where_part = |predicates: &[String]| {
+        if predicates.is_empty() { String::new() } else { format!(" WHERE {}", predicates.join(" AND ")) }
     };
-    let mut after_predicates = vec![seek];
+    let compose = |predicates: &[String], limit: &str| {
+        format!("SELECT {projection} FROM {from}{} ORDER BY {order_by} LIMIT {limit}", where_part(predicates))
+    };
+    let count = |predicates: &[String], limit: &str| {
+        format!("SELECT count(*) FROM (SELECT 1 FROM {from}{} LIMIT {limit}) AS dbtrigger_lag", where_part(predicates))
+    };
+    let unsettled: Vec<String> = config.where_clause.iter().map(|clause| format!("({clause})")).collect();
+    let mut after_predicates = vec![seek.clone()];
     after_predicates.extend(filters.iter().cloned());
+    let mut pending_predicates = vec![seek];
+    pending_predicates.extend(unsettled.iter().cloned());
+    let descending: Vec<String> = key_columns.iter().map(|column| format!("{column} DESC")).collect();
     SeekQuery {
         after: compose(&after_predicates, &limit_after),
         after_slots: slots,
         from_start: compose(&filters, &limit_start),
+        pending_after: compose(&pending_predicates, &limit_after),
+        pending_from_start: compose(&unsettled, &limit_start),
+        count_after: count(&pending_predicates, &limit_after),
+        count_from_start: count(&unsettled, &limit_start),
+        last: format!(
+            "SELECT {projection} FROM {from}{} ORDER BY {} LIMIT {limit_start}",
+            where_part(&filters),
+            descending.join(", ")
+        ),
     }
 }
 
@@ -303,6 +359,30 @@ mod tests {
             sqlite.contains("julianday(\"updated_at\") IS NULL OR"),
             "unreadable text reaches the decoder: {sqlite}"
         );
+    }
+
+    #[test]
+    fn status_probes_leave_settle_out_and_count_up_to_a_cap() {
+        let mut source = config(Engine::Postgres, None, Some("tenant = 7"));
+        source.settle = Duration::from_secs(5);
+        let query = build_seek(&source, &plan(CursorType::Timestamp));
+        assert_eq!(
+            query.count_after,
+            "SELECT count(*) FROM (SELECT 1 FROM \"public\".\"orders\" WHERE (\"updated_at\", \"tenant\", \"id\") > ($1, $2, $3) AND (tenant = 7) LIMIT $4) AS dbtrigger_lag"
+        );
+        assert_eq!(
+            query.count_from_start,
+            "SELECT count(*) FROM (SELECT 1 FROM \"public\".\"orders\" WHERE (tenant = 7) LIMIT $1) AS dbtrigger_lag"
+        );
+        assert!(!query.pending_after.contains("now()"), "{}", query.pending_after);
+        assert!(query.pending_after.ends_with("ORDER BY \"updated_at\", \"tenant\", \"id\" LIMIT $4"));
+        // The last row is the last settled one: younger rows may still be joined by late commits.
+        assert_eq!(
+            query.last,
+            "SELECT * FROM \"public\".\"orders\" WHERE (tenant = 7) AND \"updated_at\" <= now() - make_interval(secs => 5) ORDER BY \"updated_at\" DESC, \"tenant\" DESC, \"id\" DESC LIMIT $1"
+        );
+        let mysql = build_seek(&config(Engine::MySql, None, None), &plan(CursorType::Integer));
+        assert!(mysql.count_after.ends_with("LIMIT ?) AS dbtrigger_lag"), "{}", mysql.count_after);
     }
 
     /// Regression (issue 9, item 13): a type name read from the catalog is quoted in the casts.

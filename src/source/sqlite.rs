@@ -22,8 +22,8 @@ use tokio::sync::OnceCell;
 
 use super::query::{CursorType, SeekPlan, SeekQuery, build_seek};
 use super::{
-    Decoded, FetchLimit, Fetched, Role, Source, SourceError, classify, fetch_rows, guarded_fetch, role_of,
-    warn_missing_index,
+    Decoded, FetchLimit, Fetched, Probe, Role, Source, SourceError, classify, count_rows, fetch_rows, guarded_fetch,
+    role_of, timed, warn_missing_index,
 };
 use crate::config::redact::Redaction;
 use crate::config::{SourceConfig, SourceTarget};
@@ -206,10 +206,10 @@ pub fn parse_sqlite_timestamp(text: &str) -> Option<DateTime<Utc>> {
 
 #[async_trait]
 impl Source for SqliteSource {
-    async fn fetch_after(&self, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
+    async fn read(&self, probe: Probe, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
         let fetch = async {
             let seek = self.seek().await?;
-            fetch_rows(&self.pool, &self.config, seek, after, limit, &self.redaction, |row, index, name| {
+            fetch_rows(&self.pool, &self.config, seek, probe, after, limit, &self.redaction, |row, index, name| {
                 // SQLite: each value has its own storage class, whatever the column declares.
                 let raw = row
                     .try_get_raw(index)
@@ -221,7 +221,18 @@ impl Source for SqliteSource {
             })
             .await
         };
-        guarded_fetch(&self.config, &self.redaction.location, &self.settle_warned, fetch).await
+        match probe {
+            Probe::Deliver => guarded_fetch(&self.config, &self.redaction.location, &self.settle_warned, fetch).await,
+            Probe::Pending | Probe::Last => timed(&self.config, &self.redaction.location, fetch).await,
+        }
+    }
+
+    async fn count_after(&self, after: Option<&Position>, cap: u64) -> Result<u64, SourceError> {
+        let count = async {
+            let seek = self.seek().await?;
+            count_rows(&self.pool, seek, after, cap, &self.redaction).await
+        };
+        timed(&self.config, &self.redaction.location, count).await
     }
 
     fn describe(&self) -> String {

@@ -11,7 +11,7 @@ use dbtrigger::domain::StateDocument;
 use dbtrigger::domain::lease::LeaseRecord;
 use dbtrigger::sink::recording::RecordingSink;
 use dbtrigger::sink::{Batch, Sink, SinkError};
-use dbtrigger::source::{FetchLimit, Fetched, Source, SourceError};
+use dbtrigger::source::{FetchLimit, Fetched, Probe, Source, SourceError};
 use dbtrigger::store::memory::MemoryStore;
 use dbtrigger::store::{ETag, StateKey, StateStore, StoreError, Versioned, WriteCondition};
 use dbtrigger::tick::{ManualClock, Poller, StopReason, SystemClock, TickError, TickOutcome};
@@ -576,7 +576,7 @@ struct SlowSource {
 
 #[async_trait]
 impl Source for SlowSource {
-    async fn fetch_after(&self, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
+    async fn read(&self, probe: Probe, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
         let first = {
             let mut fetches = self.fetches.lock().unwrap();
             *fetches += 1;
@@ -585,7 +585,11 @@ impl Source for SlowSource {
         if !first {
             tokio::time::sleep(self.delay).await;
         }
-        self.inner.fetch_after(after, limit).await
+        self.inner.read(probe, after, limit).await
+    }
+
+    async fn count_after(&self, after: Option<&Position>, cap: u64) -> Result<u64, SourceError> {
+        self.inner.count_after(after, cap).await
     }
 
     fn describe(&self) -> String {

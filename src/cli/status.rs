@@ -1,0 +1,118 @@
+//! `dbtrigger status [--json] [--poller NAME]`: every poller of the app, its checkpoint, lag,
+//! lease, last success, attempts, quarantine and fingerprint, and every function that cannot run.
+//! The exit code is 1 when any is unhealthy, so that it can gate a deployment.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::bail;
+
+use crate::app::App;
+use crate::domain::health::{FingerprintState, PollerHealth};
+use crate::status::lag_text;
+
+pub async fn run(app_root: &Path, json: bool, only: Option<&str>) -> anyhow::Result<ExitCode> {
+    let settings = super::dev::settings_for(app_root)?;
+    let app = App::load(app_root, &settings)?;
+    let Some(healths) = app.status(only).await else {
+        bail!(
+            "no poller {:?} in {} (functions: {})",
+            only.unwrap_or_default(),
+            app_root.display(),
+            app.function_names().join(", ")
+        );
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&healths)?);
+    } else {
+        print!("{}", table(&healths, chrono::Utc::now()));
+    }
+    let healthy = healths.iter().all(|health| health.healthy);
+    Ok(if healthy { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// An aligned table, then one line per problem.
+pub fn table(healths: &[PollerHealth], now: chrono::DateTime<chrono::Utc>) -> String {
+    let header = [
+        "POLLER",
+        "HEALTH",
+        "LAG",
+        "OLDEST",
+        "CHECKPOINT",
+        "LEASE",
+        "LAST SUCCESS",
+        "ATTEMPTS",
+        "QUARANTINED",
+        "FINGERPRINT",
+    ];
+    let mut rows: Vec<Vec<String>> = vec![header.iter().map(|title| title.to_string()).collect()];
+    for health in healths {
+        let checkpoint = match &health.checkpoint {
+            Some(checkpoint) => {
+                let keys: Vec<String> =
+                    checkpoint.pk.iter().map(|(column, value)| format!("{column}={value}")).collect();
+                format!("{} ({})", checkpoint.cursor, keys.join(", "))
+            }
+            None => "-".to_string(),
+        };
+        let lease = match &health.lease {
+            Some(lease) if lease.live => format!("held by {}", lease.owner.as_deref().unwrap_or("?")),
+            Some(_) | None => "free".to_string(),
+        };
+        let last = match health.last_success_at {
+            Some(at) => format!("{} ago", age((now - at).num_seconds())),
+            None => "never".to_string(),
+        };
+        let fingerprint = match health.fingerprint {
+            Some(FingerprintState::Ok) => "ok",
+            Some(FingerprintState::Changed) => "CHANGED",
+            Some(FingerprintState::New) => "new",
+            None => "-",
+        };
+        rows.push(vec![
+            if health.poller == health.function {
+                health.poller.clone()
+            } else {
+                format!("{} ({})", health.poller, health.function)
+            },
+            if health.healthy { "ok".to_string() } else { "UNHEALTHY".to_string() },
+            lag_text(health),
+            health.oldest_pending_age_seconds.map(|seconds| age(seconds as i64)).unwrap_or_else(|| "-".to_string()),
+            checkpoint,
+            lease,
+            last,
+            health.attempts.to_string(),
+            health.quarantined.to_string(),
+            fingerprint.to_string(),
+        ]);
+    }
+    let widths: Vec<usize> =
+        (0..header.len()).map(|column| rows.iter().map(|row| row[column].chars().count()).max().unwrap_or(0)).collect();
+    let mut out = String::new();
+    for row in &rows {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell}{}", " ".repeat(width - cell.chars().count())))
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    for health in healths {
+        for problem in &health.problems {
+            out.push_str(&format!("{}: {problem}\n", health.function));
+        }
+    }
+    out
+}
+
+/// `42s`, `5m`, `3h`, `2d`.
+fn age(seconds: i64) -> String {
+    let seconds = seconds.max(0);
+    match seconds {
+        0..=119 => format!("{seconds}s"),
+        120..=7_199 => format!("{}m", seconds / 60),
+        7_200..=172_799 => format!("{}h", seconds / 3_600),
+        _ => format!("{}d", seconds / 86_400),
+    }
+}

@@ -1,0 +1,319 @@
+//! What `status` says of a poller, decided from what was read (its state document, the backlog the
+//! source counted, its configuration's fingerprint) and `now`. Pure: the reading is done elsewhere.
+//!
+//! A poller is unhealthy when something needs a person: its configuration is unusable, its state
+//! document cannot be read, its source cannot be counted, its fingerprint changed, or the batch at
+//! its checkpoint has failed (`attempts` above zero).
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+
+use super::cursor::CursorValue;
+use super::lease::{self, LeaseStatus, LeaseTerms};
+use super::state::StateDocument;
+use super::transitions::{FingerprintCheck, check_fingerprint};
+
+/// How the stored fingerprint relates to the configuration's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FingerprintState {
+    /// The document was written for this source definition.
+    Ok,
+    /// It was written for another one: the poller stops until reset or accepted.
+    Changed,
+    /// No document yet: the first tick writes it.
+    New,
+}
+
+/// The lease as `status` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LeaseView {
+    pub owner: Option<String>,
+    pub fencing_token: u64,
+    pub expires_at: Option<DateTime<Utc>>,
+    /// A tick holds it now (another instance would wait).
+    pub live: bool,
+}
+
+/// The checkpoint as `status` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CheckpointView {
+    pub cursor: Value,
+    pub pk: serde_json::Map<String, Value>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// What waits after the checkpoint, as the source counted it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lag {
+    pub rows: u64,
+    pub capped: bool,
+    pub oldest: Option<CursorValue>,
+}
+
+/// One poller's status: the `status --json` object.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PollerHealth {
+    pub function: String,
+    pub poller: String,
+    pub healthy: bool,
+    /// Why not, in words (empty when healthy).
+    pub problems: Vec<String>,
+    pub checkpoint: Option<CheckpointView>,
+    /// Rows after the checkpoint, counted up to `lag_cap` (`null` when they could not be counted).
+    pub lag_rows: Option<u64>,
+    /// The count stopped at its cap: there are at least `lag_rows`.
+    pub lag_capped: bool,
+    /// Now minus the cursor of the first undelivered row, for timestamp cursors.
+    pub oldest_pending_age_seconds: Option<f64>,
+    pub lease: Option<LeaseView>,
+    /// When a tick last committed.
+    pub last_success_at: Option<DateTime<Utc>>,
+    /// Failed ticks on the batch at the checkpoint.
+    pub attempts: u32,
+    pub last_error: Option<String>,
+    /// Rows isolated as poison so far (`dbtrigger quarantine list`).
+    pub quarantined: u64,
+    pub rows_delivered: u64,
+    pub fingerprint: Option<FingerprintState>,
+    /// The function's configuration error, or why its state or source could not be read.
+    pub error: Option<String>,
+}
+
+impl PollerHealth {
+    /// A function that cannot run: its configuration (or a connection it names) is unusable.
+    pub fn unusable(function: &str, reason: String) -> PollerHealth {
+        let mut health = PollerHealth::empty(function, function);
+        health.problems.push(format!("configuration error: {reason}"));
+        health.error = Some(reason);
+        health
+    }
+
+    fn empty(function: &str, poller: &str) -> PollerHealth {
+        PollerHealth {
+            function: function.to_string(),
+            poller: poller.to_string(),
+            healthy: false,
+            problems: Vec::new(),
+            checkpoint: None,
+            lag_rows: None,
+            lag_capped: false,
+            oldest_pending_age_seconds: None,
+            lease: None,
+            last_success_at: None,
+            attempts: 0,
+            last_error: None,
+            quarantined: 0,
+            rows_delivered: 0,
+            fingerprint: None,
+            error: None,
+        }
+    }
+}
+
+/// What was read about one poller.
+pub struct Observed<'a> {
+    pub function: &'a str,
+    pub poller: &'a str,
+    /// The state document (`Ok(None)`: none yet), or why it could not be read.
+    pub document: Result<Option<&'a StateDocument>, String>,
+    /// The backlog, or why it could not be counted (`None`: not asked, the checkpoint is unknown).
+    pub lag: Option<Result<Lag, String>>,
+    pub fingerprint: &'a str,
+    pub earlier_fingerprint: Option<&'a str>,
+    pub terms: &'a LeaseTerms,
+    /// Naive timestamp cursors mean this zone; their age is known only for UTC.
+    pub naive_cursors_are_utc: bool,
+}
+
+/// The status of one poller at `now`.
+pub fn assess(observed: Observed<'_>, now: DateTime<Utc>) -> PollerHealth {
+    let mut health = PollerHealth::empty(observed.function, observed.poller);
+    match observed.document {
+        Err(reason) => {
+            health.problems.push(format!("state document unreadable: {reason}"));
+            health.error = Some(reason);
+        }
+        Ok(None) => health.fingerprint = Some(FingerprintState::New),
+        Ok(Some(document)) => {
+            let check =
+                check_fingerprint(&document.source_fingerprint, observed.fingerprint, observed.earlier_fingerprint);
+            let fingerprint = match check {
+                FingerprintCheck::Same | FingerprintCheck::Earlier => FingerprintState::Ok,
+                FingerprintCheck::Changed => FingerprintState::Changed,
+            };
+            if fingerprint == FingerprintState::Changed {
+                health.problems.push(format!(
+                    "fingerprint changed: the document is for {}, the configuration gives {} (reset, or `dbtrigger fingerprint accept`)",
+                    document.source_fingerprint, observed.fingerprint
+                ));
+            }
+            health.fingerprint = Some(fingerprint);
+            health.checkpoint = document.checkpoint.as_ref().map(|checkpoint| CheckpointView {
+                cursor: checkpoint.cursor.value.clone(),
+                pk: checkpoint.cursor.tiebreaker.clone(),
+                updated_at: checkpoint.updated_at,
+            });
+            health.lease = document.lease.as_ref().map(|record| LeaseView {
+                owner: record.owner_id.clone(),
+                fencing_token: record.fencing_token,
+                expires_at: record.expires_at,
+                live: matches!(
+                    lease::status(Some(record), "(status)", now, observed.terms),
+                    LeaseStatus::HeldByOther { .. }
+                ),
+            });
+            health.last_success_at = document.stats.last_tick_at;
+            health.quarantined = document.stats.quarantined;
+            health.rows_delivered = document.stats.rows_delivered;
+            if let Some(poison) = &document.poison {
+                health.attempts = poison.attempts;
+                health.last_error = Some(poison.last_error.clone());
+                if poison.attempts > 0 {
+                    health.problems.push(format!(
+                        "the batch at the checkpoint failed {} times, last: {}",
+                        poison.attempts, poison.last_error
+                    ));
+                }
+            }
+        }
+    }
+    match observed.lag {
+        None => {}
+        Some(Ok(lag)) => {
+            health.lag_rows = Some(lag.rows);
+            health.lag_capped = lag.capped;
+            health.oldest_pending_age_seconds =
+                lag.oldest.as_ref().and_then(|oldest| age_seconds(oldest, now, observed.naive_cursors_are_utc));
+        }
+        Some(Err(reason)) => {
+            health.problems.push(format!("source not counted: {reason}"));
+            health.error.get_or_insert(reason);
+        }
+    }
+    health.healthy = health.problems.is_empty();
+    health
+}
+
+/// `now - cursor` in seconds, for a timestamp cursor (a naive one only when it means UTC).
+fn age_seconds(cursor: &CursorValue, now: DateTime<Utc>, naive_is_utc: bool) -> Option<f64> {
+    let at = match cursor {
+        CursorValue::Integer(_) => return None,
+        CursorValue::Timestamp { at, .. } => *at,
+        CursorValue::NaiveTimestamp(at) if naive_is_utc => at.and_utc(),
+        CursorValue::NaiveTimestamp(_) => return None,
+    };
+    Some(((now - at).num_milliseconds() as f64 / 1000.0).max(0.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::cursor::{PkValue, Position};
+    use crate::domain::poison::PoisonRecord;
+    use crate::domain::transitions::{self, Delivered};
+    use chrono::Duration;
+
+    fn terms() -> LeaseTerms {
+        LeaseTerms { ttl: Duration::seconds(60), heartbeat: Duration::seconds(15), clock_skew: Duration::seconds(5) }
+    }
+
+    fn at(seconds: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_780_000_000 + seconds, 0).unwrap()
+    }
+
+    fn observed<'a>(document: Result<Option<&'a StateDocument>, String>, lag: Result<Lag, String>) -> Observed<'a> {
+        Observed {
+            function: "orders",
+            poller: "orders",
+            document,
+            lag: Some(lag),
+            fingerprint: "sha256:a",
+            earlier_fingerprint: None,
+            terms: Box::leak(Box::new(terms())),
+            naive_cursors_are_utc: true,
+        }
+    }
+
+    fn lag(rows: u64, oldest: Option<CursorValue>) -> Lag {
+        Lag { rows, capped: false, oldest }
+    }
+
+    fn committed(owner: &str, now: DateTime<Utc>, release: bool) -> StateDocument {
+        let document = transitions::acquire(&StateDocument::new("orders", "sha256:a"), owner, now, &terms()).unwrap();
+        let last = Position { cursor: CursorValue::Integer(7), pk: vec![("id".into(), PkValue::Integer(7))] };
+        let delivered = Delivered { last: &last, last_batch_id: "bat_1", rows: 7, batches: 1, quarantined: 0 };
+        transitions::commit(&document, owner, &delivered, release, now, &terms()).unwrap()
+    }
+
+    #[test]
+    fn a_caught_up_poller_is_healthy_and_shows_its_checkpoint() {
+        let document = committed("a", at(0), true);
+        let health = assess(observed(Ok(Some(&document)), Ok(lag(0, None))), at(10));
+        assert!(health.healthy, "{:?}", health.problems);
+        assert_eq!(health.lag_rows, Some(0));
+        assert_eq!(health.fingerprint, Some(FingerprintState::Ok));
+        assert_eq!(health.checkpoint.as_ref().unwrap().cursor, serde_json::json!(7));
+        assert_eq!(health.last_success_at, Some(at(0)));
+        assert!(!health.lease.unwrap().live, "a released lease is not live");
+    }
+
+    #[test]
+    fn a_held_lease_is_live_until_expiry_and_skew() {
+        let document = committed("a", at(0), false);
+        let live = assess(observed(Ok(Some(&document)), Ok(lag(0, None))), at(30));
+        assert!(live.lease.unwrap().live);
+        let expired = assess(observed(Ok(Some(&document)), Ok(lag(0, None))), at(66));
+        assert!(!expired.lease.unwrap().live);
+    }
+
+    #[test]
+    fn attempts_a_changed_fingerprint_and_unreadable_things_are_unhealthy() {
+        let mut document = committed("a", at(0), true);
+        document.poison = Some(PoisonRecord {
+            batch_id: "bat_2".into(),
+            first: document.checkpoint.as_ref().unwrap().cursor.clone(),
+            last: document.checkpoint.as_ref().unwrap().cursor.clone(),
+            attempts: 2,
+            first_error: "HTTP 500".into(),
+            last_error: "HTTP 503".into(),
+            first_failure_at: at(1),
+            last_failure_at: at(2),
+        });
+        let failing = assess(observed(Ok(Some(&document)), Ok(lag(3, None))), at(10));
+        assert!(!failing.healthy);
+        assert_eq!(failing.attempts, 2);
+        assert!(failing.problems[0].contains("failed 2 times, last: HTTP 503"), "{:?}", failing.problems);
+
+        let mut moved = committed("a", at(0), true);
+        moved.source_fingerprint = "sha256:b".into();
+        let changed = assess(observed(Ok(Some(&moved)), Ok(lag(0, None))), at(10));
+        assert_eq!(changed.fingerprint, Some(FingerprintState::Changed));
+        assert!(!changed.healthy);
+
+        let unreadable = assess(observed(Err("not JSON".into()), Err("connection refused".into())), at(10));
+        assert!(!unreadable.healthy);
+        assert_eq!(unreadable.error.as_deref(), Some("not JSON"));
+        assert_eq!(unreadable.problems.len(), 2);
+        assert_eq!(unreadable.lag_rows, None);
+    }
+
+    #[test]
+    fn a_new_poller_is_healthy_with_its_whole_table_as_lag() {
+        let oldest = CursorValue::Timestamp { at: at(-90), source_text: None };
+        let health = assess(observed(Ok(None), Ok(Lag { rows: 1000, capped: true, oldest: Some(oldest) })), at(0));
+        assert!(health.healthy);
+        assert_eq!(health.fingerprint, Some(FingerprintState::New));
+        assert_eq!((health.lag_rows, health.lag_capped), (Some(1000), true));
+        assert_eq!(health.oldest_pending_age_seconds, Some(90.0));
+    }
+
+    #[test]
+    fn pending_age_is_known_for_utc_timestamps_only() {
+        let naive = CursorValue::NaiveTimestamp(at(-5).naive_utc());
+        assert_eq!(age_seconds(&naive, at(0), true), Some(5.0));
+        assert_eq!(age_seconds(&naive, at(0), false), None);
+        assert_eq!(age_seconds(&CursorValue::Integer(4), at(0), true), None);
+    }
+}

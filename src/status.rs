@@ -1,0 +1,87 @@
+//! `status`: reads what the pure [`crate::domain::health`] decides from. For each poller: its
+//! state document (one blob read), and from its source the rows after the checkpoint, counted up
+//! to [`LAG_CAP`] so that the question stays cheap on a deep backlog, and the first of them. Used
+//! by `dbtrigger status` and by the app's `status` HTTP function alike.
+
+use chrono::{DateTime, Utc};
+
+use crate::domain::health::{self, Lag, Observed, PollerHealth};
+use crate::tick::Poller;
+
+/// Lag is counted up to this many rows ("at least 1,000,000" beyond).
+pub const LAG_CAP: u64 = 1_000_000;
+
+/// The status of one poller at `now`.
+pub async fn of_poller(function: &str, poller: &Poller, now: DateTime<Utc>) -> PollerHealth {
+    let config = &poller.config;
+    let read = poller.store.read(&poller.key()).await;
+    let document = match &read {
+        Ok(found) => Ok(found.as_ref().map(|versioned| &versioned.document)),
+        Err(error) => Err(error.to_string()),
+    };
+    let lag = match &document {
+        Ok(document) => {
+            let position = match document.map(|document| document.position()) {
+                Some(Ok(position)) => Ok(position),
+                Some(Err(error)) => Err(error.to_string()),
+                None => Ok(None),
+            };
+            match position {
+                Ok(position) => Some(
+                    crate::source::backlog(poller.source.as_ref(), position.as_ref(), LAG_CAP)
+                        .await
+                        .map(|backlog| Lag { rows: backlog.rows, capped: backlog.capped, oldest: backlog.oldest })
+                        .map_err(|error| error.to_string()),
+                ),
+                Err(reason) => Some(Err(reason)),
+            }
+        }
+        // The checkpoint is unknown: nothing to count from.
+        Err(_) => None,
+    };
+    health::assess(
+        Observed {
+            function,
+            poller: &config.poller_name,
+            document,
+            lag,
+            fingerprint: &config.fingerprint,
+            earlier_fingerprint: config.legacy_fingerprint.as_deref(),
+            terms: &config.lease,
+            naive_cursors_are_utc: config.source.cursor_time_zone == "UTC",
+        },
+        now,
+    )
+}
+
+/// A lag for people: `1,234` or `≥ 1,000,000`, `?` when unknown.
+pub fn lag_text(health: &PollerHealth) -> String {
+    match health.lag_rows {
+        None => "?".to_string(),
+        Some(rows) if health.lag_capped => format!("≥ {}", thousands(rows)),
+        Some(rows) => thousands(rows),
+    }
+}
+
+fn thousands(number: u64) -> String {
+    let digits = number.to_string();
+    let mut out = String::new();
+    for (index, digit) in digits.chars().enumerate() {
+        if index > 0 && (digits.len() - index) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn big_numbers_get_thousands_separators() {
+        assert_eq!(super::thousands(0), "0");
+        assert_eq!(super::thousands(999), "999");
+        assert_eq!(super::thousands(1_000_000), "1,000,000");
+        assert_eq!(super::thousands(12_345), "12,345");
+    }
+}
