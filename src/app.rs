@@ -11,7 +11,7 @@ use tracing::{error, info};
 use crate::config::{AppConfig, ConfigError, FunctionConfig, PollerConfig, Settings, StatusConfig};
 use crate::domain::health::PollerHealth;
 use crate::handler::payload::InvocationRequest;
-use crate::tick::{Clock, Poller, SystemClock, TickError, TickOutcome};
+use crate::tick::{Clock, Poller, SystemClock, TickError, TickOutcome, TickReport};
 
 /// One function of the app, as it was opened at start-up.
 pub enum Function {
@@ -38,10 +38,12 @@ pub enum Invocation {
     Ticked {
         poller: String,
         outcome: TickOutcome,
+        report: TickReport,
     },
     Failed {
         poller: String,
         error: TickError,
+        report: TickReport,
     },
     Unusable {
         function: String,
@@ -63,11 +65,29 @@ pub enum Invocation {
 }
 
 impl Invocation {
-    /// The one line that says what happened, for logs, the host's `Logs` and the terminal.
+    /// The one line that says what happened, for logs, the host's `Logs` and the terminal. A
+    /// tick's is its summary: `key=value` pairs (so that Application Insights queries can split
+    /// them), then the same in words as `message`.
     pub fn line(&self) -> String {
         match self {
-            Invocation::Ticked { poller, outcome } => format!("{poller}: {outcome}"),
-            Invocation::Failed { poller, error } => format!("{poller}: tick failed: {error}"),
+            Invocation::Ticked { poller, outcome, report } => {
+                let (rows, batches, quarantined) = match outcome {
+                    TickOutcome::Delivered { rows, batches, quarantined, .. } => (*rows, *batches, *quarantined),
+                    TickOutcome::LeaseLost { rows, batches } => (*rows, *batches, 0),
+                    _ => (0, 0, 0),
+                };
+                format!(
+                    "tick poller={poller} outcome={} rows={rows} batches={batches} quarantined={quarantined} {} message={:?}",
+                    outcome.kind(),
+                    report_pairs(report),
+                    outcome.to_string()
+                )
+            }
+            Invocation::Failed { poller, error, report } => format!(
+                "tick poller={poller} outcome=failed {} message={:?}",
+                report_pairs(report),
+                format!("tick failed: {error}")
+            ),
             Invocation::Unusable { function, reason } => format!("{function}: {reason}"),
             Invocation::Unknown { function, known } => {
                 format!("{function}: no such function in this app (functions: {})", known.join(", "))
@@ -79,6 +99,20 @@ impl Invocation {
     pub fn succeeded(&self) -> bool {
         matches!(self, Invocation::Ticked { .. } | Invocation::Answered { .. })
     }
+}
+
+/// A tick's costs as `key=value` pairs: duration, lag after it, blob requests, fencing token.
+fn report_pairs(report: &TickReport) -> String {
+    let lag = match report.lag_after {
+        Some(lag) if lag.capped => format!("{}+", lag.rows),
+        Some(lag) => lag.rows.to_string(),
+        None => "unknown".to_string(),
+    };
+    let token = report.fencing_token.map(|token| token.to_string()).unwrap_or_else(|| "none".to_string());
+    format!(
+        "duration_ms={} lag_rows={lag} blob_reads={} blob_writes={} fencing_token={token}",
+        report.duration_ms, report.blob_reads, report.blob_writes
+    )
 }
 
 pub struct App {
@@ -213,9 +247,9 @@ impl App {
             }
             Some(Function::Poller(poller)) => {
                 let poller_name = poller.config.poller_name.clone();
-                match poller.tick().await {
-                    Ok(outcome) => Invocation::Ticked { poller: poller_name, outcome },
-                    Err(error) => Invocation::Failed { poller: poller_name, error },
+                match poller.tick_reported().await {
+                    (Ok(outcome), report) => Invocation::Ticked { poller: poller_name, outcome, report },
+                    (Err(error), report) => Invocation::Failed { poller: poller_name, error, report },
                 }
             }
         }

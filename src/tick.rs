@@ -106,6 +106,40 @@ pub struct Poller {
     pub quarantine: Option<Arc<dyn BlobStore>>,
     /// One tick at a time per poller in this process (the lease guards across processes).
     running: tokio::sync::Mutex<()>,
+    /// The state store as the tick sees it, counting its requests.
+    counted: Arc<crate::store::Counted>,
+    /// What the running tick learnt for its summary line (token, lag after it).
+    learnt: std::sync::Mutex<Learnt>,
+}
+
+/// What a tick learns on the way that its outcome does not carry.
+#[derive(Debug, Clone, Copy, Default)]
+struct Learnt {
+    fencing_token: Option<u64>,
+    lag_after: Option<LagAfter>,
+}
+
+/// Rows after the checkpoint when a tick ended, counted up to [`SUMMARY_LAG_CAP`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LagAfter {
+    pub rows: u64,
+    pub capped: bool,
+}
+
+/// A tick that ends with rows left counts them up to this many, for its summary line.
+pub const SUMMARY_LAG_CAP: u64 = 100_000;
+
+/// The facts of one tick beside its outcome: its summary line's numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TickReport {
+    pub duration_ms: i64,
+    /// State document requests: reads and (conditional) writes.
+    pub blob_reads: u64,
+    pub blob_writes: u64,
+    /// The fencing token of the lease this tick held, if it took one.
+    pub fencing_token: Option<u64>,
+    /// Rows still after the checkpoint (0 when it caught up; unknown when it failed or waited).
+    pub lag_after: Option<LagAfter>,
 }
 
 /// How a tick ended, when it did not fail.
@@ -282,7 +316,19 @@ impl Poller {
         clock: Arc<dyn Clock>,
         owner_id: String,
     ) -> Self {
-        Poller { config, source, sink, store, clock, owner_id, quarantine: None, running: tokio::sync::Mutex::new(()) }
+        let counted = Arc::new(crate::store::Counted::new(store));
+        Poller {
+            config,
+            source,
+            sink,
+            store: counted.clone(),
+            clock,
+            owner_id,
+            quarantine: None,
+            running: tokio::sync::Mutex::new(()),
+            counted,
+            learnt: std::sync::Mutex::new(Learnt::default()),
+        }
     }
 
     /// Keeps rows isolated as poison in `blobs` (`quarantine/{app}/{poller}/…`).
@@ -303,10 +349,18 @@ impl Poller {
     /// failed tick with its message, and the lease is given back if this process holds it: it
     /// never kills the process nor leaves the poller blocked until the lease expires.
     pub async fn tick(&self) -> Result<TickOutcome, TickError> {
+        self.tick_reported().await.0
+    }
+
+    /// Runs one tick, and says what it cost beside how it ended (for its summary line).
+    pub async fn tick_reported(&self) -> (Result<TickOutcome, TickError>, TickReport) {
         let Ok(_running) = self.running.try_lock() else {
-            return Ok(TickOutcome::Busy);
+            return (Ok(TickOutcome::Busy), TickReport::default());
         };
-        match AssertUnwindSafe(self.run_tick()).catch_unwind().await {
+        let started = self.clock.now();
+        let (reads_before, writes_before) = self.counted.counts();
+        *self.learnt.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Learnt::default();
+        let result = match AssertUnwindSafe(self.run_tick()).catch_unwind().await {
             Ok(result) => result,
             Err(panic) => {
                 let message = panic_message(panic.as_ref());
@@ -314,7 +368,27 @@ impl Poller {
                 self.release_after_panic().await;
                 Err(TickError::Panicked { message })
             }
-        }
+        };
+        let learnt = *self.learnt.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (reads, writes) = self.counted.counts();
+        let lag_after = match &result {
+            Ok(TickOutcome::Idle | TickOutcome::Delivered { stop: StopReason::CaughtUp, .. }) => {
+                Some(LagAfter { rows: 0, capped: false })
+            }
+            _ => learnt.lag_after,
+        };
+        let report = TickReport {
+            duration_ms: (self.clock.now() - started).num_milliseconds(),
+            blob_reads: reads - reads_before,
+            blob_writes: writes - writes_before,
+            fencing_token: learnt.fencing_token,
+            lag_after,
+        };
+        (result, report)
+    }
+
+    fn learn(&self, change: impl FnOnce(&mut Learnt)) {
+        change(&mut self.learnt.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
     }
 
     async fn run_tick(&self) -> Result<TickOutcome, TickError> {
@@ -364,6 +438,7 @@ impl Poller {
             Err(held) => return Ok(TickOutcome::LeaseHeld { owner_id: held.owner_id, expires_at: held.expires_at }),
         };
         let fencing_token = acquired.lease.as_ref().map(|lease| lease.fencing_token).unwrap_or_default();
+        self.learn(|learnt| learnt.fencing_token = Some(fencing_token));
         if new_document {
             warn!(
                 poller = %self.config.poller_name,
@@ -394,6 +469,17 @@ impl Poller {
             self.release_lease(&mut writer, &mut document).await;
         }
         let outcome = result?;
+        if let TickOutcome::Delivered { stop: StopReason::BudgetExhausted | StopReason::Isolated, .. } = &outcome
+            && let Ok(position) = document.position()
+        {
+            // Rows are left: how many (capped, so that it stays cheap), for the summary line.
+            match self.source.count_after(position.as_ref(), SUMMARY_LAG_CAP).await {
+                Ok(rows) => self.learn(|learnt| {
+                    learnt.lag_after = Some(LagAfter { rows, capped: rows >= SUMMARY_LAG_CAP });
+                }),
+                Err(error) => warn!(poller = %self.config.poller_name, "cannot count the rows left: {error}"),
+            }
+        }
         Ok(match outcome {
             TickOutcome::Delivered { rows, batches, checkpoint, stop, quarantined, .. } => {
                 TickOutcome::Delivered { rows, batches, checkpoint, stop, new_document, quarantined }

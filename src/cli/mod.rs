@@ -7,6 +7,7 @@ mod operator;
 mod ops;
 mod package;
 mod quarantine;
+mod scaffold;
 mod status;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -81,6 +82,26 @@ pub enum Command {
         /// Only this poller (its poller or function name).
         #[arg(long)]
         poller: Option<String>,
+        #[command(flatten)]
+        app_root: AppRoot,
+    },
+    /// Writes `<app root>/<function>/function.json` from a template (and host.json when the app
+    /// root has none), and prints the app settings it needs.
+    New {
+        function: String,
+        /// webhook, queue or status.
+        #[arg(long)]
+        template: String,
+        /// KEY=VALUE inside the poller section (dotted: source.table=public.orders; `schedule` is
+        /// the timer's). VALUE is JSON when it parses as JSON, else text.
+        #[arg(long = "set")]
+        sets: Vec<String>,
+        #[command(flatten)]
+        app_root: AppRoot,
+    },
+    /// Validates every function.json against the app settings (environment, then
+    /// local.settings.json) without touching a database or a store: one line per problem, exit 1.
+    Check {
         #[command(flatten)]
         app_root: AppRoot,
     },
@@ -252,6 +273,8 @@ impl Command {
             | Command::Package { .. }
             | Command::Inspect { .. }
             | Command::Status { .. }
+            | Command::New { .. }
+            | Command::Check { .. }
             | Command::Reset { .. }
             | Command::Clone { .. }
             | Command::Fingerprint { .. } => crate::logging::LogStream::Stderr,
@@ -317,6 +340,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Dev { app_root, port } => dev::run(&app_root.resolve()?, port).await,
         Command::Package { app_root, out, binary } => package::run(&app_root.resolve()?, &out, binary.as_deref()),
         Command::Demo { rows, keep } => demo::run(rows, keep).await,
+        Command::New { function, template, sets, app_root } => {
+            scaffold::new(&app_root.resolve()?, &function, &template, &sets)
+        }
+        Command::Check { app_root } => scaffold::check(&app_root.resolve()?),
         Command::Status { json, poller, app_root } => status::run(&app_root.resolve()?, json, poller.as_deref()).await,
         Command::Inspect { poller, app_root } => ops::inspect(&app_root.resolve()?, &poller).await,
         Command::Reset { poller, to_beginning, to_end, to_cursor, pk, from_file, guard, app_root } => {

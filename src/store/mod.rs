@@ -198,6 +198,48 @@ impl<B: BlobStore + ?Sized> StateStore for B {
     }
 }
 
+/// A state store that counts the reads and writes that go through it (a tick's summary line says
+/// how many blob requests it made).
+pub struct Counted {
+    inner: Arc<dyn StateStore>,
+    reads: std::sync::atomic::AtomicU64,
+    writes: std::sync::atomic::AtomicU64,
+}
+
+impl Counted {
+    pub fn new(inner: Arc<dyn StateStore>) -> Self {
+        Counted { inner, reads: Default::default(), writes: Default::default() }
+    }
+
+    /// (reads, writes) so far.
+    pub fn counts(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.reads.load(Relaxed), self.writes.load(Relaxed))
+    }
+}
+
+#[async_trait]
+impl StateStore for Counted {
+    async fn read(&self, key: &StateKey) -> Result<Option<Versioned>, StoreError> {
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.read(key).await
+    }
+
+    async fn write(
+        &self,
+        key: &StateKey,
+        document: &StateDocument,
+        condition: WriteCondition,
+    ) -> Result<ETag, StoreError> {
+        self.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.write(key, document, condition).await
+    }
+
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
 /// Opens the store a poller's `state` section names, for its state documents.
 pub fn open(config: &StateConfig) -> Result<Arc<dyn StateStore>, StoreError> {
     match &config.location {

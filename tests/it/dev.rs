@@ -61,5 +61,5 @@ async fn dev_fires_each_schedule_through_the_handler() {
     let log = std::fs::read_to_string(&log_path).unwrap();
     assert!(first && second, "the timer did not deliver every row; log:\n{log}");
     assert_eq!(receiver.acknowledged_ids(), (1..=40).collect::<Vec<i64>>());
-    assert!(log.contains("timer armed") && log.contains("orders: delivered"), "{log}");
+    assert!(log.contains("timer armed") && log.contains("tick poller=orders outcome=caught-up"), "{log}");
 }

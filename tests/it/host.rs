@@ -38,12 +38,29 @@ pub async fn every_host_payload_runs_a_tick_and_every_row_arrives_exactly_once(a
         let (status, content_type, body) = handler.invoke("orders", payload).await;
         assert_host_shape(status, &content_type, &body);
         let log_line = body["Logs"][0].as_str().unwrap();
-        assert!(log_line.starts_with("orders: "), "{name}: {log_line}");
+        assert!(log_line.starts_with("tick poller=orders outcome="), "{name}: {log_line}");
+        if name == "timer_first_run" {
+            // The summary line: key=value pairs, one read of the state document, the lease's token.
+            assert!(
+                log_line.contains("outcome=caught-up rows=1000 batches=10 quarantined=0 ")
+                    && log_line.contains(" lag_rows=0 blob_reads=1 ")
+                    && !log_line.contains("fencing_token=none"),
+                "{log_line}"
+            );
+        }
     }
-    // One more tick finds nothing new.
+    // One more tick finds nothing new: one read, no write, no lease.
     let (status, _, body) = handler.invoke("orders", host_fixtures()[2].1).await;
     assert_eq!(status, 200);
-    assert_eq!(body["Logs"][0], "orders: nothing new");
+    let idle = body["Logs"][0].as_str().unwrap();
+    assert!(
+        idle.starts_with("tick poller=orders outcome=idle rows=0 batches=0 quarantined=0 duration_ms=")
+            && idle.ends_with("lag_rows=0 blob_reads=1 blob_writes=0 fencing_token=none message=\"nothing new\""),
+        "{idle}"
+    );
+    // Exactly one summary line per tick on stdout, where the host logs it.
+    let log = handler.log();
+    assert_eq!(log.matches("tick poller=orders outcome=").count(), 5, "{log}");
 
     let ids = receiver.acknowledged_ids();
     let expected: Vec<i64> = (1..=2345).collect();

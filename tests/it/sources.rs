@@ -6,6 +6,8 @@ use std::sync::Arc;
 
 use dbtrigger::config::{PollerConfig, Settings};
 use dbtrigger::domain::StateDocument;
+use dbtrigger::domain::cursor::{CursorJson, Position};
+use dbtrigger::source::{backlog, last_position};
 use dbtrigger::sink::recording::RecordingSink;
 use dbtrigger::store::StateKey;
 use dbtrigger::store::memory::MemoryStore;
@@ -185,6 +187,28 @@ async fn end_to_end(engine: Engine, kind: Kind) {
     // The row's values arrive typed.
     let first = &sink.batches()[0].events[0];
     assert_eq!(first.row["note"], json!(format!("row {}", first.pk["id"])), "{engine:?} {kind:?}");
+
+    // What `status` and `reset --to-end` ask of the source: the backlog after the checkpoint
+    // (counted up to a cap, and its first row) and the last row.
+    let source = poller.source.as_ref();
+    let checkpoint = Position::try_from(&cursor).unwrap();
+    let caught_up = backlog(source, Some(&checkpoint), 1000).await.unwrap();
+    assert_eq!((caught_up.rows, caught_up.capped, caught_up.oldest), (0, false, None), "{engine:?} {kind:?}");
+    insert(&database.url, kind, 61..=66).await;
+    let waiting = backlog(source, Some(&checkpoint), 1000).await.unwrap();
+    assert_eq!((waiting.rows, waiting.capped), (6, false), "{engine:?} {kind:?}");
+    let capped = backlog(source, Some(&checkpoint), 4).await.unwrap();
+    assert_eq!((capped.rows, capped.capped), (4, true), "{engine:?} {kind:?}: counted up to the cap");
+    assert_eq!(backlog(source, None, 1000).await.unwrap().rows, 66, "{engine:?} {kind:?}: from the start");
+    let last = last_position(source).await.unwrap().expect("a last row");
+    assert_eq!(last.pk[last.pk.len() - 1].1.to_json(), json!(66), "{engine:?} {kind:?}: the last row");
+    let batches_before = sink.batches().len();
+    assert!(matches!(poller.tick().await.unwrap(), TickOutcome::Delivered { rows: 6, .. }), "{engine:?} {kind:?}");
+    let next = &sink.batches()[batches_before].events[0];
+    assert_eq!(Some(next.cursor.clone()), waiting.oldest.map(|oldest| oldest.to_json()), "{engine:?} {kind:?}");
+    assert_eq!(Position::try_from(&CursorJson::from(&last)).unwrap(), last, "{engine:?} {kind:?}");
+    let after_last = backlog(source, Some(&last), 1000).await.unwrap();
+    assert_eq!(after_last.rows, 0, "{engine:?} {kind:?}: nothing after the last row");
 }
 
 macro_rules! end_to_end_tests {
