@@ -110,6 +110,8 @@ pub struct Poller {
     counted: Arc<crate::store::Counted>,
     /// What the running tick learnt for its summary line (token, lag after it).
     learnt: std::sync::Mutex<Learnt>,
+    /// Rows committed by this poller in this process, ever: a long tick's progress.
+    committed_rows: std::sync::atomic::AtomicU64,
 }
 
 /// What a tick learns on the way that its outcome does not carry.
@@ -328,6 +330,7 @@ impl Poller {
             running: tokio::sync::Mutex::new(()),
             counted,
             learnt: std::sync::Mutex::new(Learnt::default()),
+            committed_rows: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -385,6 +388,11 @@ impl Poller {
             lag_after,
         };
         (result, report)
+    }
+
+    /// Rows this poller committed in this process so far (a tick in progress included).
+    pub fn committed_rows(&self) -> u64 {
+        self.committed_rows.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn learn(&self, change: impl FnOnce(&mut Learnt)) {
@@ -1011,6 +1019,7 @@ impl Poller {
                         "batch delivered and committed"
                     );
                 }
+                self.committed_rows.fetch_add(delivered.rows as u64, std::sync::atomic::Ordering::Relaxed);
                 Ok(true)
             }
             Err(WriteFailure::Conflict(_)) => Ok(false),

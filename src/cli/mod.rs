@@ -6,10 +6,12 @@ mod dev;
 mod operator;
 mod ops;
 mod package;
+mod progress;
 mod quarantine;
 mod scaffold;
 mod status;
 
+use std::io::IsTerminal;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -326,7 +328,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if let Some(crate::app::Function::Status(_)) = app.function(&poller) {
                 bail!("{poller} is a status function, not a poller: run `dbtrigger status`");
             }
-            let invocation = app.invoke(&poller).await;
+            let invocation = match app.pollers().find(|(name, _)| name.eq_ignore_ascii_case(&poller)) {
+                Some((_, found)) if std::io::stderr().is_terminal() => {
+                    progress::while_running(found.clone(), app.invoke(&poller)).await
+                }
+                _ => app.invoke(&poller).await,
+            };
             match invocation {
                 Invocation::Unknown { .. } | Invocation::Unusable { .. } | Invocation::Answered { .. } => {
                     bail!("{} (app root {})", invocation.line(), root.display())

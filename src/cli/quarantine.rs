@@ -3,6 +3,7 @@
 //! confirmation on a terminal (refuse without one unless `--yes`), delete each entry only by the
 //! ETag it was read at, and leave a line in the poller's state document history.
 
+use std::io::IsTerminal;
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -177,7 +178,13 @@ pub async fn replay(app_root: &Path, poller: &str, selection: Selection, guard: 
     };
     let mut replayed = Vec::new();
     let mut failed = Vec::new();
-    for (entry, etag) in &chosen {
+    let on_terminal = std::io::stderr().is_terminal();
+    let started = std::time::Instant::now();
+    for (done, (entry, etag)) in chosen.iter().enumerate() {
+        if on_terminal && done > 0 && done % 50 == 0 {
+            let rate = done as f64 / started.elapsed().as_secs_f64().max(0.001);
+            eprint!("\r{done} of {} replayed, {rate:.0} rows/s, {} left   ", chosen.len(), chosen.len() - done);
+        }
         let event: Event = serde_json::from_value(entry.event.clone())
             .with_context(|| format!("{}: the stored event cannot be read", entry.id))?;
         let batch = Batch {
@@ -199,6 +206,9 @@ pub async fn replay(app_root: &Path, poller: &str, selection: Selection, guard: 
                 failed.push(entry.id.clone());
             }
         }
+    }
+    if on_terminal && chosen.len() > 50 {
+        eprintln!();
     }
     if !replayed.is_empty() {
         audit(&target, format!("replayed {} quarantined rows: {}", replayed.len(), replayed.join(", ")), &guard)

@@ -43,7 +43,9 @@ pub fn new(app_root: &Path, function: &str, template: &str, sets: &[String]) -> 
         && function.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
         && function != "host";
     if !valid_name {
-        bail!("{function:?} is not a valid function name: lower-case letters, digits, '_' and '-', starting with a letter");
+        bail!(
+            "{function:?} is not a valid function name: lower-case letters, digits, '_' and '-', starting with a letter"
+        );
     }
     let folder = app_root.join(function);
     let file = folder.join("function.json");
@@ -52,7 +54,9 @@ pub fn new(app_root: &Path, function: &str, template: &str, sets: &[String]) -> 
     }
     // The template's settings are named for its `orders` example: name them for this function.
     let prefix = function.to_ascii_uppercase().replace('-', "_");
-    let text = text.replace("ORDERS_", &format!("{prefix}_")).replace("orders-changes", &format!("{}-changes", function.replace('_', "-")));
+    let text = text
+        .replace("ORDERS_", &format!("{prefix}_"))
+        .replace("orders-changes", &format!("{}-changes", function.replace('_', "-")));
     let mut document: Value = serde_json::from_str(&text).expect("the templates are valid JSON");
     for pair in sets {
         let (path, value) = pair.split_once('=').with_context(|| format!("--set {pair:?}: expected KEY=VALUE"))?;
@@ -65,13 +69,12 @@ pub fn new(app_root: &Path, function: &str, template: &str, sets: &[String]) -> 
         println!("wrote {}", app_root.join("host.json").display());
     }
     std::fs::create_dir_all(&folder).with_context(|| format!("{}: cannot create", folder.display()))?;
-    std::fs::write(&file, serde_json::to_vec_pretty(&document)?).with_context(|| format!("{}: cannot write", file.display()))?;
+    std::fs::write(&file, serde_json::to_vec_pretty(&document)?)
+        .with_context(|| format!("{}: cannot write", file.display()))?;
     println!("wrote {}", file.display());
     let needed = settings_named(&document);
     if !needed.is_empty() {
-        println!(
-            "app settings it needs (local.settings.json `Values` for local work, the app's settings in Azure):"
-        );
+        println!("app settings it needs (local.settings.json `Values` for local work, the app's settings in Azure):");
         for name in needed {
             println!("  {name} = {}", example_for(&name));
         }

@@ -13,6 +13,7 @@ mod poison;
 mod queue;
 mod services;
 mod sources;
+mod status;
 mod store;
 mod tick;
 mod webhook;

@@ -51,7 +51,7 @@ async fn operators_reset_clone_and_accept_with_guardrails() {
     let reset = state(&app, "orders");
     assert_eq!(reset["checkpoint"], Value::Null);
     assert_eq!(reset["lease"]["owner_id"], Value::Null);
-    assert_eq!(reset["lease"]["fencing_token"], 99, "the token kept: the next owner fences above it");
+    assert_eq!(reset["lease"]["fencing_token"], 100, "a new token: the displaced holder's deliveries are stale");
     let entry = reset["history"].as_array().unwrap().last().unwrap().clone();
     assert_eq!((entry["what"].as_str(), entry["forced"].as_bool()), (Some("reset to the beginning"), Some(true)));
     assert_eq!(entry["previous_checkpoint"]["tiebreaker"]["id"], 10);
