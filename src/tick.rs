@@ -32,13 +32,13 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use tracing::{error, info, warn};
 
-use crate::config::PollerConfig;
+use crate::config::{OnGenerationChange, PollerConfig};
 use crate::domain::Event;
 use crate::domain::ids::batch_id;
 use crate::domain::lease::{self, LeaseStatus};
 use crate::domain::poison::{self, FailureKind, Isolation, PoisonMode, PoisonRecord, Verdict};
 use crate::domain::state::{CheckpointRegression, describe};
-use crate::domain::transitions::{self, Delivered, FingerprintCheck, Refusal};
+use crate::domain::transitions::{self, Delivered, FingerprintCheck, GenerationCheck, Refusal};
 use crate::domain::window::BatchWindow;
 use crate::domain::{DocumentError, Position, StateDocument};
 use crate::sink::{Batch, Sink, SinkError};
@@ -158,6 +158,9 @@ pub enum TickOutcome {
     LeaseLost { rows: u64, batches: u64 },
     /// A tick of this poller is already running in this process.
     Busy,
+    /// The source generation moved during the tick (a reload began): the tick stood down before
+    /// its next commit, nothing more was committed. The next tick acts on the new generation.
+    Superseded { bound: serde_json::Value, current: Option<serde_json::Value> },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,6 +183,7 @@ impl TickOutcome {
             TickOutcome::LeaseHeld { .. } => "lease-held",
             TickOutcome::LeaseLost { .. } => "lease-lost",
             TickOutcome::Busy => "busy",
+            TickOutcome::Superseded { .. } => "superseded",
         }
     }
 }
@@ -214,6 +218,11 @@ impl fmt::Display for TickOutcome {
                 write!(formatter, "lease lost after {batches} batches, {rows} rows; the new owner continues")
             }
             TickOutcome::Busy => write!(formatter, "a tick of this poller is already running here"),
+            TickOutcome::Superseded { bound, current } => write!(
+                formatter,
+                "stood down: the source generation moved from {bound} to {} during the tick; nothing more was committed, the next tick acts on the new generation",
+                current.as_ref().map(ToString::to_string).unwrap_or_else(|| "none".into())
+            ),
         }
     }
 }
@@ -256,6 +265,15 @@ pub enum TickError {
          the checkpoint holds before it. Fix the receiver or the row, or reset the poller past it"
     )]
     PoisonStop { pk: String, error: SinkError },
+    /// `source.generation.onChange: stop` and the generation moved since the checkpoint.
+    #[error(
+        "the source generation changed from {stored} to {current} (a truncate and reload?): source.generation.onChange is stop, \
+         so nothing is delivered until an operator resets the poller (dbtrigger reset <poller> --to-beginning, or --to-end)"
+    )]
+    GenerationChanged { stored: serde_json::Value, current: serde_json::Value },
+    /// Internal: the generation moved before a commit; the tick turns it into `Superseded`.
+    #[error("the source generation moved from {bound} during the tick")]
+    Superseded { bound: serde_json::Value, current: Option<serde_json::Value> },
     /// A bug: something panicked during the tick. The lease was released if it was held.
     #[error("the tick failed unexpectedly (panic: {message}); the checkpoint did not move")]
     Panicked { message: String },
@@ -433,10 +451,45 @@ impl Poller {
             return Ok(TickOutcome::LeaseHeld { owner_id, expires_at });
         }
 
-        // 2. Anything to do?
+        // 2. The source generation the work is bound to (seed 003), read before any row.
+        let generation = self.source.generation().await?;
+        let restart = self
+            .config
+            .source
+            .generation
+            .as_ref()
+            .is_some_and(|config| config.on_change == OnGenerationChange::Restart);
+        let mut restarted = false;
+        match transitions::check_generation(&document, generation.as_ref(), restart, self.clock.now()) {
+            GenerationCheck::Same => {}
+            GenerationCheck::Adopted(next) => document = next,
+            GenerationCheck::Restarted(next) => {
+                warn!(
+                    poller = %self.config.poller_name,
+                    "{}",
+                    next.history.last().map(|entry| entry.what.as_str()).unwrap_or("source generation changed")
+                );
+                document = next;
+                restarted = true;
+            }
+            GenerationCheck::Stopped { stored, current } => {
+                return Err(TickError::GenerationChanged { stored, current });
+            }
+        }
+
+        // 3. Anything to do?
         let checkpoint = document.position()?;
         let first = self.source.fetch_after(checkpoint.as_ref(), self.fetch_limit()).await?;
         if first.rows.is_empty() {
+            if restarted {
+                // The new load has no row yet: the restart itself is written, by CAS.
+                let mut writer = StateWriter::new(self.store.as_ref(), &key, etag);
+                match writer.write(&mut document).await {
+                    Ok(()) => {}
+                    Err(WriteFailure::Conflict(current)) => return Ok(held_by_whoever_wrote(current)),
+                    Err(WriteFailure::Store(error)) => return Err(error.into()),
+                }
+            }
             return Ok(TickOutcome::Idle);
         }
 
@@ -470,13 +523,21 @@ impl Poller {
         }
 
         // 4 and 5. Deliver and commit until caught up or out of budget.
-        let result = self.deliver_and_commit(&mut writer, &mut document, first, fencing_token, deadline).await;
+        let result = self
+            .deliver_and_commit(&mut writer, &mut document, first, fencing_token, generation.as_ref(), deadline)
+            .await;
         // Whatever happened, a lease still ours is given back (a failed commit, a fetch error,
         // the budget running out between commits), so the next tick anywhere starts at once.
         if !writer.lost && self.holds_lease(&document) {
             self.release_lease(&mut writer, &mut document).await;
         }
-        let outcome = result?;
+        let outcome = match result {
+            Err(TickError::Superseded { bound, current }) => {
+                warn!(poller = %self.config.poller_name, bound = %bound, "the source generation moved during the tick: standing down");
+                return Ok(TickOutcome::Superseded { bound, current });
+            }
+            other => other?,
+        };
         if let TickOutcome::Delivered { stop: StopReason::BudgetExhausted | StopReason::Isolated, .. } = &outcome
             && let Ok(position) = document.position()
         {
@@ -512,6 +573,7 @@ impl Poller {
         document: &mut StateDocument,
         first: Fetched,
         fencing_token: u64,
+        generation: Option<&serde_json::Value>,
         deadline: DateTime<Utc>,
     ) -> Result<TickOutcome, TickError> {
         let terms = self.config.lease;
@@ -597,8 +659,9 @@ impl Poller {
                 let last = rows.last().expect("a batch is never empty").position.clone();
                 let id =
                     batch_id(&self.config.poller_name, &self.config.fingerprint, &first_position, &last, rows.len());
-                let batch =
+                let mut batch =
                     Batch::new(&self.config.poller_name, &self.config.fingerprint, id.clone(), fencing_token, &rows);
+                batch.generation = generation.cloned();
                 // The rows' values are in the batch now; their positions are kept (moved, not copied).
                 let positions: Vec<Position> = rows.into_iter().map(|row| row.position).collect();
                 let sequence = window.open(Sent {
@@ -947,6 +1010,7 @@ impl Poller {
             poller: batch.poller.clone(),
             batch_id: format!("{}-rows{start}to{end}", batch.batch_id),
             fencing_token: batch.fencing_token,
+            generation: batch.generation.clone(),
             events: batch.events[start..end].to_vec(),
         };
         let sink_deadline = Instant::now() + (deadline - self.clock.now()).to_std().unwrap_or(Duration::ZERO);
@@ -980,6 +1044,16 @@ impl Poller {
         release: bool,
     ) -> Result<bool, TickError> {
         let last = ready.last().expect("a commit covers at least one batch");
+        // Seed 003: re-check the generation before the side effect that matters, the commit; a
+        // reload that began meanwhile makes the tick stand down.
+        if self.config.source.generation.is_some()
+            && let Some(bound) = document.generation.as_ref().map(|record| record.value.clone())
+        {
+            let current = self.source.generation().await?;
+            if current.as_ref() != Some(&bound) {
+                return Err(TickError::Superseded { bound, current });
+            }
+        }
         let delivered = Delivered {
             last: &last.last,
             last_batch_id: &last.batch_id,

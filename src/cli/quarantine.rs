@@ -191,6 +191,7 @@ pub async fn replay(app_root: &Path, poller: &str, selection: Selection, guard: 
             poller: config.poller_name.clone(),
             batch_id: format!("replay-{}", entry.id),
             fencing_token: fencing_token.max(entry.fencing_token),
+            generation: None,
             events: vec![event],
         };
         let deadline = tokio::time::Instant::now() + config.batch.tick_budget;

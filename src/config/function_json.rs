@@ -43,6 +43,16 @@ pub(super) struct RawSource {
     pub(super) settle_seconds: Option<u64>,
     pub(super) cursor_time_zone: Option<String>,
     pub(super) query_timeout_seconds: Option<u64>,
+    pub(super) soft_delete: Option<String>,
+    pub(super) op_column: Option<String>,
+    pub(super) generation: Option<RawGeneration>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawGeneration {
+    pub(super) query: String,
+    pub(super) on_change: Option<String>,
 }
 
 #[derive(Deserialize, Default)]

@@ -29,7 +29,9 @@ use serde_json::Value;
 pub use self::batch::{BatchConfig, PoisonConfig};
 pub use self::connection::{StorageConnection, StorageCredential};
 pub use self::sink::{MessageEncoding, MessagePer, QueueConfig, SigningKey, SinkConfig, WebhookConfig};
-pub use self::source::{Engine, SourceConfig, SourceTarget, validate_identifier};
+pub use self::source::{
+    Engine, GenerationConfig, OnGenerationChange, OpRule, SourceConfig, SourceTarget, validate_identifier,
+};
 pub use self::state::{StateConfig, StateLocation};
 pub use self::status::StatusConfig;
 pub use crate::settings::{Secret, Settings};

@@ -60,6 +60,48 @@ pub struct SourceConfig {
     pub query_timeout: Duration,
     /// The zone naive timestamp cursors are written in (for `settle` only): `UTC` by default.
     pub cursor_time_zone: String,
+    /// How a row says it was deleted (or which operation it records), if it can.
+    pub ops: OpRule,
+    /// The source's load generation, if the table is truncated and reloaded.
+    pub generation: Option<GenerationConfig>,
+}
+
+/// Which `op` an event gets.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum OpRule {
+    /// Keyset polling sees each row's latest state: every event is an `upsert`.
+    #[default]
+    Upsert,
+    /// `softDelete`: a row whose column is not NULL (and not false or 0) is a `delete`.
+    SoftDelete(String),
+    /// `opColumn`: the row says its operation (`insert`, `update`, `upsert`, `delete`).
+    OpColumn(String),
+}
+
+impl OpRule {
+    /// The column the rule reads, if any.
+    pub fn column(&self) -> Option<&str> {
+        match self {
+            OpRule::Upsert => None,
+            OpRule::SoftDelete(column) | OpRule::OpColumn(column) => Some(column),
+        }
+    }
+}
+
+/// `source.generation` (seed 003): a query whose one scalar names the load the rows belong to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GenerationConfig {
+    pub query: String,
+    pub on_change: OnGenerationChange,
+}
+
+/// What a tick does when the generation moved since the checkpoint was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnGenerationChange {
+    /// Fail every tick, naming both, until an operator resets the poller.
+    Stop,
+    /// Start again from the beginning of the new load, recorded in the history.
+    Restart,
 }
 
 /// Identifiers are a strict subset of what every engine accepts unquoted, then quoted anyway:
@@ -335,6 +377,53 @@ pub(super) fn build_source(
     if let Some(where_clause) = &raw.where_clause {
         validate_fragment(where_clause).map_err(|reason| at.error("poller.source.where", reason))?;
     }
+    let ops = match (raw.soft_delete.clone(), raw.op_column.clone()) {
+        (Some(_), Some(_)) => {
+            return Err(at.error("poller.source", "give `softDelete` or `opColumn`, not both"));
+        }
+        (Some(column), None) => {
+            validate_identifier(&column).map_err(|reason| at.error("poller.source.softDelete", reason))?;
+            OpRule::SoftDelete(column)
+        }
+        (None, Some(column)) => {
+            validate_identifier(&column).map_err(|reason| at.error("poller.source.opColumn", reason))?;
+            OpRule::OpColumn(column)
+        }
+        (None, None) => OpRule::Upsert,
+    };
+    if let Some(column) = ops.column()
+        && (column == raw.cursor || raw.pk.iter().any(|key| key == column))
+    {
+        return Err(at.error(
+            if matches!(ops, OpRule::SoftDelete(_)) { "poller.source.softDelete" } else { "poller.source.opColumn" },
+            format!("{column:?} is the cursor or a key column"),
+        ));
+    }
+    let generation = match &raw.generation {
+        None => None,
+        Some(generation) => {
+            let query = generation.query.trim().trim_end_matches(';').trim().to_string();
+            validate_fragment(&query).map_err(|reason| at.error("poller.source.generation.query", reason))?;
+            let lowered = query.to_ascii_lowercase();
+            if !(lowered.starts_with("select") || lowered.starts_with("with")) {
+                return Err(at.error(
+                    "poller.source.generation.query",
+                    "must be a SELECT returning one value (e.g. SELECT max(load_id) FROM load_log)",
+                ));
+            }
+            let on_change = match generation.on_change.as_deref() {
+                None | Some("stop") => OnGenerationChange::Stop,
+                Some("restart") => OnGenerationChange::Restart,
+                Some(other) => {
+                    return Err(at.error(
+                        "poller.source.generation.onChange",
+                        format!("{other:?}: expected \"stop\" or \"restart\""),
+                    ));
+                }
+            };
+            Some(GenerationConfig { query, on_change })
+        }
+    };
     let settle_seconds =
         in_range(at, "poller.source.settleSeconds", raw.settle_seconds, defaults::SETTLE_SECONDS, 0..=limits::SECONDS)?;
     let query_timeout_seconds = in_range(
@@ -400,6 +489,8 @@ pub(super) fn build_source(
         settle_configured: raw.settle_seconds.is_some(),
         query_timeout: Duration::from_secs(query_timeout_seconds),
         cursor_time_zone,
+        ops,
+        generation,
     };
     Ok((source, Fingerprints { current: fingerprint, legacy: legacy_fingerprint }))
 }

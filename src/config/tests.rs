@@ -366,3 +366,44 @@ fn two_functions_sharing_a_poller_name_are_both_refused() {
     }
     assert!(app.functions["other"].is_ok(), "a poller with its own name is not affected");
 }
+
+#[test]
+fn delete_rules_and_generations_are_checked_with_their_field() {
+    let with = |extra: serde_json::Value| {
+        let mut poller = valid_poller();
+        for (key, value) in extra.as_object().unwrap() {
+            poller["source"][key] = value.clone();
+        }
+        poller
+    };
+    let both = load_error(with(json!({"softDelete": "deleted_at", "opColumn": "op"})));
+    assert_eq!(
+        (both.field.as_str(), both.reason.as_str()),
+        ("poller.source", "give `softDelete` or `opColumn`, not both")
+    );
+    let on_cursor = load_error(with(json!({"opColumn": "updated_at"})));
+    assert_eq!(on_cursor.field, "poller.source.opColumn");
+    let injected = load_error(with(json!({"softDelete": "deleted_at; DROP TABLE x"})));
+    assert_eq!(injected.field, "poller.source.softDelete");
+    let bad_mode =
+        load_error(with(json!({"generation": {"query": "SELECT max(id) FROM loads", "onChange": "ignore"}})));
+    assert_eq!(bad_mode.field, "poller.source.generation.onChange");
+    let not_select = load_error(with(json!({"generation": {"query": "DELETE FROM loads"}})));
+    assert_eq!(not_select.field, "poller.source.generation.query");
+    let typo = load_error(with(json!({"generation": {"query": "SELECT 1", "onchange": "stop"}})));
+    assert!(typo.field.starts_with("poller.source.generation"), "{typo:?}");
+
+    let (_root, loaded) = load(
+        &function_json(with(
+            json!({"softDelete": "deleted_at", "generation": {"query": "SELECT max(id) FROM loads;"}}),
+        )),
+        &settings(),
+    );
+    let config = loaded.unwrap();
+    assert_eq!(config.source.ops, OpRule::SoftDelete("deleted_at".into()));
+    let generation = config.source.generation.unwrap();
+    assert_eq!(
+        (generation.query.as_str(), generation.on_change),
+        ("SELECT max(id) FROM loads", OnGenerationChange::Stop)
+    );
+}

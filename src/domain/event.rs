@@ -13,6 +13,8 @@ use super::ids::event_id;
 pub struct SourceRow {
     pub position: Position,
     pub row: Map<String, Value>,
+    /// What the row says happened to it (`upsert` unless the source has a delete rule).
+    pub op: Op,
 }
 
 /// What happened to a row. Keyset polling sees the latest state of a row, so it delivers
@@ -25,6 +27,19 @@ pub enum Op {
     Insert,
     Update,
     Delete,
+}
+
+impl Op {
+    /// An operation as an outbox writes it: `insert`, `update`, `upsert` or `delete`.
+    pub fn parse(text: &str) -> Option<Op> {
+        match text {
+            "insert" => Some(Op::Insert),
+            "update" => Some(Op::Update),
+            "upsert" => Some(Op::Upsert),
+            "delete" => Some(Op::Delete),
+            _ => None,
+        }
+    }
 }
 
 /// One delivered row.
@@ -44,23 +59,28 @@ pub struct Batch {
     pub poller: String,
     pub batch_id: String,
     pub fencing_token: u64,
+    /// The source generation (seed 003) the rows were read under, when one is configured:
+    /// receivers can drop the data of a superseded load.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generation: Option<Value>,
     pub events: Vec<Event>,
 }
 
 impl Batch {
-    /// The batch of `rows` for `poller`: each row becomes an upsert event with its deterministic id.
+    /// The batch of `rows` for `poller`: each row becomes an event (its op as the source read it)
+    /// with its deterministic id.
     pub fn new(poller: &str, fingerprint: &str, batch_id: String, fencing_token: u64, rows: &[SourceRow]) -> Self {
         let events = rows
             .iter()
             .map(|row| Event {
                 event_id: event_id(poller, fingerprint, &row.position),
-                op: Op::Upsert,
+                op: row.op,
                 cursor: row.position.cursor.to_json(),
                 pk: row.position.tiebreaker_json(),
                 row: row.row.clone(),
             })
             .collect();
-        Batch { poller: poller.to_string(), batch_id, fencing_token, events }
+        Batch { poller: poller.to_string(), batch_id, fencing_token, generation: None, events }
     }
 }
 
@@ -74,6 +94,7 @@ mod tests {
         let row = SourceRow {
             position: Position { cursor: CursorValue::Integer(4), pk: vec![("id".into(), PkValue::Integer(7))] },
             row: serde_json::json!({"id": 7, "status": "paid"}).as_object().unwrap().clone(),
+            op: Op::Upsert,
         };
         let batch = Batch::new("orders", "sha256:x", "bat_1".into(), 3, &[row]);
         let json = serde_json::to_value(&batch.events[0]).unwrap();

@@ -37,6 +37,9 @@ pub struct StateDocument {
     /// The failures of the batch at the checkpoint; cleared by the next commit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub poison: Option<PoisonRecord>,
+    /// The source generation (seed 003) the checkpoint belongs to, when one is configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<GenerationRecord>,
     /// Operator changes (reset, clone, fingerprint accept), oldest first, the last 50 kept.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<HistoryEntry>,
@@ -57,6 +60,14 @@ pub struct Checkpoint {
     /// Unknown checkpoint fields, kept (see [`StateDocument::extra`]).
     #[serde(flatten)]
     pub extra: Map<String, Value>,
+}
+
+/// The source generation a checkpoint belongs to, and since when.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GenerationRecord {
+    /// What `source.generation.query` returned: text, an integer, or null.
+    pub value: Value,
+    pub since: DateTime<Utc>,
 }
 
 /// One operator change, kept in the document's `history`.
@@ -128,6 +139,7 @@ impl StateDocument {
             stats: Stats::default(),
             write_id: None,
             poison: None,
+            generation: None,
             history: Vec::new(),
             extra: Map::new(),
         }

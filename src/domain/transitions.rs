@@ -24,7 +24,7 @@ use super::cursor::{CursorJson, Position};
 use super::lease::{self, HeldElsewhere, LeaseStatus, LeaseTerms};
 use super::poison::PoisonRecord;
 pub use super::state::HistoryEntry;
-use super::state::{Checkpoint, CheckpointRegression, StateDocument, advance_checkpoint, describe};
+use super::state::{Checkpoint, CheckpointRegression, GenerationRecord, StateDocument, advance_checkpoint, describe};
 
 /// How many operator entries a document keeps.
 pub const HISTORY_LIMIT: usize = 50;
@@ -210,7 +210,66 @@ pub fn reset(
     }
     // The failures recorded were those of the batch at the old checkpoint.
     next.poison = None;
+    // An operator's reset acknowledges the source as it is now: the next tick records its generation.
+    next.generation = None;
     Ok(next)
+}
+
+/// What a tick does about the source generation it read (seed 003).
+#[derive(Debug, Clone, PartialEq)]
+pub enum GenerationCheck {
+    /// The checkpoint belongs to this generation (or none is configured): go on.
+    Same,
+    /// No generation recorded yet: this is the document with it recorded.
+    Adopted(StateDocument),
+    /// It moved and `onChange` is `restart`: this is the document reset to the beginning of the
+    /// new load, its history saying so, under a new fencing token.
+    Restarted(StateDocument),
+    /// It moved and `onChange` is `stop`.
+    Stopped { stored: serde_json::Value, current: serde_json::Value },
+}
+
+/// Compares the generation the source reports with the one the checkpoint belongs to.
+pub fn check_generation(
+    document: &StateDocument,
+    current: Option<&serde_json::Value>,
+    restart: bool,
+    now: DateTime<Utc>,
+) -> GenerationCheck {
+    let Some(current) = current else {
+        return GenerationCheck::Same;
+    };
+    let record = GenerationRecord { value: current.clone(), since: now };
+    match &document.generation {
+        Some(stored) if stored.value == *current => GenerationCheck::Same,
+        None => {
+            let mut next = document.clone();
+            next.generation = Some(record);
+            GenerationCheck::Adopted(next)
+        }
+        Some(stored) if !restart => GenerationCheck::Stopped { stored: stored.value.clone(), current: current.clone() },
+        Some(stored) => {
+            let what = format!(
+                "source generation changed from {} to {}: restarted from the beginning (source.generation.onChange: restart)",
+                stored.value, current
+            );
+            let mut next = operator_write(
+                document,
+                Operator { who: "dbtrigger", force: false, reason: None },
+                false,
+                what,
+                None,
+                now,
+            );
+            next.checkpoint = None;
+            next.poison = None;
+            next.generation = Some(record);
+            if let Some(lease) = next.lease.as_mut() {
+                lease.fencing_token += 1;
+            }
+            GenerationCheck::Restarted(next)
+        }
+    }
 }
 
 /// The document with the configuration's fingerprint recorded and the checkpoint kept: after an
@@ -483,6 +542,46 @@ mod tests {
         assert!(forced.history.last().unwrap().forced);
         // After expiry plus skew the lease no longer protects anything: no force needed.
         assert!(reset(&live, &ResetTarget::Beginning, ALICE, at(20 + 66), &terms()).is_ok());
+    }
+
+    /// generation: adopted when none is recorded, kept when the same, a stop or a restart when
+    /// it moved; a reset forgets it so the next tick adopts the source as it is.
+    #[test]
+    fn generation_truth_table() {
+        let a_holds = held_by("a", 0);
+        let committed = commit(&a_holds, "a", &delivered(&position(5, 1)), true, at(10), &terms()).unwrap();
+        let seven = serde_json::json!(7);
+        let eight = serde_json::json!("load-8");
+        assert_eq!(check_generation(&committed, None, false, at(11)), GenerationCheck::Same);
+        let GenerationCheck::Adopted(adopted) = check_generation(&committed, Some(&seven), false, at(11)) else {
+            panic!("adopted")
+        };
+        assert_eq!(adopted.generation.as_ref().unwrap().value, seven);
+        assert_eq!(adopted.checkpoint, committed.checkpoint, "adopting keeps the checkpoint");
+        assert_eq!(check_generation(&adopted, Some(&seven), false, at(12)), GenerationCheck::Same);
+        assert_eq!(
+            check_generation(&adopted, Some(&eight), false, at(12)),
+            GenerationCheck::Stopped { stored: seven.clone(), current: eight.clone() }
+        );
+        let GenerationCheck::Restarted(restarted) = check_generation(&adopted, Some(&eight), true, at(12)) else {
+            panic!("restarted")
+        };
+        assert_eq!(restarted.checkpoint, None);
+        assert_eq!(restarted.generation.as_ref().unwrap().value, eight);
+        assert!(restarted.history.last().unwrap().what.contains("from 7 to \"load-8\""));
+        assert!(
+            restarted.lease.as_ref().unwrap().fencing_token > adopted.lease.as_ref().unwrap().fencing_token,
+            "deliveries of the old load are stale"
+        );
+        // A null generation (an empty load log) is a value like any other.
+        let GenerationCheck::Adopted(null) =
+            check_generation(&committed, Some(&serde_json::Value::Null), false, at(11))
+        else {
+            panic!("adopted")
+        };
+        assert!(matches!(check_generation(&null, Some(&seven), false, at(12)), GenerationCheck::Stopped { .. }));
+        let reset_one = reset(&adopted, &ResetTarget::Beginning, ALICE, at(13), &terms()).unwrap();
+        assert_eq!(reset_one.generation, None);
     }
 
     #[test]

@@ -41,6 +41,8 @@ struct RowMessage<'a> {
     poller: &'a str,
     batch_id: &'a str,
     fencing_token: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    generation: Option<&'a serde_json::Value>,
     sent_at: &'a str,
     #[serde(flatten)]
     event: &'a Event,
@@ -51,6 +53,8 @@ struct BatchMessage<'a> {
     poller: &'a str,
     batch_id: String,
     fencing_token: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    generation: Option<&'a serde_json::Value>,
     sent_at: &'a str,
     events: &'a [Event],
 }
@@ -134,6 +138,7 @@ impl QueueSink {
                         poller: &batch.poller,
                         batch_id: &batch.batch_id,
                         fencing_token: batch.fencing_token,
+                        generation: batch.generation.as_ref(),
                         sent_at: &sent_at,
                         event,
                     };
@@ -152,6 +157,7 @@ impl QueueSink {
                         poller: &batch.poller,
                         batch_id,
                         fencing_token: batch.fencing_token,
+                        generation: batch.generation.as_ref(),
                         sent_at: &sent_at,
                         events,
                     };

@@ -28,9 +28,11 @@ struct Envelope<'a> {
     poller: &'a str,
     batch_id: &'a str,
     /// Receivers fence on it: a delivery with a lower token than one already accepted comes from
-    /// a stale instance. (Seed 003's *generation* is the identity of a source load, a different
-    /// thing, and gets its own field when source generations land.)
+    /// a stale instance.
     fencing_token: u64,
+    /// The source generation (seed 003: the identity of a source load), when one is configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    generation: Option<&'a serde_json::Value>,
     sent_at: String,
     events: &'a [Event],
 }
@@ -68,6 +70,7 @@ impl WebhookSink {
             poller: &batch.poller,
             batch_id: &part.id,
             fencing_token: batch.fencing_token,
+            generation: batch.generation.as_ref(),
             sent_at: Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true),
             events: part.events,
         };

@@ -22,11 +22,12 @@ use serde_json::{Map, Value};
 use sqlx::{Database, Encode, Type};
 
 use crate::config::redact::Redaction;
-use crate::config::{Engine, SourceConfig};
+use crate::config::{Engine, OpRule, SourceConfig};
 use crate::domain::{CursorValue, PkValue, Position};
 pub use query::Probe;
 use query::{SeekQuery, Slot};
 
+use crate::domain::event::Op;
 pub use crate::domain::event::SourceRow;
 
 /// How much one fetch may return: a row count (the batch size) and a byte budget (the rows as
@@ -71,6 +72,10 @@ pub trait Source: Send + Sync {
 
     /// How many rows come after `after`, settled or not, counted up to `cap`.
     async fn count_after(&self, after: Option<&Position>, cap: u64) -> Result<u64, SourceError>;
+
+    /// The source's load generation (`source.generation`'s one value: text, an integer or null),
+    /// or `None` when it has none configured.
+    async fn generation(&self) -> Result<Option<Value>, SourceError>;
 
     /// Where the source is, for messages; never includes a password.
     fn describe(&self) -> String;
@@ -345,8 +350,39 @@ impl<'a> RowBuilder<'a> {
             })?;
             pk.push((name.clone(), key));
         }
-        Ok((SourceRow { position: Position { cursor, pk }, row: self.values }, self.bytes))
+        let op = op_of(self.config, &self.values)
+            .map_err(|error| SourceError::InRow { row: describe_pk(&pk), error: Box::new(error) })?;
+        Ok((SourceRow { position: Position { cursor, pk }, row: self.values, op }, self.bytes))
     }
+}
+
+/// The operation a row records, by the source's delete rule.
+fn op_of(config: &SourceConfig, values: &Map<String, Value>) -> Result<Op, SourceError> {
+    match &config.ops {
+        OpRule::Upsert => Ok(Op::Upsert),
+        OpRule::SoftDelete(column) => match values.get(column) {
+            None => Err(SourceError::Position(format!("the softDelete column {column:?} is not in the result"))),
+            // NULL, false and 0 (a MySQL boolean) mean the row lives.
+            Some(Value::Null | Value::Bool(false)) => Ok(Op::Upsert),
+            Some(Value::Number(number)) if number.as_f64() == Some(0.0) => Ok(Op::Upsert),
+            Some(_) => Ok(Op::Delete),
+        },
+        OpRule::OpColumn(column) => match values.get(column) {
+            None => Err(SourceError::Position(format!("the opColumn {column:?} is not in the result"))),
+            Some(Value::String(text)) => Op::parse(text).ok_or_else(|| {
+                SourceError::Position(format!(
+                    "opColumn {column:?} holds {text:?}: expected insert, update, upsert or delete"
+                ))
+            }),
+            Some(other) => Err(SourceError::Position(format!(
+                "opColumn {column:?} holds {other}: expected the text insert, update, upsert or delete"
+            ))),
+        },
+    }
+}
+
+fn describe_pk(pk: &[(String, PkValue)]) -> String {
+    pk.iter().map(|(name, value)| format!("{name}={}", value.to_json())).collect::<Vec<_>>().join(", ")
 }
 
 /// What an event adds around its row (event id, op, cursor, pk), roughly, in bytes.
@@ -418,6 +454,46 @@ where
     }
     fetched.full = fetched.rows.len() >= limit.rows;
     Ok(fetched)
+}
+
+/// Runs `sql` and returns its one value: the first column of the first row (`null` without a
+/// row), which must be text, an integer or null.
+pub(crate) async fn fetch_scalar<DB, F>(
+    pool: &sqlx::Pool<DB>,
+    sql: &str,
+    redaction: &Redaction,
+    decode_value: F,
+) -> Result<Value, SourceError>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    <DB as Database>::Arguments: sqlx::IntoArguments<DB>,
+    F: Fn(&DB::Row, usize, &str) -> Result<(String, Decoded), SourceError>,
+{
+    let row =
+        sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_optional(pool).await.map_err(|error| classify(redaction, error))?;
+    let Some(row) = row else {
+        return Ok(Value::Null);
+    };
+    let columns = sqlx::Row::columns(&row);
+    if columns.len() != 1 {
+        return Err(SourceError::Query {
+            location: redaction.location.clone(),
+            reason: format!("source.generation.query returned {} columns: it must return one value", columns.len()),
+        });
+    }
+    let name = sqlx::Column::name(&columns[0]).to_string();
+    let (type_name, decoded) = decode_value(&row, 0, &name)?;
+    match decoded.json {
+        value @ (Value::Null | Value::String(_)) => Ok(value),
+        Value::Number(number) if number.is_i64() || number.is_u64() => Ok(Value::Number(number)),
+        other => Err(SourceError::Query {
+            location: redaction.location.clone(),
+            reason: format!(
+                "source.generation.query returned {other} ({type_name}): it must return text or an integer"
+            ),
+        }),
+    }
 }
 
 /// Counts the rows after `after` (settled or not), up to `cap`.

@@ -16,8 +16,8 @@ use tokio::sync::OnceCell;
 
 use super::query::{CursorType, SeekPlan, SeekQuery, build_seek};
 use super::{
-    Decoded, FetchLimit, Fetched, Probe, Source, SourceError, classify, count_rows, fetch_rows, guarded_fetch, timed,
-    warn_missing_index,
+    Decoded, FetchLimit, Fetched, Probe, Source, SourceError, classify, count_rows, fetch_rows, fetch_scalar,
+    guarded_fetch, timed, warn_missing_index,
 };
 use crate::config::redact::Redaction;
 use crate::config::{SourceConfig, SourceTarget};
@@ -158,15 +158,22 @@ fn decode_value(row: &MySqlRow, index: usize, name: &str, type_name: &str) -> Re
     Ok(decoded)
 }
 
+impl MySqlSource {
+    /// One column of a row: its type's name and its value.
+    fn decode_column(&self, row: &MySqlRow, index: usize, name: &str) -> Result<(String, Decoded), SourceError> {
+        let type_name = row.columns()[index].type_info().name().to_string();
+        let value = decode_value(row, index, name, &type_name)?;
+        Ok((type_name, value))
+    }
+}
+
 #[async_trait]
 impl Source for MySqlSource {
     async fn read(&self, probe: Probe, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
         let fetch = async {
             let seek = self.seek().await?;
             fetch_rows(&self.pool, &self.config, seek, probe, after, limit, &self.redaction, |row, index, name| {
-                let type_name = row.columns()[index].type_info().name().to_string();
-                let value = decode_value(row, index, name, &type_name)?;
-                Ok((type_name, value))
+                self.decode_column(row, index, name)
             })
             .await
         };
@@ -182,6 +189,16 @@ impl Source for MySqlSource {
             count_rows(&self.pool, seek, after, cap, &self.redaction).await
         };
         timed(&self.config, &self.redaction.location, count).await
+    }
+
+    async fn generation(&self) -> Result<Option<Value>, SourceError> {
+        let Some(generation) = &self.config.generation else {
+            return Ok(None);
+        };
+        let value = fetch_scalar(&self.pool, &generation.query, &self.redaction, |row, index, name| {
+            self.decode_column(row, index, name)
+        });
+        timed(&self.config, &self.redaction.location, value).await.map(Some)
     }
 
     fn describe(&self) -> String {

@@ -156,7 +156,10 @@ pub fn build_seek(config: &SourceConfig, plan: &SeekPlan) -> SeekQuery {
         None => "*".to_string(),
         Some(columns) => {
             let mut selected: Vec<&String> = Vec::new();
-            for column in columns.iter().chain(std::iter::once(&config.cursor)).chain(config.pk.iter()) {
+            let op_column = config.ops.column().map(str::to_string);
+            for column in
+                columns.iter().chain(std::iter::once(&config.cursor)).chain(config.pk.iter()).chain(op_column.iter())
+            {
                 if !selected.contains(&column) {
                     selected.push(column);
                 }
@@ -285,6 +288,8 @@ mod tests {
             settle_configured: false,
             query_timeout: Duration::from_secs(60),
             cursor_time_zone: "UTC".into(),
+            ops: crate::config::source::OpRule::Upsert,
+            generation: None,
         }
     }
 

@@ -22,8 +22,8 @@ use tokio::sync::OnceCell;
 
 use super::query::{CursorType, SeekPlan, SeekQuery, build_seek};
 use super::{
-    Decoded, FetchLimit, Fetched, Probe, Role, Source, SourceError, classify, count_rows, fetch_rows, guarded_fetch,
-    role_of, timed, warn_missing_index,
+    Decoded, FetchLimit, Fetched, Probe, Role, Source, SourceError, classify, count_rows, fetch_rows, fetch_scalar,
+    guarded_fetch, role_of, timed, warn_missing_index,
 };
 use crate::config::redact::Redaction;
 use crate::config::{SourceConfig, SourceTarget};
@@ -204,20 +204,24 @@ pub fn parse_sqlite_timestamp(text: &str) -> Option<DateTime<Utc>> {
     Some(naive.and_utc() - chrono::Duration::seconds(i64::from(offset_seconds)))
 }
 
+impl SqliteSource {
+    /// One column of a row: its type's name and its value.
+    fn decode_column(&self, row: &SqliteRow, index: usize, name: &str) -> Result<(String, Decoded), SourceError> {
+        // SQLite: each value has its own storage class, whatever the column declares.
+        let raw = row.try_get_raw(index).map_err(|error| SourceError::Position(format!("column {name:?}: {error}")))?;
+        let type_name = if raw.is_null() { "NULL".to_string() } else { raw.type_info().name().to_ascii_uppercase() };
+        let value = decode_value(row, index, name, &type_name, role_of(&self.config, name))?;
+        Ok((type_name, value))
+    }
+}
+
 #[async_trait]
 impl Source for SqliteSource {
     async fn read(&self, probe: Probe, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
         let fetch = async {
             let seek = self.seek().await?;
             fetch_rows(&self.pool, &self.config, seek, probe, after, limit, &self.redaction, |row, index, name| {
-                // SQLite: each value has its own storage class, whatever the column declares.
-                let raw = row
-                    .try_get_raw(index)
-                    .map_err(|error| SourceError::Position(format!("column {name:?}: {error}")))?;
-                let type_name =
-                    if raw.is_null() { "NULL".to_string() } else { raw.type_info().name().to_ascii_uppercase() };
-                let value = decode_value(row, index, name, &type_name, role_of(&self.config, name))?;
-                Ok((type_name, value))
+                self.decode_column(row, index, name)
             })
             .await
         };
@@ -233,6 +237,16 @@ impl Source for SqliteSource {
             count_rows(&self.pool, seek, after, cap, &self.redaction).await
         };
         timed(&self.config, &self.redaction.location, count).await
+    }
+
+    async fn generation(&self) -> Result<Option<Value>, SourceError> {
+        let Some(generation) = &self.config.generation else {
+            return Ok(None);
+        };
+        let value = fetch_scalar(&self.pool, &generation.query, &self.redaction, |row, index, name| {
+            self.decode_column(row, index, name)
+        });
+        timed(&self.config, &self.redaction.location, value).await.map(Some)
     }
 
     fn describe(&self) -> String {

@@ -18,7 +18,7 @@ use crate::harness::AppRoot;
 use crate::services::{mariadb, postgres};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Engine {
+pub enum Engine {
     Sqlite,
     Postgres,
     MariaDb,
@@ -32,12 +32,12 @@ enum Kind {
     CompositeKey,
 }
 
-struct Database {
-    url: String,
+pub struct Database {
+    pub url: String,
     _directory: Option<tempfile::TempDir>,
 }
 
-async fn database(engine: Engine) -> Database {
+pub async fn database(engine: Engine) -> Database {
     match engine {
         Engine::Sqlite => {
             let directory = tempfile::tempdir().unwrap();
@@ -50,7 +50,7 @@ async fn database(engine: Engine) -> Database {
     }
 }
 
-async fn execute(url: &str, sql: &str) {
+pub async fn execute(url: &str, sql: &str) {
     let statements: Vec<&str> = sql.split(";\n").filter(|statement| !statement.trim().is_empty()).collect();
     if url.starts_with("postgres") {
         let pool = sqlx::PgPool::connect(url).await.unwrap();
@@ -238,7 +238,7 @@ end_to_end_tests! {
 
 /// The configuration of a poller on table `items` (cursor `c`, pk `id`) of `url`, with extra
 /// `source` fields and batches of `size`.
-fn items_config(url: &str, source_extra: Value, size: usize) -> (PollerConfig, tempfile::TempDir) {
+pub fn items_config(url: &str, source_extra: Value, size: usize) -> (PollerConfig, tempfile::TempDir) {
     let directory = tempfile::tempdir().unwrap();
     let mut source = json!({"connection": "ITEMS_DB", "table": "items", "cursor": "c", "pk": ["id"]});
     for (key, value) in source_extra.as_object().unwrap() {
@@ -259,7 +259,7 @@ fn items_config(url: &str, source_extra: Value, size: usize) -> (PollerConfig, t
 }
 
 /// A poller of `config` into a recording sink, with its state in `store`.
-fn poller_with(config: PollerConfig, store: Arc<MemoryStore>) -> (Poller, Arc<RecordingSink>) {
+pub fn poller_with(config: PollerConfig, store: Arc<MemoryStore>) -> (Poller, Arc<RecordingSink>) {
     let sink = Arc::new(RecordingSink::new());
     let source = dbtrigger::source::open(&config.source).unwrap();
     let poller = Poller::new(config, source, sink.clone(), store, Arc::new(SystemClock), "it".into());

@@ -592,6 +592,10 @@ impl Source for SlowSource {
         self.inner.count_after(after, cap).await
     }
 
+    async fn generation(&self) -> Result<Option<serde_json::Value>, SourceError> {
+        self.inner.generation().await
+    }
+
     fn describe(&self) -> String {
         "slow".into()
     }

@@ -24,11 +24,23 @@ struct Setup {
 }
 
 async fn setup(rows: i64, sink: Value) -> Setup {
+    setup_with(rows, sink, json!({})).await
+}
+
+/// With `source` fields added to the usual poller's; a `load_log(load_id)` table holds load 7.
+async fn setup_with(rows: i64, sink: Value, source: Value) -> Setup {
     let directory = tempfile::tempdir().unwrap();
     let orders = Orders::create(directory.path()).await;
     orders.insert(1..=rows, 1).await;
+    sqlx::raw_sql("CREATE TABLE load_log (load_id TEXT); INSERT INTO load_log VALUES ('load-7')")
+        .execute(&orders.pool)
+        .await
+        .unwrap();
     let receiver = Receiver::start().await;
     let mut poller_json = AppRoot::orders_poller(100);
+    for (key, value) in source.as_object().unwrap() {
+        poller_json["source"][key] = value.clone();
+    }
     for (key, value) in sink.as_object().unwrap() {
         poller_json["sink"][key] = value.clone();
     }
@@ -65,9 +77,20 @@ async fn signed_deliveries_verify_with_an_independent_hmac() {
     assert_eq!(header("webhook-signature"), expected);
     assert_eq!(header("user-agent"), format!("dbtrigger/{}", env!("CARGO_PKG_VERSION")));
     assert_eq!(header("x-dbtrigger-poller"), "orders");
-    assert!(received.envelope.get("generation").is_none(), "the fencing token has one name: fencing_token");
+    assert!(received.envelope.get("generation").is_none(), "no source generation configured, no field");
     assert!(received.envelope["fencing_token"].as_u64().is_some());
     assert!(received.envelope["sent_at"].as_str().unwrap().ends_with('Z'));
+}
+
+/// Seed 003: each delivery says which source load its rows belong to.
+#[tokio::test]
+async fn deliveries_carry_the_source_generation_when_one_is_configured() {
+    let setup = setup_with(3, json!({}), json!({"generation": {"query": "SELECT max(load_id) FROM load_log"}})).await;
+    setup.poller.tick().await.unwrap();
+    let envelope = &setup.receiver.all()[0].envelope;
+    assert_eq!(envelope["generation"], "load-7");
+    let keys: Vec<&String> = envelope.as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["poller", "batch_id", "fencing_token", "generation", "sent_at", "events"]);
 }
 
 #[tokio::test]
