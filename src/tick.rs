@@ -270,10 +270,10 @@ pub enum TickError {
         "the source generation changed from {stored} to {current} (a truncate and reload?): source.generation.onChange is stop, \
          so nothing is delivered until an operator resets the poller (dbtrigger reset <poller> --to-beginning, or --to-end)"
     )]
-    GenerationChanged { stored: serde_json::Value, current: serde_json::Value },
+    GenerationChanged { stored: String, current: String },
     /// Internal: the generation moved before a commit; the tick turns it into `Superseded`.
     #[error("the source generation moved from {bound} during the tick")]
-    Superseded { bound: serde_json::Value, current: Option<serde_json::Value> },
+    Superseded { bound: Box<serde_json::Value>, current: Option<Box<serde_json::Value>> },
     /// A bug: something panicked during the tick. The lease was released if it was held.
     #[error("the tick failed unexpectedly (panic: {message}); the checkpoint did not move")]
     Panicked { message: String },
@@ -473,7 +473,7 @@ impl Poller {
                 restarted = true;
             }
             GenerationCheck::Stopped { stored, current } => {
-                return Err(TickError::GenerationChanged { stored, current });
+                return Err(TickError::GenerationChanged { stored: stored.to_string(), current: current.to_string() });
             }
         }
 
@@ -534,7 +534,7 @@ impl Poller {
         let outcome = match result {
             Err(TickError::Superseded { bound, current }) => {
                 warn!(poller = %self.config.poller_name, bound = %bound, "the source generation moved during the tick: standing down");
-                return Ok(TickOutcome::Superseded { bound, current });
+                return Ok(TickOutcome::Superseded { bound: *bound, current: current.map(|current| *current) });
             }
             other => other?,
         };
@@ -1051,7 +1051,7 @@ impl Poller {
         {
             let current = self.source.generation().await?;
             if current.as_ref() != Some(&bound) {
-                return Err(TickError::Superseded { bound, current });
+                return Err(TickError::Superseded { bound: Box::new(bound), current: current.map(Box::new) });
             }
         }
         let delivered = Delivered {
