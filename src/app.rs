@@ -18,6 +18,8 @@ pub enum Function {
     Poller(Arc<Poller>),
     /// Answers HTTP requests with every poller's status.
     Status(StatusConfig),
+    /// Checks every poller on a timer, reports the stalled ones, may kick them.
+    Watchdog(Arc<crate::watchdog::Watchdog>),
     /// Its configuration (or a connection it names) is unusable: every invocation fails with this.
     Unusable(Unusable),
 }
@@ -62,6 +64,12 @@ pub enum Invocation {
         body: Value,
         summary: String,
     },
+    /// A watchdog ran: its report's lines (a summary, one per finding, notes, kicks).
+    Watched {
+        function: String,
+        lines: Vec<String>,
+        findings: usize,
+    },
 }
 
 impl Invocation {
@@ -93,11 +101,12 @@ impl Invocation {
                 format!("{function}: no such function in this app (functions: {})", known.join(", "))
             }
             Invocation::Answered { function, summary, .. } => format!("{function}: {summary}"),
+            Invocation::Watched { lines, .. } => lines.join("\n"),
         }
     }
 
     pub fn succeeded(&self) -> bool {
-        matches!(self, Invocation::Ticked { .. } | Invocation::Answered { .. })
+        matches!(self, Invocation::Ticked { .. } | Invocation::Answered { .. } | Invocation::Watched { .. })
     }
 }
 
@@ -136,6 +145,17 @@ impl App {
             let function = match parsed.map_err(Unusable::Config) {
                 Ok(FunctionConfig::Poller(poller_config)) => open_poller(*poller_config, clock.clone(), &owner_id),
                 Ok(FunctionConfig::Status(status)) => Function::Status(status),
+                Ok(FunctionConfig::Watchdog(config)) => {
+                    let file = config.file.display().to_string();
+                    match crate::watchdog::Watchdog::open(*config) {
+                        Ok(watchdog) => Function::Watchdog(Arc::new(watchdog)),
+                        Err(error) => Function::Unusable(Unusable::Open {
+                            file,
+                            section: "watchdog.state",
+                            reason: error.to_string(),
+                        }),
+                    }
+                }
                 Err(unusable) => Function::Unusable(unusable),
             };
             match &function {
@@ -148,6 +168,7 @@ impl App {
                     "poller ready"
                 ),
                 Function::Status(_) => info!(function = %name, "status function ready"),
+                Function::Watchdog(_) => info!(function = %name, "watchdog ready"),
                 Function::Unusable(reason) => error!(function = %name, "poller not usable: {reason}"),
             }
             functions.insert(name, function);
@@ -173,8 +194,28 @@ impl App {
     pub fn pollers(&self) -> impl Iterator<Item = (&String, &Arc<Poller>)> {
         self.functions.iter().filter_map(|(name, function)| match function {
             Function::Poller(poller) => Some((name, poller)),
-            Function::Status(_) | Function::Unusable(_) => None,
+            Function::Status(_) | Function::Watchdog(_) | Function::Unusable(_) => None,
         })
+    }
+
+    /// Every timer of the app: (function name, schedule, runOnStartup), for `dbtrigger dev`.
+    pub fn timers(&self) -> Vec<(String, crate::domain::schedule::Schedule, bool)> {
+        self.functions
+            .iter()
+            .filter_map(|(name, function)| match function {
+                Function::Poller(poller) => poller
+                    .config
+                    .schedule
+                    .clone()
+                    .map(|schedule| (name.clone(), schedule, poller.config.run_on_startup)),
+                Function::Watchdog(watchdog) => watchdog
+                    .config
+                    .schedule
+                    .clone()
+                    .map(|schedule| (name.clone(), schedule, watchdog.config.run_on_startup)),
+                Function::Status(_) | Function::Unusable(_) => None,
+            })
+            .collect()
     }
 
     /// The status of every poller of the app (and of every function that cannot run), or of the
@@ -245,14 +286,40 @@ impl App {
                     }
                 }
             }
-            Some(Function::Poller(poller)) => {
-                let poller_name = poller.config.poller_name.clone();
-                match poller.tick_reported().await {
-                    (Ok(outcome), report) => Invocation::Ticked { poller: poller_name, outcome, report },
-                    (Err(error), report) => Invocation::Failed { poller: poller_name, error, report },
+            Some(Function::Poller(poller)) => tick(poller).await,
+            Some(Function::Watchdog(watchdog)) => {
+                let pollers: Vec<(String, Arc<Poller>)> =
+                    self.pollers().map(|(name, poller)| (name.clone(), poller.clone())).collect();
+                let unusable: Vec<(String, String)> = self
+                    .functions
+                    .iter()
+                    .filter_map(|(name, function)| match function {
+                        Function::Unusable(reason) => Some((name.clone(), reason.to_string())),
+                        _ => None,
+                    })
+                    .collect();
+                let report = watchdog.run(&pollers, &unusable, self.clock.now()).await;
+                let mut lines = report.lines();
+                if watchdog.config.kick {
+                    for name in &report.to_kick {
+                        if let Some((_, poller)) = pollers.iter().find(|(function, _)| function == name) {
+                            let kicked = tick(poller).await;
+                            lines.push(format!("watchdog kicked {name}: {}", kicked.line()));
+                        }
+                    }
                 }
+                Invocation::Watched { function: function.to_string(), lines, findings: report.findings.len() }
             }
         }
+    }
+}
+
+/// One tick of `poller`, with its summary.
+async fn tick(poller: &Poller) -> Invocation {
+    let poller_name = poller.config.poller_name.clone();
+    match poller.tick_reported().await {
+        (Ok(outcome), report) => Invocation::Ticked { poller: poller_name, outcome, report },
+        (Err(error), report) => Invocation::Failed { poller: poller_name, error, report },
     }
 }
 

@@ -16,6 +16,7 @@
 //! | [`sink`]     | `Sink`: webhook and Storage queue (a recording sink for tests).                |
 //! | [`status`]   | what `status` reads of each poller (state, lag), for the CLI and the app.     |
 //! | [`tick`]     | one tick: the orchestrator that carries out the domain's decisions.            |
+//! | [`watchdog`] | the watchdog function's run: judge every poller, remember, report, alert.    |
 //! | [`app`]      | every function of the app, and `App::invoke`, the one way to run one.          |
 //! | [`handler`]  | the custom-handler HTTP server the Functions host calls.                       |
 //! | [`cli`]      | `serve`, `tick`, `dev`, `demo`.                                                |
@@ -42,3 +43,4 @@ pub mod source;
 pub mod status;
 pub mod store;
 pub mod tick;
+pub mod watchdog;

@@ -39,6 +39,12 @@ pub async fn of_poller(function: &str, poller: &Poller, now: DateTime<Utc>) -> P
         // The checkpoint is unknown: nothing to count from.
         Err(_) => None,
     };
+    let generation = poller.source.generation().await.map_err(|error| error.to_string());
+    let generation_stops = config
+        .source
+        .generation
+        .as_ref()
+        .is_some_and(|generation| generation.on_change == crate::config::OnGenerationChange::Stop);
     health::assess(
         Observed {
             function,
@@ -49,6 +55,8 @@ pub async fn of_poller(function: &str, poller: &Poller, now: DateTime<Utc>) -> P
             earlier_fingerprint: config.legacy_fingerprint.as_deref(),
             terms: &config.lease,
             naive_cursors_are_utc: config.source.cursor_time_zone == "UTC",
+            generation,
+            generation_stops,
         },
         now,
     )

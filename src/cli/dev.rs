@@ -119,16 +119,9 @@ pub async fn run(app_root: &Path, port: Option<u16>) -> anyhow::Result<ExitCode>
     let base_url = format!("http://{}", listener.local_addr()?);
     info!(%base_url, app_root = %app_root.display(), "[dev] handler listening; firing timer schedules");
     let mut timers = Vec::new();
-    for (name, poller) in app.pollers() {
-        if let Some(schedule) = poller.config.schedule.clone() {
-            info!(function = %name, schedule = %schedule, "[dev] timer armed");
-            timers.push(tokio::spawn(run_timer(
-                base_url.clone(),
-                name.clone(),
-                schedule,
-                poller.config.run_on_startup,
-            )));
-        }
+    for (name, schedule, run_on_startup) in app.timers() {
+        info!(function = %name, schedule = %schedule, "[dev] timer armed");
+        timers.push(tokio::spawn(run_timer(base_url.clone(), name, schedule, run_on_startup)));
     }
     crate::handler::serve(listener, app, super::shutdown_signal()).await?;
     for timer in timers {

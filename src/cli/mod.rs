@@ -47,7 +47,8 @@ pub enum Command {
         #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::LOCALHOST))]
         bind: IpAddr,
     },
-    /// Run one tick of one poller from the shell, through the same code as the handler.
+    /// Run one tick of one poller (or one run of a watchdog) from the shell, through the same code
+    /// as the handler.
     Tick {
         /// The function (folder) name of the poller.
         poller: String,
@@ -91,7 +92,7 @@ pub enum Command {
     /// root has none), and prints the app settings it needs.
     New {
         function: String,
-        /// webhook, queue or status.
+        /// webhook, queue, status or watchdog.
         #[arg(long)]
         template: String,
         /// KEY=VALUE inside the poller section (dotted: source.table=public.orders; `schedule` is
@@ -341,6 +342,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Invocation::Ticked { .. } | Invocation::Failed { .. } => {
                     println!("{}", invocation.line());
                     Ok(if invocation.succeeded() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+                }
+                // A watchdog run from the shell: its report, exit 1 when it found something.
+                Invocation::Watched { findings, .. } => {
+                    println!("{}", invocation.line());
+                    Ok(if findings == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
                 }
             }
         }

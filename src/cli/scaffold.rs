@@ -11,10 +11,11 @@ use serde_json::{Value, json};
 use crate::config::{AppConfig, FunctionConfig};
 
 /// The templates this binary carries (the same files as `function_templates/`).
-const TEMPLATES: [(&str, &str); 3] = [
+const TEMPLATES: [(&str, &str); 4] = [
     ("webhook", include_str!("../../function_templates/webhook-poller/function.json")),
     ("queue", include_str!("../../function_templates/queue-poller/function.json")),
     ("status", include_str!("../../function_templates/status/function.json")),
+    ("watchdog", include_str!("../../function_templates/watchdog/function.json")),
 ];
 
 /// The host.json `new` writes into an app root that has none.
@@ -83,7 +84,7 @@ pub fn new(app_root: &Path, function: &str, template: &str, sets: &[String]) -> 
     Ok(ExitCode::SUCCESS)
 }
 
-/// Sets `path` (dotted, inside the `poller` section; `schedule` is the timer's) to `value` (JSON
+/// Sets `path` (dotted, inside the template's section: `poller`, `watchdog`; `schedule` is the timer's) to `value` (JSON
 /// if it is JSON, else the text).
 fn set(document: &mut Value, path: &str, value: &str) -> anyhow::Result<()> {
     let value: Value = serde_json::from_str(value).unwrap_or_else(|_| Value::from(value));
@@ -95,7 +96,10 @@ fn set(document: &mut Value, path: &str, value: &str) -> anyhow::Result<()> {
         timer["schedule"] = value;
         return Ok(());
     }
-    let section = if document.get("poller").is_some() { "poller" } else { "status" };
+    let section = ["poller", "watchdog", "status"]
+        .into_iter()
+        .find(|section| document.get(*section).is_some())
+        .expect("every template has a section");
     let mut at = &mut document[section];
     let parts: Vec<&str> = path.split('.').collect();
     if parts.iter().any(|part| part.is_empty()) {
@@ -192,6 +196,7 @@ pub fn check(app_root: &Path) -> anyhow::Result<ExitCode> {
         match parsed {
             Ok(FunctionConfig::Poller(poller)) => good.push(format!("{name} (poller {})", poller.poller_name)),
             Ok(FunctionConfig::Status(_)) => good.push(format!("{name} (status)")),
+            Ok(FunctionConfig::Watchdog(_)) => good.push(format!("{name} (watchdog)")),
             Err(error) => problems.push(error.to_string()),
         }
     }

@@ -97,12 +97,12 @@ pub(super) struct RawPoison {
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub(super) struct RawState {
+pub(crate) struct RawState {
     pub(super) connection: Option<String>,
     pub(super) container: Option<String>,
 }
 
-pub(super) fn timer_schedule(
+pub(crate) fn timer_schedule(
     document: &Value,
     at: &Located<'_>,
     settings: &Settings,
@@ -137,7 +137,7 @@ pub(super) fn timer_schedule(
 }
 
 /// Replaces every `%NAME%` in string values by app setting NAME (the Functions convention).
-pub(super) fn substitute_settings(
+pub(crate) fn substitute_settings(
     value: &mut Value,
     path: &str,
     settings: &Settings,

@@ -17,6 +17,7 @@ pub mod sink;
 pub mod source;
 pub mod state;
 pub mod status;
+pub mod watchdog;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -34,6 +35,7 @@ pub use self::source::{
 };
 pub use self::state::{StateConfig, StateLocation};
 pub use self::status::StatusConfig;
+pub use self::watchdog::{AlertConfig, WatchdogConfig};
 pub use crate::settings::{Secret, Settings};
 
 use self::batch::{build_batch, build_lease, build_poison};
@@ -69,6 +71,8 @@ pub enum FunctionConfig {
     Poller(Box<PollerConfig>),
     /// A `status` section: an HTTP trigger that answers with every poller's status.
     Status(StatusConfig),
+    /// A `watchdog` section: a timer that reports (and may kick) stalled pollers.
+    Watchdog(Box<WatchdogConfig>),
 }
 
 impl FunctionConfig {
@@ -82,8 +86,14 @@ impl FunctionConfig {
         let file = app_root.join(function_name).join("function.json");
         let at = Located { file: &file };
         let document = read_function_json(&at, function_name)?;
-        if document.get("status").is_some() && document.get("poller").is_none() {
-            return status::build_status(&document, function_name, &at).map(FunctionConfig::Status);
+        if document.get("poller").is_none() {
+            if document.get("status").is_some() {
+                return status::build_status(&document, function_name, &at).map(FunctionConfig::Status);
+            }
+            if document.get("watchdog").is_some() {
+                return watchdog::build_watchdog(&document, function_name, settings, app_root, &at)
+                    .map(|config| FunctionConfig::Watchdog(Box::new(config)));
+            }
         }
         PollerConfig::load(app_root, function_name, settings, function_timeout)
             .map(|config| FunctionConfig::Poller(Box::new(config)))
@@ -92,7 +102,7 @@ impl FunctionConfig {
     pub fn as_poller(&self) -> Option<&PollerConfig> {
         match self {
             FunctionConfig::Poller(config) => Some(config),
-            FunctionConfig::Status(_) => None,
+            FunctionConfig::Status(_) | FunctionConfig::Watchdog(_) => None,
         }
     }
 }
@@ -385,7 +395,7 @@ fn build(
     let lease = build_lease(&raw.lease, at)?;
     let poison = build_poison(&raw.poison, at)?;
 
-    let state = build_state(raw.state, settings, app_root, at)?;
+    let state = build_state(raw.state, settings, app_root, at, "poller.state")?;
 
     Ok(PollerConfig {
         function_name: function_name.to_string(),

@@ -28,12 +28,13 @@ pub(super) fn build_state(
     settings: &Settings,
     app_root: &Path,
     at: &Located<'_>,
+    section: &str,
 ) -> Result<StateConfig, ConfigError> {
     let connection = raw.connection.unwrap_or_else(|| defaults::STATE_CONNECTION.to_string());
     let container = raw.container.unwrap_or_else(|| defaults::STATE_CONTAINER.to_string());
     if !is_valid_container_name(&container) {
         return Err(at.error(
-            "poller.state.container",
+            &format!("{section}.container"),
             format!("{container:?} is not a valid container name: 3-63 lowercase letters, digits and single '-'"),
         ));
     }
@@ -41,16 +42,17 @@ pub(super) fn build_state(
         Some(value) if value.starts_with("file:") => {
             let directory = value["file:".len()..].trim();
             if directory.is_empty() {
-                return Err(
-                    at.error("poller.state.connection", format!("app setting {connection}: `file:` needs a directory"))
-                );
+                return Err(at.error(
+                    &format!("{section}.connection"),
+                    format!("app setting {connection}: `file:` needs a directory"),
+                ));
             }
             let path = PathBuf::from(directory);
             StateLocation::File(if path.is_absolute() { path } else { app_root.join(path) })
         }
         _ => {
             let connection_value = StorageConnection::from_settings(&connection, settings)
-                .map_err(|reason| at.error("poller.state.connection", reason))?;
+                .map_err(|reason| at.error(&format!("{section}.connection"), reason))?;
             StateLocation::AzureBlob(Box::new(connection_value))
         }
     };

@@ -77,6 +77,10 @@ pub struct PollerHealth {
     pub quarantined: u64,
     pub rows_delivered: u64,
     pub fingerprint: Option<FingerprintState>,
+    /// The source generation the source reports now (`source.generation`), when one is configured.
+    pub generation: Option<Value>,
+    /// It moved since the checkpoint and `onChange` is `stop`: the poller stops until reset.
+    pub generation_changed: bool,
     /// The function's configuration error, or why its state or source could not be read.
     pub error: Option<String>,
 }
@@ -107,6 +111,8 @@ impl PollerHealth {
             quarantined: 0,
             rows_delivered: 0,
             fingerprint: None,
+            generation: None,
+            generation_changed: false,
             error: None,
         }
     }
@@ -125,11 +131,19 @@ pub struct Observed<'a> {
     pub terms: &'a LeaseTerms,
     /// Naive timestamp cursors mean this zone; their age is known only for UTC.
     pub naive_cursors_are_utc: bool,
+    /// What the source's generation query answers now (`Ok(None)`: none configured).
+    pub generation: Result<Option<Value>, String>,
+    /// A moved generation stops the poller (`onChange: stop`) rather than restarting it.
+    pub generation_stops: bool,
 }
 
 /// The status of one poller at `now`.
 pub fn assess(observed: Observed<'_>, now: DateTime<Utc>) -> PollerHealth {
     let mut health = PollerHealth::empty(observed.function, observed.poller);
+    let recorded_generation = match &observed.document {
+        Ok(Some(document)) => document.generation.as_ref().map(|record| record.value.clone()),
+        _ => None,
+    };
     match observed.document {
         Err(reason) => {
             health.problems.push(format!("state document unreadable: {reason}"));
@@ -178,6 +192,21 @@ pub fn assess(observed: Observed<'_>, now: DateTime<Utc>) -> PollerHealth {
                 }
             }
         }
+    }
+    match &observed.generation {
+        Ok(current) => {
+            health.generation = current.clone();
+            if let (Some(recorded), Some(current)) = (&recorded_generation, current)
+                && recorded != current
+                && observed.generation_stops
+            {
+                health.generation_changed = true;
+                health.problems.push(format!(
+                    "source generation changed from {recorded} to {current}: the poller stops until it is reset"
+                ));
+            }
+        }
+        Err(reason) => health.problems.push(format!("source generation not read: {reason}")),
     }
     match observed.lag {
         None => {}
@@ -233,6 +262,8 @@ mod tests {
             earlier_fingerprint: None,
             terms: Box::leak(Box::new(terms())),
             naive_cursors_are_utc: true,
+            generation: Ok(None),
+            generation_stops: true,
         }
     }
 

@@ -10,6 +10,8 @@
 //! - [`poison`]: counting a batch's failed attempts, and when to isolate it (seed 001 case I).
 //! - [`lease`]: lease decisions (acquire, renew, release) with the fencing token and skew margin.
 //! - [`ids`]: deterministic event and batch ids, and the source fingerprint.
+//! - [`watchdog`]: what the watchdog concludes about a poller (stalled, abandoned lease, failing,
+//!   quarantine growing, source changed) from its status and what it saw last time.
 //! - [`window`]: batches in flight, acknowledged out of order, committed in order (seed 004).
 //! - [`schedule`]: NCRONTAB and time-span timer schedules (for `dbtrigger dev`).
 
@@ -22,6 +24,7 @@ pub mod poison;
 pub mod schedule;
 pub mod state;
 pub mod transitions;
+pub mod watchdog;
 pub mod window;
 
 pub use cursor::{CursorValue, PkValue, Position};

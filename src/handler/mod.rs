@@ -78,6 +78,11 @@ async fn invoke(
     let invocation = app.invoke_with(&function, &request).await;
     let line = invocation.line();
     match &invocation {
+        Invocation::Watched { lines, findings, .. } => {
+            // Each finding was logged at error level by the run; the host gets them all in Logs.
+            info!(function = %function, invocation = %invocation_id, findings, "{}", lines[0]);
+            json_response(StatusCode::OK, json!({"Outputs": {}, "Logs": lines, "ReturnValue": null}))
+        }
         Invocation::Answered { response_binding, status_code, body, .. } => {
             info!(function = %function, invocation = %invocation_id, status = status_code, "{line}");
             // The host takes the HTTP answer from the output binding; a 2xx here says the

@@ -17,4 +17,5 @@ mod sources;
 mod status;
 mod store;
 mod tick;
+mod watchdog;
 mod webhook;

@@ -1,0 +1,127 @@
+//! A `watchdog` function: a timer whose invocation checks every poller of the app and reports the
+//! stalled ones (seed 003: "the watchdog is what makes recovery real"). Its function.json has a
+//! timerTrigger binding and a top-level `watchdog` section.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::function_json::{RawState, substitute_settings, timer_schedule};
+use super::sink::SigningKey;
+use super::state::{StateConfig, build_state};
+use super::{ConfigError, Located, in_range, limits};
+use crate::domain::schedule::Schedule;
+use crate::settings::Settings;
+
+/// A validated watchdog.
+#[derive(Debug, Clone)]
+pub struct WatchdogConfig {
+    pub function_name: String,
+    pub app_name: String,
+    pub file: std::path::PathBuf,
+    pub schedule: Option<Schedule>,
+    pub run_on_startup: bool,
+    /// A poller with rows waiting and no commit for this many of its schedule's intervals is stalled.
+    pub stalled_after_intervals: u32,
+    /// Run a tick of a stalled poller (or one whose lease was abandoned) right away, in this process.
+    pub kick: bool,
+    pub alert: Option<AlertConfig>,
+    /// Where it lists the app's state documents and keeps what it saw last time.
+    pub state: StateConfig,
+}
+
+/// An optional webhook the findings are posted to, signed like the sink.
+#[derive(Debug, Clone)]
+pub struct AlertConfig {
+    pub url: url::Url,
+    pub signing_key: Option<SigningKey>,
+    pub timeout: Duration,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawWatchdog {
+    stalled_after_intervals: Option<u32>,
+    kick: Option<bool>,
+    alert: Option<RawAlert>,
+    #[serde(default)]
+    state: RawState,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawAlert {
+    url: String,
+    secret: Option<String>,
+    timeout_seconds: Option<u64>,
+}
+
+pub const DEFAULT_STALLED_AFTER_INTERVALS: u32 = 3;
+
+pub(super) fn build_watchdog(
+    document: &Value,
+    function_name: &str,
+    settings: &Settings,
+    app_root: &std::path::Path,
+    at: &Located<'_>,
+) -> Result<WatchdogConfig, ConfigError> {
+    let (schedule, run_on_startup) = timer_schedule(document, at, settings)?;
+    let mut section = document.get("watchdog").cloned().unwrap_or(Value::Null);
+    if !section.is_object() {
+        return Err(at.error("watchdog", "expected an object"));
+    }
+    substitute_settings(&mut section, "watchdog", settings, at)?;
+    let raw: RawWatchdog = serde_path_to_error::deserialize(&section).map_err(|error| {
+        let path = error.path().to_string();
+        let field = if path == "." { "watchdog".to_string() } else { format!("watchdog.{path}") };
+        at.error(&field, error.into_inner().to_string())
+    })?;
+    let stalled_after_intervals = in_range(
+        at,
+        "watchdog.stalledAfterIntervals",
+        raw.stalled_after_intervals,
+        DEFAULT_STALLED_AFTER_INTERVALS,
+        1..=1000,
+    )?;
+    let alert = match raw.alert {
+        None => None,
+        Some(alert) => {
+            let url = url::Url::parse(&alert.url)
+                .map_err(|error| at.error("watchdog.alert.url", format!("not a valid URL: {error}")))?;
+            if !matches!(url.scheme(), "http" | "https") {
+                return Err(at.error("watchdog.alert.url", format!("scheme {:?} is not http or https", url.scheme())));
+            }
+            let signing_key =
+                match alert.secret {
+                    None => None,
+                    Some(name) => {
+                        let value = settings.get(&name).filter(|value| !value.is_empty()).ok_or_else(|| {
+                            at.error(
+                                "watchdog.alert.secret",
+                                format!("app setting {name} is not set (it must hold the signing secret)"),
+                            )
+                        })?;
+                        Some(SigningKey::from_secret(value).map_err(|reason| {
+                            at.error("watchdog.alert.secret", format!("app setting {name}: {reason}"))
+                        })?)
+                    }
+                };
+            let timeout =
+                in_range(at, "watchdog.alert.timeoutSeconds", alert.timeout_seconds, 10, 1..=limits::SECONDS)?;
+            Some(AlertConfig { url, signing_key, timeout: Duration::from_secs(timeout) })
+        }
+    };
+    let state = build_state(raw.state, settings, app_root, at, "watchdog.state")?;
+    Ok(WatchdogConfig {
+        function_name: function_name.to_string(),
+        app_name: settings.app_name(),
+        file: at.file.to_path_buf(),
+        schedule,
+        run_on_startup,
+        stalled_after_intervals,
+        kick: raw.kick.unwrap_or(false),
+        alert,
+        state,
+    })
+}

@@ -1,0 +1,278 @@
+//! What the watchdog concludes about one poller, from its status, what the watchdog saw at its
+//! previous run, and `now`. Pure: reading and reporting happen elsewhere.
+//!
+//! | finding              | when                                                                   |
+//! |----------------------|------------------------------------------------------------------------|
+//! | `config_error`       | the function cannot run                                                |
+//! | `unreadable`         | its state document or its source cannot be read                       |
+//! | `stalled`            | rows wait and the checkpoint has not moved for `stalledAfterIntervals` of its schedule |
+//! | `lease_abandoned`    | a lease expired (past the skew margin) without being released: a tick died mid-work and nobody resumed |
+//! | `failing`            | the batch at the checkpoint failed (`attempts` above zero), growing or not |
+//! | `quarantine_grew`    | more rows quarantined than at the previous run                        |
+//! | `fingerprint_changed`| the source definition changed: the poller stops until reset or accepted |
+//! | `generation_changed` | the source generation moved and the poller stops (`onChange: stop`)     |
+//!
+//! `stalled` and `lease_abandoned` are what a tick can fix, so `kick` runs one for them.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Duration, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::health::{FingerprintState, PollerHealth};
+
+/// What the watchdog saw of one poller at its previous run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Seen {
+    pub quarantined: u64,
+    pub attempts: u32,
+    /// The checkpoint it saw (its cursor and key), to tell whether it moved.
+    pub checkpoint: Option<Value>,
+    /// Since when rows have been waiting behind that checkpoint, as far as the watchdog saw.
+    pub waiting_since: Option<DateTime<Utc>>,
+}
+
+/// What the watchdog keeps between runs, by poller name.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Memory {
+    #[serde(default)]
+    pub pollers: BTreeMap<String, Seen>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FindingKind {
+    ConfigError,
+    Unreadable,
+    Stalled,
+    LeaseAbandoned,
+    Failing,
+    QuarantineGrew,
+    FingerprintChanged,
+    GenerationChanged,
+}
+
+impl FindingKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            FindingKind::ConfigError => "config_error",
+            FindingKind::Unreadable => "unreadable",
+            FindingKind::Stalled => "stalled",
+            FindingKind::LeaseAbandoned => "lease_abandoned",
+            FindingKind::Failing => "failing",
+            FindingKind::QuarantineGrew => "quarantine_grew",
+            FindingKind::FingerprintChanged => "fingerprint_changed",
+            FindingKind::GenerationChanged => "generation_changed",
+        }
+    }
+
+    /// A tick can fix it.
+    pub fn kickable(self) -> bool {
+        matches!(self, FindingKind::Stalled | FindingKind::LeaseAbandoned)
+    }
+}
+
+/// One thing a person should look at.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Finding {
+    pub kind: FindingKind,
+    pub function: String,
+    pub poller: String,
+    pub message: String,
+}
+
+/// The findings about one poller, and what to remember of it.
+pub fn judge(
+    health: &PollerHealth,
+    interval: Option<Duration>,
+    stalled_after_intervals: u32,
+    seen: Option<&Seen>,
+    now: DateTime<Utc>,
+) -> (Vec<Finding>, Seen) {
+    let mut findings = Vec::new();
+    let mut found = |kind: FindingKind, message: String| {
+        findings.push(Finding { kind, function: health.function.clone(), poller: health.poller.clone(), message });
+    };
+    if let Some(error) = &health.error {
+        found(FindingKind::Unreadable, error.clone());
+    }
+    if health.fingerprint == Some(FingerprintState::Changed) {
+        found(
+            FindingKind::FingerprintChanged,
+            "the source definition changed: every tick fails until the poller is reset or `dbtrigger fingerprint accept`".into(),
+        );
+    }
+    if health.generation_changed {
+        found(
+            FindingKind::GenerationChanged,
+            format!(
+                "the source generation moved to {}: the poller stops until it is reset (source.generation.onChange: stop)",
+                health.generation.as_ref().map(ToString::to_string).unwrap_or_else(|| "?".into())
+            ),
+        );
+    }
+    if let Some(lease) = &health.lease
+        && let Some(owner) = &lease.owner
+        && !lease.live
+    {
+        found(
+            FindingKind::LeaseAbandoned,
+            format!(
+                "the lease of {owner} expired at {} without being released: a tick died mid-work and no tick has resumed since",
+                lease.expires_at.map(|at| at.to_rfc3339()).unwrap_or_else(|| "?".into())
+            ),
+        );
+    }
+    let previous = seen.cloned().unwrap_or_default();
+    if health.attempts > 0 {
+        let trend = if health.attempts > previous.attempts && seen.is_some() {
+            format!(" (was {} at the previous check)", previous.attempts)
+        } else {
+            String::new()
+        };
+        found(
+            FindingKind::Failing,
+            format!(
+                "the batch at the checkpoint failed {} times{trend}, last: {}",
+                health.attempts,
+                health.last_error.as_deref().unwrap_or("?")
+            ),
+        );
+    }
+    if health.quarantined > previous.quarantined {
+        found(
+            FindingKind::QuarantineGrew,
+            format!(
+                "the quarantine grew from {} to {} rows (dbtrigger quarantine list {})",
+                previous.quarantined, health.quarantined, health.poller
+            ),
+        );
+    }
+    let checkpoint = health
+        .checkpoint
+        .as_ref()
+        .map(|checkpoint| serde_json::json!({"cursor": checkpoint.cursor, "pk": checkpoint.pk}));
+    let waiting = health.lag_rows.is_some_and(|rows| rows > 0);
+    let waiting_since = match (waiting, &previous.waiting_since) {
+        (false, _) => None,
+        (true, Some(since)) if previous.checkpoint == checkpoint => Some(*since),
+        (true, _) => Some(now),
+    };
+    if let (Some(since), Some(interval)) = (waiting_since, interval) {
+        // Rows wait behind a checkpoint that has not moved since `since` (or since the last commit,
+        // whichever is later).
+        let reference = health.last_success_at.map_or(since, |last| last.max(since));
+        let limit = interval * stalled_after_intervals as i32;
+        if now - reference >= limit {
+            found(
+                FindingKind::Stalled,
+                format!(
+                    "{} rows wait and the checkpoint has not moved for {} s ({} schedule intervals); last commit: {}",
+                    health.lag_rows.unwrap_or_default(),
+                    (now - reference).num_seconds(),
+                    stalled_after_intervals,
+                    health.last_success_at.map(|at| at.to_rfc3339()).unwrap_or_else(|| "never".into())
+                ),
+            );
+        }
+    }
+    let remembered = Seen { quarantined: health.quarantined, attempts: health.attempts, checkpoint, waiting_since };
+    (findings, remembered)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::health::{CheckpointView, LeaseView};
+
+    fn at(seconds: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_780_000_000 + seconds, 0).unwrap()
+    }
+
+    fn healthy(lag: u64) -> PollerHealth {
+        let mut health = PollerHealth::unusable("orders", String::new());
+        health.problems.clear();
+        health.error = None;
+        health.healthy = true;
+        health.lag_rows = Some(lag);
+        health.fingerprint = Some(FingerprintState::Ok);
+        health.checkpoint =
+            Some(CheckpointView { cursor: serde_json::json!(5), pk: serde_json::Map::new(), updated_at: at(0) });
+        health.last_success_at = Some(at(0));
+        health
+    }
+
+    fn kinds(findings: &[Finding]) -> Vec<FindingKind> {
+        findings.iter().map(|finding| finding.kind).collect()
+    }
+
+    const MINUTE: Duration = Duration::minutes(1);
+
+    #[test]
+    fn rows_waiting_behind_a_checkpoint_that_does_not_move_become_stalled() {
+        // First sight: rows wait, the watchdog starts counting.
+        let (findings, seen) = judge(&healthy(10), Some(MINUTE), 3, None, at(600));
+        assert!(findings.is_empty(), "{findings:?}");
+        assert_eq!(seen.waiting_since, Some(at(600)));
+        // Two minutes later: not yet three intervals.
+        let (findings, seen) = judge(&healthy(10), Some(MINUTE), 3, Some(&seen), at(720));
+        assert!(findings.is_empty());
+        // Three: stalled, and a tick could fix it.
+        let (findings, _) = judge(&healthy(10), Some(MINUTE), 3, Some(&seen), at(780));
+        assert_eq!(kinds(&findings), [FindingKind::Stalled]);
+        assert!(findings[0].kind.kickable());
+        // The checkpoint moved meanwhile: counting starts again.
+        let mut moved = healthy(10);
+        moved.checkpoint.as_mut().unwrap().cursor = serde_json::json!(9);
+        let (findings, again) = judge(&moved, Some(MINUTE), 3, Some(&seen), at(780));
+        assert!(findings.is_empty());
+        assert_eq!(again.waiting_since, Some(at(780)));
+        // Nothing waiting: never stalled, however old the last commit.
+        let (findings, idle) = judge(&healthy(0), Some(MINUTE), 3, Some(&seen), at(100_000));
+        assert!(findings.is_empty());
+        assert_eq!(idle.waiting_since, None);
+    }
+
+    #[test]
+    fn an_expired_unreleased_lease_is_abandoned_a_released_one_is_not() {
+        let mut health = healthy(0);
+        health.lease =
+            Some(LeaseView { owner: Some("dead/1".into()), fencing_token: 3, expires_at: Some(at(10)), live: false });
+        let (findings, _) = judge(&health, Some(MINUTE), 3, None, at(100));
+        assert_eq!(kinds(&findings), [FindingKind::LeaseAbandoned]);
+        assert!(findings[0].message.contains("dead/1"));
+        health.lease = Some(LeaseView { owner: None, fencing_token: 3, expires_at: None, live: false });
+        assert!(judge(&health, Some(MINUTE), 3, None, at(100)).0.is_empty());
+        health.lease =
+            Some(LeaseView { owner: Some("busy/1".into()), fencing_token: 3, expires_at: Some(at(200)), live: true });
+        assert!(judge(&health, Some(MINUTE), 3, None, at(100)).0.is_empty(), "a live lease is a tick at work");
+    }
+
+    #[test]
+    fn failures_quarantine_growth_and_changed_sources_are_reported() {
+        let mut health = healthy(0);
+        health.attempts = 2;
+        health.last_error = Some("HTTP 500".into());
+        health.quarantined = 4;
+        health.fingerprint = Some(FingerprintState::Changed);
+        let seen = Seen { quarantined: 1, attempts: 1, ..Seen::default() };
+        let (findings, remembered) = judge(&health, Some(MINUTE), 3, Some(&seen), at(0));
+        assert_eq!(
+            kinds(&findings),
+            [FindingKind::FingerprintChanged, FindingKind::Failing, FindingKind::QuarantineGrew]
+        );
+        assert!(findings[1].message.contains("failed 2 times (was 1 at the previous check), last: HTTP 500"));
+        assert!(findings[2].message.contains("from 1 to 4"));
+        assert_eq!((remembered.quarantined, remembered.attempts), (4, 2));
+        // The same again: still failing, but the quarantine did not grow.
+        let (findings, _) = judge(&health, Some(MINUTE), 3, Some(&remembered), at(60));
+        assert_eq!(kinds(&findings), [FindingKind::FingerprintChanged, FindingKind::Failing]);
+        let mut reloaded = healthy(0);
+        reloaded.generation = Some(serde_json::json!(8));
+        reloaded.generation_changed = true;
+        let (findings, _) = judge(&reloaded, Some(MINUTE), 3, None, at(0));
+        assert_eq!(kinds(&findings), [FindingKind::GenerationChanged]);
+        assert!(findings[0].message.contains("moved to 8") && !findings[0].kind.kickable());
+    }
+}
