@@ -286,7 +286,7 @@ mod tests {
         let mut document = StateDocument::new("orders", "sha256:abc");
         document.checkpoint = Some(advance_checkpoint(None, &position(5, 2), "b1", 10, fixed_time()).unwrap());
         let mut stored: Value = serde_json::from_slice(&document.to_bytes()).unwrap();
-        stored["generation"] = serde_json::json!({"value": "load-7", "query": "SELECT max(load_id) FROM load_log"});
+        stored["lineage"] = serde_json::json!({"value": "load-7", "query": "SELECT max(load_id) FROM load_log"});
         stored["quarantine"] = serde_json::json!({"count": 1, "location": "quarantine/app/orders/"});
         stored["checkpoint"]["generation"] = serde_json::json!("load-7");
         stored["stats"]["replayed"] = serde_json::json!(2);
@@ -297,7 +297,7 @@ mod tests {
         read.stats.rows_delivered += 10;
         let written: Value = serde_json::from_slice(&read.to_bytes()).unwrap();
 
-        assert_eq!(written["generation"], stored["generation"]);
+        assert_eq!(written["lineage"], stored["lineage"]);
         assert_eq!(written["quarantine"], stored["quarantine"]);
         assert_eq!(written["checkpoint"]["generation"], "load-7");
         assert_eq!(written["stats"]["replayed"], 2);

@@ -711,14 +711,14 @@ async fn a_tick_keeps_state_fields_it_does_not_know() {
     let store = Arc::new(MemoryStore::new());
     let mut stored: Value =
         serde_json::from_slice(&StateDocument::new("orders", &fixture.config.fingerprint).to_bytes()).unwrap();
-    stored["generation"] = json!({"value": "load-7"});
+    stored["lineage"] = json!({"value": "load-7"});
     stored["quarantine"] = json!({"count": 1, "location": "quarantine/it/orders/"});
     store.put_raw(&key(), &serde_json::to_vec(&stored).unwrap());
     let recording = Arc::new(RecordingSink::new());
     poller(&fixture, recording.clone(), store.clone(), "a").tick().await.unwrap();
     assert_eq!(ids(&recording).len(), 20);
     let written: Value = serde_json::from_slice(&store.raw(&key()).unwrap()).unwrap();
-    assert_eq!(written["generation"], stored["generation"]);
+    assert_eq!(written["lineage"], stored["lineage"]);
     assert_eq!(written["quarantine"], stored["quarantine"]);
 }
 
