@@ -1,97 +1,252 @@
 //! End-to-end throughput: rows per second from a table to a webhook receiver on loopback, through
-//! a real tick (keyset fetch, JSON envelopes, HTTP POST, checkpoint commits by CAS), against a raw
-//! baseline in the same run: the same keyset queries and the same POSTs with no state at all.
+//! real ticks (keyset fetch, JSON envelopes, HTTP POST, checkpoint commits by CAS), against the
+//! **pipelined raw limit** measured in the same run on the same data: the same keyset reads and
+//! POSTs with no state at all, reading batch k+1 while batch k is posted, the fastest this machine
+//! moves these rows.
 //!
-//! Run: `cargo bench --bench throughput` (starts Azurite like the tests, for the blob-state run).
+//! The receiver runs in a child process (this program again), so the CPU time reported per row
+//! is the dbtrigger side's alone (`getrusage` of this process; Azurite and PostgreSQL are other
+//! processes too). Peak RSS is this process's high-water mark during each run (reset between runs
+//! through `/proc/self/clear_refs`).
+//!
+//! Run: `cargo bench --bench throughput` (starts PostgreSQL and Azurite like the tests).
+//! `DBTRIGGER_BENCH_ROWS` changes the table size (default 100,000).
 
 #[path = "../tests/it/services.rs"]
 mod services;
 
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use axum::routing::post;
+use axum::routing::{get, post};
 use dbtrigger::config::{PollerConfig, Settings};
 use dbtrigger::tick::{Poller, StopReason, SystemClock, TickOutcome};
 use serde_json::{Value, json};
 
-const ROWS: i64 = 100_000;
-const BATCH: i64 = 500;
-
-async fn receiver() -> (String, Arc<AtomicU64>) {
+/// The receiver, when this program is started as one: counts events, answers `{}`.
+async fn serve_receiver() {
     let received = Arc::new(AtomicU64::new(0));
     let counter = received.clone();
-    let router = axum::Router::new().route(
-        "/hook",
-        post(move |body: axum::Json<Value>| {
-            let counter = counter.clone();
-            async move {
-                let events = body["events"].as_array().map(Vec::len).unwrap_or(0) as u64;
-                counter.fetch_add(events, Ordering::SeqCst);
-                "{}"
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/hook", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, router).await });
-    (url, received)
-}
-
-async fn table(path: &std::path::Path) -> String {
-    let url = format!("sqlite://{}?mode=rwc", path.display());
-    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
-    sqlx::raw_sql(
-        "CREATE TABLE orders (id INTEGER PRIMARY KEY, version INTEGER NOT NULL, status TEXT, total REAL, note TEXT);
-         WITH RECURSIVE g(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM g WHERE x < 100000)
-         INSERT INTO orders SELECT x, x / 3, 'paid', x * 1.5, 'order number ' || x FROM g;
-         CREATE INDEX orders_seek ON orders (version, id);",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
-    pool.close().await;
-    format!("sqlite://{}", path.display())
-}
-
-/// The baseline: keyset pages and POSTs, nothing else.
-async fn raw(database: &str, hook: &str) -> f64 {
-    let pool = sqlx::SqlitePool::connect(database).await.unwrap();
-    let client = reqwest::Client::new();
-    let started = Instant::now();
-    let (mut version, mut id) = (-1i64, -1i64);
-    let mut total = 0;
-    loop {
-        let rows: Vec<(i64, i64, String, f64, String)> = sqlx::query_as(
-            "SELECT id, version, status, total, note FROM orders WHERE (version, id) > (?, ?) ORDER BY version, id LIMIT ?",
+    let router = axum::Router::new()
+        .route(
+            "/hook",
+            post(move |body: axum::body::Bytes| {
+                let counter = counter.clone();
+                async move {
+                    let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                    let events = value["events"].as_array().map(Vec::len).unwrap_or(0) as u64;
+                    counter.fetch_add(events, Ordering::SeqCst);
+                    "{}"
+                }
+            }),
         )
-        .bind(version)
-        .bind(id)
-        .bind(BATCH)
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-        if rows.is_empty() {
-            break;
-        }
-        let events: Vec<Value> = rows
-            .iter()
-            .map(|(row_id, row_version, status, amount, note)| {
-                json!({"cursor": row_version, "pk": {"id": row_id},
-                       "row": {"id": row_id, "version": row_version, "status": status, "total": amount, "note": note}})
-            })
-            .collect();
-        client.post(hook).json(&json!({"events": events})).send().await.unwrap().error_for_status().unwrap();
-        total += rows.len();
-        let last = rows.last().unwrap();
-        (version, id) = (last.1, last.0);
-    }
-    assert_eq!(total as i64, ROWS);
-    total as f64 / started.elapsed().as_secs_f64()
+        .route("/count", get(move || async move { received.load(Ordering::SeqCst).to_string() }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    println!("{}", listener.local_addr().unwrap().port());
+    axum::serve(listener, router).await.unwrap();
 }
 
-async fn dbtrigger(database: &str, hook: &str, state: &str, max_in_flight: usize) -> f64 {
+struct ReceiverProcess {
+    child: Child,
+    base: String,
+}
+
+impl ReceiverProcess {
+    fn start() -> ReceiverProcess {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .env("DBTRIGGER_BENCH_RECEIVER", "1")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        ReceiverProcess { child, base: format!("http://127.0.0.1:{}", line.trim()) }
+    }
+
+    fn hook(&self) -> String {
+        format!("{}/hook", self.base)
+    }
+
+    async fn count(&self) -> u64 {
+        reqwest::get(format!("{}/count", self.base)).await.unwrap().text().await.unwrap().parse().unwrap()
+    }
+}
+
+impl Drop for ReceiverProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// CPU time (user + system) of this process so far, in microseconds.
+fn cpu_micros() -> u64 {
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let micros = |time: libc::timeval| time.tv_sec as u64 * 1_000_000 + time.tv_usec as u64;
+    micros(usage.ru_utime) + micros(usage.ru_stime)
+}
+
+/// Resets the peak RSS, then reads it back later (`VmHWM`, in MB).
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+fn peak_rss_mb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kb: f64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0.0);
+    kb / 1024.0
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Engine {
+    Sqlite,
+    Postgres,
+}
+
+async fn table(engine: Engine, directory: &std::path::Path, rows: i64) -> String {
+    match engine {
+        Engine::Sqlite => {
+            std::fs::create_dir_all(directory).unwrap();
+            let path = directory.join("orders.db");
+            let url = format!("sqlite://{}?mode=rwc", path.display());
+            let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "CREATE TABLE orders (id INTEGER PRIMARY KEY, version INTEGER NOT NULL, status TEXT, total REAL, note TEXT);
+                 WITH RECURSIVE g(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM g WHERE x < {rows})
+                 INSERT INTO orders SELECT x, x / 3, 'paid', x * 1.5, 'order number ' || x FROM g;
+                 CREATE INDEX orders_seek ON orders (version, id);"
+            )))
+            .execute(&pool)
+            .await
+            .unwrap();
+            pool.close().await;
+            format!("sqlite://{}", path.display())
+        }
+        Engine::Postgres => {
+            let url = services::postgres().fresh_database().await;
+            let pool = sqlx::PgPool::connect(&url).await.unwrap();
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "CREATE TABLE orders (id BIGINT PRIMARY KEY, version BIGINT NOT NULL, status TEXT, total DOUBLE PRECISION, note TEXT);
+                 INSERT INTO orders SELECT x, x / 3, 'paid', x * 1.5, 'order number ' || x FROM generate_series(1, {rows}) AS x;
+                 CREATE INDEX orders_seek ON orders (version, id);
+                 ANALYZE orders;"
+            )))
+            .execute(&pool)
+            .await
+            .unwrap();
+            pool.close().await;
+            url
+        }
+    }
+}
+
+type RawRow = (i64, i64, String, f64, String);
+
+enum RawPool {
+    Sqlite(sqlx::SqlitePool),
+    Postgres(sqlx::PgPool),
+}
+
+impl RawPool {
+    async fn open(engine: Engine, url: &str) -> RawPool {
+        match engine {
+            Engine::Sqlite => RawPool::Sqlite(sqlx::SqlitePool::connect(url).await.unwrap()),
+            Engine::Postgres => RawPool::Postgres(sqlx::PgPool::connect(url).await.unwrap()),
+        }
+    }
+
+    async fn page(&self, after: (i64, i64), batch: i64) -> Vec<RawRow> {
+        match self {
+            RawPool::Sqlite(pool) => sqlx::query_as(
+                "SELECT id, version, status, total, note FROM orders WHERE (version, id) > (?, ?) ORDER BY version, id LIMIT ?",
+            )
+            .bind(after.0)
+            .bind(after.1)
+            .bind(batch)
+            .fetch_all(pool)
+            .await
+            .unwrap(),
+            RawPool::Postgres(pool) => sqlx::query_as(
+                "SELECT id, version, status, total, note FROM orders WHERE (version, id) > ($1, $2) ORDER BY version, id LIMIT $3",
+            )
+            .bind(after.0)
+            .bind(after.1)
+            .bind(batch)
+            .fetch_all(pool)
+            .await
+            .unwrap(),
+        }
+    }
+}
+
+fn body(rows: &[RawRow]) -> Vec<u8> {
+    let events: Vec<Value> = rows
+        .iter()
+        .map(|(row_id, row_version, status, amount, note)| {
+            json!({"cursor": row_version, "pk": {"id": row_id},
+                   "row": {"id": row_id, "version": row_version, "status": status, "total": amount, "note": note}})
+        })
+        .collect();
+    serde_json::to_vec(&json!({"events": events})).unwrap()
+}
+
+/// The pipelined raw limit: page k+1 is read while page k is posted; no state, no ids, no lease.
+async fn raw_pipelined(engine: Engine, url: &str, hook: &str, batch: i64, rows: i64) -> Measured {
+    let pool = RawPool::open(engine, url).await;
+    let client = reqwest::Client::new();
+    reset_peak_rss();
+    let cpu = cpu_micros();
+    let started = Instant::now();
+    let mut total = 0i64;
+    let mut page = pool.page((-1, -1), batch).await;
+    let mut posting: Option<tokio::task::JoinHandle<()>> = None;
+    while !page.is_empty() {
+        let last = page.last().map(|row| (row.1, row.0)).unwrap();
+        let request = client.post(hook).header("content-type", "application/json").body(body(&page));
+        total += page.len() as i64;
+        let previous = posting.replace(tokio::spawn(async move {
+            request.send().await.unwrap().error_for_status().unwrap();
+        }));
+        let next = pool.page(last, batch);
+        let (next, _) = tokio::join!(next, async {
+            if let Some(previous) = previous {
+                previous.await.unwrap();
+            }
+        });
+        page = next;
+    }
+    if let Some(last) = posting {
+        last.await.unwrap();
+    }
+    assert_eq!(total, rows);
+    Measured::new(rows, started, cpu)
+}
+
+struct Measured {
+    rows_per_second: f64,
+    cpu_micros_per_row: f64,
+    peak_rss_mb: f64,
+}
+
+impl Measured {
+    fn new(rows: i64, started: Instant, cpu_before: u64) -> Measured {
+        Measured {
+            rows_per_second: rows as f64 / started.elapsed().as_secs_f64(),
+            cpu_micros_per_row: (cpu_micros() - cpu_before) as f64 / rows as f64,
+            peak_rss_mb: peak_rss_mb(),
+        }
+    }
+}
+
+async fn dbtrigger(url: &str, hook: &str, state: &str, batch: i64, max_in_flight: usize, rows: i64) -> Measured {
     let directory = tempfile::tempdir().unwrap();
     let root = directory.path().join("app");
     std::fs::create_dir_all(root.join("orders")).unwrap();
@@ -99,7 +254,7 @@ async fn dbtrigger(database: &str, hook: &str, state: &str, max_in_flight: usize
         "bindings": [{"type": "timerTrigger", "direction": "in", "name": "timer", "schedule": "0 * * * * *"}],
         "poller": {
             "source": {"connection": "DB", "table": "orders", "cursor": "version", "pk": ["id"]},
-            "batch": {"size": BATCH, "maxInFlight": max_in_flight},
+            "batch": {"size": batch, "maxInFlight": max_in_flight},
             "sink": {"type": "webhook", "url": hook},
             "state": {"connection": "STATE", "container": format!("b{}", uuid::Uuid::new_v4().simple())}
         }
@@ -107,12 +262,14 @@ async fn dbtrigger(database: &str, hook: &str, state: &str, max_in_flight: usize
     std::fs::write(root.join("orders/function.json"), function.to_string()).unwrap();
     let state =
         if state == "file" { format!("file:{}", directory.path().join("state").display()) } else { state.to_string() };
-    let settings = Settings::from_pairs([("DB", database), ("STATE", state.as_str())]);
+    let settings = Settings::from_pairs([("DB", url), ("STATE", state.as_str())]);
     let config = PollerConfig::load(&root, "orders", &settings, None).unwrap();
     let source = dbtrigger::source::open(&config.source).unwrap();
     let sink = dbtrigger::sink::open(&config.sink).unwrap();
     let store = dbtrigger::store::open(&config.state).unwrap();
     let poller = Poller::new(config, source, sink, store, Arc::new(SystemClock), "bench".into());
+    reset_peak_rss();
+    let cpu = cpu_micros();
     let started = Instant::now();
     let mut total = 0;
     loop {
@@ -125,24 +282,56 @@ async fn dbtrigger(database: &str, hook: &str, state: &str, max_in_flight: usize
             other => panic!("{other:?}"),
         }
     }
-    assert_eq!(total as i64, ROWS);
-    total as f64 / started.elapsed().as_secs_f64()
+    assert_eq!(total as i64, rows);
+    Measured::new(rows, started, cpu)
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
+    if std::env::var_os("DBTRIGGER_BENCH_RECEIVER").is_some() {
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(serve_receiver());
+        return;
+    }
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(run());
+}
+
+async fn run() {
+    let rows: i64 = std::env::var("DBTRIGGER_BENCH_ROWS").ok().and_then(|text| text.parse().ok()).unwrap_or(100_000);
+    let receiver = ReceiverProcess::start();
+    let hook = receiver.hook();
+    let azurite = services::azurite().connection_string();
     let directory = tempfile::tempdir().unwrap();
-    let database = table(&directory.path().join("orders.db")).await;
-    let (hook, received) = receiver().await;
-    let raw_rate = raw(&database, &hook).await;
-    let file_rate = dbtrigger(&database, &hook, "file", 1).await;
-    let blob_rate = dbtrigger(&database, &hook, &services::azurite().connection_string(), 1).await;
-    let windowed_rate = dbtrigger(&database, &hook, &services::azurite().connection_string(), 4).await;
-    assert_eq!(received.load(Ordering::SeqCst) as i64, 4 * ROWS);
-    println!("throughput, {ROWS} SQLite rows to a loopback webhook, batches of {BATCH}");
-    println!("{:<40} {:>12} {:>8}", "path", "rows/s", "ratio");
-    println!("{:<40} {:>12.0} {:>8.2}", "raw: keyset query + POST, no state", raw_rate, 1.0);
-    println!("{:<40} {:>12.0} {:>8.2}", "dbtrigger tick, file state", file_rate, file_rate / raw_rate);
-    println!("{:<40} {:>12.0} {:>8.2}", "dbtrigger tick, blob state (Azurite)", blob_rate, blob_rate / raw_rate);
-    println!("{:<40} {:>12.0} {:>8.2}", "  the same, maxInFlight 4", windowed_rate, windowed_rate / raw_rate);
+    let mut expected = 0u64;
+    println!("throughput, {rows} rows to a webhook receiver in another process on loopback");
+    println!(
+        "{:<10} {:>6} {:<34} {:>10} {:>7} {:>9} {:>8}",
+        "engine", "batch", "path", "rows/s", "ratio", "cpu µs/row", "peak MB"
+    );
+    for engine in [Engine::Sqlite, Engine::Postgres] {
+        let url = table(engine, &directory.path().join(format!("{engine:?}")), rows).await;
+        for batch in [100i64, 1000] {
+            let limit = raw_pipelined(engine, &url, &hook, batch, rows).await;
+            expected += rows as u64;
+            let line = |path: &str, measured: &Measured| {
+                println!(
+                    "{:<10} {:>6} {:<34} {:>10.0} {:>7.2} {:>9.2} {:>8.1}",
+                    format!("{engine:?}"),
+                    batch,
+                    path,
+                    measured.rows_per_second,
+                    measured.rows_per_second / limit.rows_per_second,
+                    measured.cpu_micros_per_row,
+                    measured.peak_rss_mb
+                );
+            };
+            line("raw, pipelined (the limit)", &limit);
+            for (state_name, state) in [("file", "file"), ("azurite", azurite.as_str())] {
+                for max_in_flight in [1usize, 4] {
+                    let measured = dbtrigger(&url, &hook, state, batch, max_in_flight, rows).await;
+                    expected += rows as u64;
+                    line(&format!("dbtrigger, {state_name} state, maxInFlight {max_in_flight}"), &measured);
+                }
+            }
+        }
+    }
+    assert_eq!(receiver.count().await, expected, "every row reached the receiver");
 }

@@ -34,7 +34,7 @@ use tracing::{error, info, warn};
 
 use crate::config::{OnGenerationChange, PollerConfig};
 use crate::domain::Event;
-use crate::domain::ids::batch_id;
+use crate::domain::ids::{EventIds, batch_id};
 use crate::domain::lease::{self, LeaseStatus};
 use crate::domain::poison::{self, FailureKind, Isolation, PoisonMode, PoisonRecord, Verdict};
 use crate::domain::state::{CheckpointRegression, describe};
@@ -578,6 +578,7 @@ impl Poller {
     ) -> Result<TickOutcome, TickError> {
         let terms = self.config.lease;
         let limit = self.fetch_limit();
+        let event_ids = EventIds::new(&self.config.poller_name, &self.config.fingerprint);
         let mut window: BatchWindow<Sent> = BatchWindow::new();
         let mut in_flight: JoinSet<(u64, Delivery)> = JoinSet::new();
         // A prefetcher task reads the batches after the first one, in order, while batches are
@@ -612,6 +613,40 @@ impl Poller {
                 prefetcher.abort_all();
             }
 
+            // Fill the window with what has been fetched, before committing: the next deliveries
+            // run while the commit of the ones acknowledged is written, so a commit never holds up
+            // a delivery (even at maxInFlight 1, where the receiver still sees batches in order).
+            // Commits stay in order, one at a time; a lost lease aborts whatever is in flight.
+            while in_flight.len() < max_in_flight && self.clock.now() < deadline {
+                let Some(fetched) = ready.pop_front() else {
+                    break;
+                };
+                let rows = fetched.rows;
+                let first_position = rows.first().expect("a batch is never empty").position.clone();
+                let last = rows.last().expect("a batch is never empty").position.clone();
+                let id =
+                    batch_id(&self.config.poller_name, &self.config.fingerprint, &first_position, &last, rows.len());
+                // The rows' values move into the events; their positions are kept for isolation.
+                let (mut batch, positions) =
+                    Batch::from_rows(&event_ids, &self.config.poller_name, id.clone(), fencing_token, rows);
+                batch.generation = generation.cloned();
+                let sequence = window.open(Sent {
+                    batch_id: id,
+                    first: first_position,
+                    last: last.clone(),
+                    positions,
+                    rows: batch.events.len(),
+                    quarantined: 0,
+                });
+                let sink = self.sink.clone();
+                // The sink counts its time in its runtime's terms: the budget left, by our clock.
+                let sink_deadline = Instant::now() + (deadline - self.clock.now()).to_std().unwrap_or(Duration::ZERO);
+                in_flight.spawn(async move {
+                    // A failed batch comes back: it may have to be isolated.
+                    let delivered = sink.deliver(&batch, sink_deadline).await;
+                    (sequence, delivered.map_err(|error| (error, batch)))
+                });
+            }
             // Commit what is acknowledged. When every batch is acknowledged but a fetch is still
             // running, the commit waits for it (or for the heartbeat, which it then replaces):
             // only then is it known whether this commit is the last one, which releases the
@@ -622,7 +657,24 @@ impl Poller {
                 let more_is_known = !ready.is_empty() || source_done || fetch_error.is_some();
                 if !drained || more_is_known || heartbeat_due {
                     let release = drained && nothing_more;
-                    if !self.commit(writer, document, &pending, release).await? {
+                    let committed = match self.commit(writer, document, &pending, release).await {
+                        Ok(committed) => committed,
+                        Err(error @ TickError::Store(_)) => {
+                            // The commit's write failed (it may even have landed). The deliveries
+                            // sent meanwhile are ours to finish: wait for them, and let the
+                            // release that follows record the ones acknowledged in order, so
+                            // that they are not sent twice.
+                            while let Some(joined) = in_flight.join_next().await {
+                                if let Ok((sequence, Ok(()))) = joined {
+                                    let acknowledged = window.acknowledge(sequence);
+                                    self.absorb(document, &acknowledged);
+                                }
+                            }
+                            return Err(error);
+                        }
+                        Err(error) => return Err(error),
+                    };
+                    if !committed {
                         in_flight.abort_all();
                         warn!(poller = %self.config.poller_name, "commit refused: the lease was taken over; the new owner delivers these batches again");
                         return totals.lease_lost("a commit found the state document taken over");
@@ -649,38 +701,6 @@ impl Poller {
                 }
             }
 
-            // Fill the window with what has been fetched.
-            while in_flight.len() < max_in_flight && self.clock.now() < deadline {
-                let Some(fetched) = ready.pop_front() else {
-                    break;
-                };
-                let rows = fetched.rows;
-                let first_position = rows.first().expect("a batch is never empty").position.clone();
-                let last = rows.last().expect("a batch is never empty").position.clone();
-                let id =
-                    batch_id(&self.config.poller_name, &self.config.fingerprint, &first_position, &last, rows.len());
-                let mut batch =
-                    Batch::new(&self.config.poller_name, &self.config.fingerprint, id.clone(), fencing_token, &rows);
-                batch.generation = generation.cloned();
-                // The rows' values are in the batch now; their positions are kept (moved, not copied).
-                let positions: Vec<Position> = rows.into_iter().map(|row| row.position).collect();
-                let sequence = window.open(Sent {
-                    batch_id: id,
-                    first: first_position,
-                    last: last.clone(),
-                    positions,
-                    rows: batch.events.len(),
-                    quarantined: 0,
-                });
-                let sink = self.sink.clone();
-                // The sink counts its time in its runtime's terms: the budget left, by our clock.
-                let sink_deadline = Instant::now() + (deadline - self.clock.now()).to_std().unwrap_or(Duration::ZERO);
-                in_flight.spawn(async move {
-                    // A failed batch comes back: it may have to be isolated.
-                    let delivered = sink.deliver(&batch, sink_deadline).await;
-                    (sequence, delivered.map_err(|error| (error, batch)))
-                });
-            }
             if in_flight.is_empty() && pending.is_empty() && (source_done || fetch_error.is_some()) {
                 break;
             }
@@ -1098,6 +1118,26 @@ impl Poller {
             }
             Err(WriteFailure::Conflict(_)) => Ok(false),
             Err(WriteFailure::Store(error)) => Err(error.into()),
+        }
+    }
+
+    /// Moves the checkpoint of `document` past `acknowledged` in memory only (no write): the
+    /// release that ends a failed tick writes it.
+    fn absorb(&self, document: &mut StateDocument, acknowledged: &[Sent]) {
+        let Some(last) = acknowledged.last() else {
+            return;
+        };
+        let delivered = Delivered {
+            last: &last.last,
+            last_batch_id: &last.batch_id,
+            rows: acknowledged.iter().map(|sent| sent.rows).sum(),
+            batches: acknowledged.len(),
+            quarantined: acknowledged.iter().map(|sent| sent.quarantined).sum(),
+        };
+        if let Ok(next) =
+            transitions::commit(document, &self.owner_id, &delivered, false, self.clock.now(), &self.config.lease)
+        {
+            *document = next;
         }
     }
 

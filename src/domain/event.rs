@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::cursor::Position;
-use super::ids::event_id;
+use super::ids::{EventIds, event_id};
 
 /// One row read from the source: where it sits in the poller's order and what it holds.
 #[derive(Debug, Clone, PartialEq)]
@@ -67,6 +67,27 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// The batch of `rows`, taking them (their values move into the events, nothing is copied),
+    /// with the rows' positions given back in order.
+    pub fn from_rows(
+        ids: &EventIds,
+        poller: &str,
+        batch_id: String,
+        fencing_token: u64,
+        rows: Vec<SourceRow>,
+    ) -> (Batch, Vec<Position>) {
+        let mut events = Vec::with_capacity(rows.len());
+        let mut positions = Vec::with_capacity(rows.len());
+        for SourceRow { position, row, op } in rows {
+            let cursor = position.cursor.to_json();
+            let pk = position.tiebreaker_json();
+            let event_id = ids.id(position.cursor.kind(), &cursor, &pk);
+            events.push(Event { event_id, op, cursor, pk, row });
+            positions.push(position);
+        }
+        (Batch { poller: poller.to_string(), batch_id, fencing_token, generation: None, events }, positions)
+    }
+
     /// The batch of `rows` for `poller`: each row becomes an event (its op as the source read it)
     /// with its deterministic id.
     pub fn new(poller: &str, fingerprint: &str, batch_id: String, fencing_token: u64, rows: &[SourceRow]) -> Self {
@@ -96,7 +117,11 @@ mod tests {
             row: serde_json::json!({"id": 7, "status": "paid"}).as_object().unwrap().clone(),
             op: Op::Upsert,
         };
-        let batch = Batch::new("orders", "sha256:x", "bat_1".into(), 3, &[row]);
+        let batch = Batch::new("orders", "sha256:x", "bat_1".into(), 3, std::slice::from_ref(&row));
+        let (taken, positions) =
+            Batch::from_rows(&EventIds::new("orders", "sha256:x"), "orders", "bat_1".into(), 3, vec![row.clone()]);
+        assert_eq!(taken, batch, "the same batch, built without copying the rows");
+        assert_eq!(positions, vec![row.position.clone()]);
         let json = serde_json::to_value(&batch.events[0]).unwrap();
         assert_eq!(json["op"], "upsert");
         assert_eq!(json["cursor"], 4);

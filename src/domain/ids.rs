@@ -2,6 +2,7 @@
 //! same batch the same batch id, so that receivers can de-duplicate.
 
 use serde::Serialize;
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::cursor::Position;
@@ -29,6 +30,53 @@ fn position_key(position: &Position) -> String {
 pub fn event_id(poller: &str, fingerprint: &str, position: &Position) -> String {
     let digest = sha256_hex(&[poller, fingerprint, &position_key(position)]);
     format!("evt_{}", &digest[..32])
+}
+
+/// The event ids of one poller: the same ids as [`event_id`], with the poller and fingerprint
+/// hashed once instead of once per row.
+pub struct EventIds {
+    prefix: Sha256,
+}
+
+impl EventIds {
+    pub fn new(poller: &str, fingerprint: &str) -> Self {
+        let mut prefix = Sha256::new();
+        for part in [poller, fingerprint] {
+            prefix.update((part.len() as u64).to_be_bytes());
+            prefix.update(part.as_bytes());
+        }
+        EventIds { prefix }
+    }
+
+    /// The id of the row at a position whose cursor and pk are already JSON (as the event holds
+    /// them).
+    pub fn id(&self, kind: &str, cursor: &serde_json::Value, pk: &serde_json::Map<String, Value>) -> String {
+        let key = format!("{kind}|{cursor}|{}", JsonMap(pk));
+        let mut hasher = self.prefix.clone();
+        hasher.update((key.len() as u64).to_be_bytes());
+        hasher.update(key.as_bytes());
+        let digest = hasher.finalize();
+        let mut id = String::with_capacity(36);
+        id.push_str("evt_");
+        id.push_str(&hex::encode(&digest[..16]));
+        id
+    }
+}
+
+/// A JSON object displayed as `Value::Object` displays it, without building one.
+struct JsonMap<'a>(&'a serde_json::Map<String, Value>);
+
+impl std::fmt::Display for JsonMap<'_> {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("{")?;
+        for (index, (name, value)) in self.0.iter().enumerate() {
+            if index > 0 {
+                formatter.write_str(",")?;
+            }
+            write!(formatter, "{}:{value}", Value::String(name.clone()))?;
+        }
+        formatter.write_str("}")
+    }
 }
 
 /// `bat_` + 32 hex digits of sha256(poller, fingerprint, first row, last row, row count).
@@ -79,6 +127,20 @@ mod tests {
     #[test]
     fn event_ids_are_stable_and_distinct() {
         let first = event_id("orders", "sha256:x", &position(1, 1));
+        // The per-poller form gives the very same ids (receivers de-duplicate on them).
+        let ids = EventIds::new("orders", "sha256:x");
+        let composite = Position {
+            cursor: crate::domain::cursor::CursorValue::Timestamp {
+                at: chrono::DateTime::from_timestamp(1_780_000_000, 5_000).unwrap(),
+                source_text: Some("2026-05-28 20:26:40.000005".into()),
+            },
+            pk: vec![("tenant".into(), PkValue::Text("a\"b\\ é".into())), ("id".into(), PkValue::Integer(3))],
+        };
+        for position in [position(1, 1), position(-7, 300), position(i64::MAX, 0), composite] {
+            let cursor = position.cursor.to_json();
+            let pk = position.tiebreaker_json();
+            assert_eq!(ids.id(position.cursor.kind(), &cursor, &pk), event_id("orders", "sha256:x", &position));
+        }
         assert_eq!(first, event_id("orders", "sha256:x", &position(1, 1)));
         assert_ne!(first, event_id("orders", "sha256:x", &position(1, 2)));
         assert_ne!(first, event_id("orders", "sha256:x", &position(2, 1)));

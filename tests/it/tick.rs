@@ -801,3 +801,82 @@ async fn a_lease_expires_when_the_injected_clock_says_so() {
     let written = StateDocument::parse(&store.raw(&key()).unwrap()).unwrap();
     assert_eq!(written.stats.last_tick_at, Some(start + chrono::Duration::seconds(66)), "written by the same clock");
 }
+
+/// A state store whose writes take a while, logging when each starts and ends.
+struct SlowWrites {
+    inner: Arc<MemoryStore>,
+    delay: Duration,
+    log: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+#[async_trait]
+impl StateStore for SlowWrites {
+    async fn read(&self, key: &StateKey) -> Result<Option<dbtrigger::store::Versioned>, dbtrigger::store::StoreError> {
+        self.inner.read(key).await
+    }
+
+    async fn write(
+        &self,
+        key: &StateKey,
+        document: &StateDocument,
+        condition: dbtrigger::store::WriteCondition,
+    ) -> Result<dbtrigger::store::ETag, dbtrigger::store::StoreError> {
+        tokio::time::sleep(self.delay).await;
+        let written = self.inner.write(key, document, condition).await;
+        let at = document.checkpoint.as_ref().map(|checkpoint| checkpoint.cursor.tiebreaker["id"].clone());
+        self.log.lock().unwrap().push(format!("written {}", at.map(|id| id.to_string()).unwrap_or("lease".into())));
+        written
+    }
+
+    fn describe(&self) -> String {
+        "slow writes".into()
+    }
+}
+
+/// A sink that logs each delivery as it starts.
+struct LoggingSink {
+    inner: RecordingSink,
+    log: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+#[async_trait]
+impl Sink for LoggingSink {
+    async fn deliver(
+        &self,
+        batch: &dbtrigger::sink::Batch,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), dbtrigger::sink::SinkError> {
+        let first = batch.events[0].pk["id"].clone();
+        self.log.lock().unwrap().push(format!("deliver from {first}"));
+        self.inner.deliver(batch, deadline).await
+    }
+
+    fn describe(&self) -> String {
+        "logging".into()
+    }
+}
+
+/// Issue 15: at maxInFlight 1 the receiver still sees batches one at a time and in order, but a
+/// batch's commit no longer holds up the next delivery: batch k+1 is sent while the commit of
+/// batch k is being written, and the blob budget stays 1 GET and k + 1 PUTs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_does_not_hold_up_the_next_delivery() {
+    let fixture = fixture(30, AppRoot::orders_poller(10)).await;
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let memory = Arc::new(MemoryStore::new());
+    let store = Arc::new(SlowWrites { inner: memory.clone(), delay: Duration::from_millis(150), log: log.clone() });
+    let sink = Arc::new(LoggingSink { inner: RecordingSink::new(), log: log.clone() });
+    let outcome = poller(&fixture, sink.clone(), store, "a").tick().await.unwrap();
+    assert!(matches!(outcome, TickOutcome::Delivered { rows: 30, batches: 3, .. }), "{outcome:?}");
+    assert_eq!(ids(&sink.inner), (1..=30).collect::<Vec<i64>>(), "in order, each once");
+    let log = log.lock().unwrap().clone();
+    let position =
+        |entry: &str| log.iter().position(|line| line == entry).unwrap_or_else(|| panic!("{entry}: {log:?}"));
+    assert!(
+        position("deliver from 11") < position("written 10"),
+        "batch 2 went out while batch 1's commit was written: {log:?}"
+    );
+    assert!(position("deliver from 21") < position("written 20"), "{log:?}");
+    assert!(position("written 10") < position("written 20") && position("written 20") < position("written 30"));
+    assert_eq!(memory.request_counts(), (1, 4), "1 GET, k + 1 PUTs: {log:?}");
+}
