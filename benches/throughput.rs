@@ -234,6 +234,8 @@ struct Measured {
     rows_per_second: f64,
     cpu_micros_per_row: f64,
     peak_rss_mb: f64,
+    /// State document writes (PUTs) for the whole catch-up.
+    blob_writes: u64,
 }
 
 impl Measured {
@@ -242,6 +244,7 @@ impl Measured {
             rows_per_second: rows as f64 / started.elapsed().as_secs_f64(),
             cpu_micros_per_row: (cpu_micros() - cpu_before) as f64 / rows as f64,
             peak_rss_mb: peak_rss_mb(),
+            blob_writes: 0,
         }
     }
 }
@@ -272,8 +275,11 @@ async fn dbtrigger(url: &str, hook: &str, state: &str, batch: i64, max_in_flight
     let cpu = cpu_micros();
     let started = Instant::now();
     let mut total = 0;
+    let mut writes = 0;
     loop {
-        match poller.tick().await.unwrap() {
+        let (outcome, report) = poller.tick_reported().await;
+        writes += report.blob_writes;
+        match outcome.unwrap() {
             TickOutcome::Delivered { rows, stop: StopReason::CaughtUp, .. } => {
                 total += rows;
                 break;
@@ -283,7 +289,7 @@ async fn dbtrigger(url: &str, hook: &str, state: &str, batch: i64, max_in_flight
         }
     }
     assert_eq!(total as i64, rows);
-    Measured::new(rows, started, cpu)
+    Measured { blob_writes: writes, ..Measured::new(rows, started, cpu) }
 }
 
 fn main() {
@@ -303,8 +309,8 @@ async fn run() {
     let mut expected = 0u64;
     println!("throughput, {rows} rows to a webhook receiver in another process on loopback");
     println!(
-        "{:<10} {:>6} {:<34} {:>10} {:>7} {:>9} {:>8}",
-        "engine", "batch", "path", "rows/s", "ratio", "cpu µs/row", "peak MB"
+        "{:<10} {:>6} {:<40} {:>9} {:>6} {:>10} {:>8} {:>6}",
+        "engine", "batch", "path", "rows/s", "ratio", "cpu µs/row", "peak MB", "PUTs"
     );
     for engine in [Engine::Sqlite, Engine::Postgres] {
         let url = table(engine, &directory.path().join(format!("{engine:?}")), rows).await;
@@ -313,14 +319,15 @@ async fn run() {
             expected += rows as u64;
             let line = |path: &str, measured: &Measured| {
                 println!(
-                    "{:<10} {:>6} {:<34} {:>10.0} {:>7.2} {:>9.2} {:>8.1}",
+                    "{:<10} {:>6} {:<40} {:>9.0} {:>6.2} {:>10.2} {:>8.1} {:>6}",
                     format!("{engine:?}"),
                     batch,
                     path,
                     measured.rows_per_second,
                     measured.rows_per_second / limit.rows_per_second,
                     measured.cpu_micros_per_row,
-                    measured.peak_rss_mb
+                    measured.peak_rss_mb,
+                    measured.blob_writes
                 );
             };
             line("raw, pipelined (the limit)", &limit);

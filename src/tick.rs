@@ -582,11 +582,12 @@ impl Poller {
         let mut window: BatchWindow<Sent> = BatchWindow::new();
         let mut in_flight: JoinSet<(u64, Delivery)> = JoinSet::new();
         // A prefetcher task reads the batches after the first one, in order, while batches are
-        // delivered and committed, at most `maxInFlight` ahead (the channel's capacity): the
-        // window refills as soon as deliveries leave it, without waiting for a query, and a
-        // commit never holds up the reads. Dropping the set at any return stops it.
+        // delivered and committed: one batch waits ready (the channel's capacity) and the next is
+        // being read, so the window refills without waiting for a query and a commit never holds
+        // up the reads, while memory holds what is in flight plus two batches, never more.
+        // Dropping the set at any return stops it.
         let max_in_flight = self.config.batch.max_in_flight;
-        let (fetched_sender, mut fetched_receiver) = mpsc::channel::<Result<Fetched, SourceError>>(max_in_flight);
+        let (fetched_sender, mut fetched_receiver) = mpsc::channel::<Result<Fetched, SourceError>>(1);
         let mut prefetcher = JoinSet::new();
         let mut source_done = true;
         if first.full

@@ -8,6 +8,7 @@ mod generations;
 mod harness;
 mod host;
 mod matrix;
+mod memory;
 mod ops;
 mod package;
 mod poison;
