@@ -618,36 +618,7 @@ impl Poller {
             // run while the commit of the ones acknowledged is written, so a commit never holds up
             // a delivery (even at maxInFlight 1, where the receiver still sees batches in order).
             // Commits stay in order, one at a time; a lost lease aborts whatever is in flight.
-            while in_flight.len() < max_in_flight && self.clock.now() < deadline {
-                let Some(fetched) = ready.pop_front() else {
-                    break;
-                };
-                let rows = fetched.rows;
-                let first_position = rows.first().expect("a batch is never empty").position.clone();
-                let last = rows.last().expect("a batch is never empty").position.clone();
-                let id =
-                    batch_id(&self.config.poller_name, &self.config.fingerprint, &first_position, &last, rows.len());
-                // The rows' values move into the events; their positions are kept for isolation.
-                let (mut batch, positions) =
-                    Batch::from_rows(&event_ids, &self.config.poller_name, id.clone(), fencing_token, rows);
-                batch.generation = generation.cloned();
-                let sequence = window.open(Sent {
-                    batch_id: id,
-                    first: first_position,
-                    last: last.clone(),
-                    positions,
-                    rows: batch.events.len(),
-                    quarantined: 0,
-                });
-                let sink = self.sink.clone();
-                // The sink counts its time in its runtime's terms: the budget left, by our clock.
-                let sink_deadline = Instant::now() + (deadline - self.clock.now()).to_std().unwrap_or(Duration::ZERO);
-                in_flight.spawn(async move {
-                    // A failed batch comes back: it may have to be isolated.
-                    let delivered = sink.deliver(&batch, sink_deadline).await;
-                    (sequence, delivered.map_err(|error| (error, batch)))
-                });
-            }
+            self.send_ready(&mut ready, &mut window, &mut in_flight, &event_ids, fencing_token, generation, deadline);
             // Commit what is acknowledged. When every batch is acknowledged but a fetch is still
             // running, the commit waits for it (or for the heartbeat, which it then replaces):
             // only then is it known whether this commit is the last one, which releases the
@@ -658,13 +629,54 @@ impl Poller {
                 let more_is_known = !ready.is_empty() || source_done || fetch_error.is_some();
                 if !drained || more_is_known || heartbeat_due {
                     let release = drained && nothing_more;
-                    let committed = match self.commit(writer, document, &pending, release).await {
+                    // While the commit is written, deliveries go on: finished ones are taken
+                    // (acknowledged ones wait for the next commit, which then covers them all),
+                    // the window refills, fetches are received. A failed delivery waits for the
+                    // commit to end. New deliveries start only while the lease as last written
+                    // lets this holder act.
+                    let committing = std::mem::take(&mut pending);
+                    let lease_before = document.lease.clone().expect("the lease is held while delivering");
+                    let mut parked = Vec::new();
+                    let result = {
+                        let commit = self.commit(writer, document, &committing, release);
+                        tokio::pin!(commit);
+                        loop {
+                            tokio::select! {
+                                biased;
+                                result = &mut commit => break result,
+                                joined = in_flight.join_next(), if !in_flight.is_empty() && parked.is_empty() => {
+                                    match joined.expect("the set is not empty") {
+                                        Ok((sequence, Ok(()))) => pending.extend(window.acknowledge(sequence)),
+                                        other => parked.push(other),
+                                    }
+                                }
+                                received = fetched_receiver.recv(), if !source_done && fetch_error.is_none() && ready.len() < max_in_flight => {
+                                    self.on_fetched(received, &mut ready, &mut fetch_error, &mut source_done, &mut prefetcher).await;
+                                }
+                            }
+                            if parked.is_empty()
+                                && lease::holder_may_act(&lease_before, &self.owner_id, self.clock.now(), &terms)
+                            {
+                                self.send_ready(
+                                    &mut ready,
+                                    &mut window,
+                                    &mut in_flight,
+                                    &event_ids,
+                                    fencing_token,
+                                    generation,
+                                    deadline,
+                                );
+                            }
+                        }
+                    };
+                    let committed = match result {
                         Ok(committed) => committed,
                         Err(error @ TickError::Store(_)) => {
                             // The commit's write failed (it may even have landed). The deliveries
                             // sent meanwhile are ours to finish: wait for them, and let the
                             // release that follows record the ones acknowledged in order, so
                             // that they are not sent twice.
+                            self.absorb(document, &pending);
                             while let Some(joined) = in_flight.join_next().await {
                                 if let Ok((sequence, Ok(()))) = joined {
                                     let acknowledged = window.acknowledge(sequence);
@@ -680,10 +692,30 @@ impl Poller {
                         warn!(poller = %self.config.poller_name, "commit refused: the lease was taken over; the new owner delivers these batches again");
                         return totals.lease_lost("a commit found the state document taken over");
                     }
-                    totals.add(&pending);
-                    pending.clear();
+                    totals.add(&committing);
                     heartbeat_due = false;
                     heartbeat_retry_at = None;
+                    if !parked.is_empty()
+                        && let Some(ended) = self
+                            .on_finished(
+                                parked,
+                                &mut in_flight,
+                                &mut prefetcher,
+                                &mut window,
+                                &mut pending,
+                                writer,
+                                document,
+                                &mut totals,
+                                deadline,
+                            )
+                            .await?
+                    {
+                        return Ok(ended);
+                    }
+                    if !pending.is_empty() {
+                        // Acknowledged while this commit was written: decide about them now.
+                        continue;
+                    }
                 }
             }
             if heartbeat_due {
@@ -723,64 +755,15 @@ impl Poller {
                     while let Some(more) = in_flight.try_join_next() {
                         finished.push(more);
                     }
-                    // The earliest failed batch, if any: the one the checkpoint stops before.
-                    let mut failure: Option<(u64, SinkError, Option<Batch>)> = None;
-                    for joined in finished {
-                        let (sequence, error, batch) = match joined {
-                            Ok((sequence, Ok(()))) => {
-                                pending.extend(window.acknowledge(sequence));
-                                continue;
-                            }
-                            Ok((sequence, Err((error, batch)))) => (sequence, error, Some(batch)),
-                            Err(join_error) => {
-                                let reason = format!("the delivery task failed: {join_error}");
-                                (u64::MAX, SinkError::Transient { batch_id: String::new(), reason }, None)
-                            }
-                        };
-                        if failure.as_ref().is_none_or(|(earliest, _, _)| sequence < *earliest) {
-                            failure = Some((sequence, error, batch));
-                        }
-                    }
-                    if let Some((sequence, error, batch)) = failure {
-                        // Batches after the failed one may have landed: the next tick delivers them again.
-                        in_flight.abort_all();
-                        prefetcher.abort_all();
-                        warn!(poller = %self.config.poller_name, error = %error, "delivery failed; checkpoint left before this batch");
-                        if !pending.is_empty() {
-                            // What was acknowledged before the failed batch is kept.
-                            if !self.commit(writer, document, &pending, false).await? {
-                                return totals.lease_lost("a commit found the state document taken over");
-                            }
-                            totals.add(&pending);
-                            pending.clear();
-                        }
-                        // Only the batch at the checkpoint is poison's business: a later one failing
-                        // is retried from the checkpoint by the next tick.
-                        let at_checkpoint = match (window.take_first_open(sequence), batch) {
-                            (Some(sent), Some(batch)) => Some((sent, batch)),
-                            _ => None,
-                        };
-                        return self.after_failure(writer, document, at_checkpoint, error, totals, deadline).await;
+                    if let Some(ended) = self
+                        .on_finished(finished, &mut in_flight, &mut prefetcher, &mut window, &mut pending, writer, document, &mut totals, deadline)
+                        .await?
+                    {
+                        return Ok(ended);
                     }
                 }
                 received = fetched_receiver.recv(), if !source_done && fetch_error.is_none() && ready.len() < max_in_flight => {
-                    match received {
-                        Some(Ok(more)) => ready.push_back(more),
-                        Some(Err(error)) => fetch_error = Some(error),
-                        // The prefetcher has read to the end (or stopped on an error it sent), unless it
-                        // died: then the tick must not call itself caught up.
-                        None => {
-                            source_done = true;
-                            if let Some(Err(join_error)) = prefetcher.join_next().await
-                                && join_error.is_panic()
-                            {
-                                fetch_error = Some(SourceError::Query {
-                                    location: self.source.describe(),
-                                    reason: format!("the fetch task failed: {join_error}"),
-                                });
-                            }
-                        }
-                    }
+                    self.on_fetched(received, &mut ready, &mut fetch_error, &mut source_done, &mut prefetcher).await;
                 }
                 _ = tokio::time::sleep(wait) => heartbeat_due = true,
             }
@@ -798,6 +781,135 @@ impl Poller {
             new_document: false,
             quarantined: totals.quarantined,
         })
+    }
+
+    /// Sends what has been fetched while the window has room and the budget lasts.
+    #[allow(clippy::too_many_arguments)]
+    fn send_ready(
+        &self,
+        ready: &mut VecDeque<Fetched>,
+        window: &mut BatchWindow<Sent>,
+        in_flight: &mut JoinSet<(u64, Delivery)>,
+        event_ids: &EventIds,
+        fencing_token: u64,
+        generation: Option<&serde_json::Value>,
+        deadline: DateTime<Utc>,
+    ) {
+        let max_in_flight = self.config.batch.max_in_flight;
+        while in_flight.len() < max_in_flight && self.clock.now() < deadline {
+            let Some(fetched) = ready.pop_front() else {
+                break;
+            };
+            let rows = fetched.rows;
+            let first_position = rows.first().expect("a batch is never empty").position.clone();
+            let last = rows.last().expect("a batch is never empty").position.clone();
+            let id = batch_id(&self.config.poller_name, &self.config.fingerprint, &first_position, &last, rows.len());
+            // The rows' values move into the events; their positions are kept for isolation.
+            let (mut batch, positions) =
+                Batch::from_rows(event_ids, &self.config.poller_name, id.clone(), fencing_token, rows);
+            batch.generation = generation.cloned();
+            let sequence = window.open(Sent {
+                batch_id: id,
+                first: first_position,
+                last: last.clone(),
+                positions,
+                rows: batch.events.len(),
+                quarantined: 0,
+            });
+            let sink = self.sink.clone();
+            // The sink counts its time in its runtime's terms: the budget left, by our clock.
+            let sink_deadline = Instant::now() + (deadline - self.clock.now()).to_std().unwrap_or(Duration::ZERO);
+            in_flight.spawn(async move {
+                // A failed batch comes back: it may have to be isolated.
+                let delivered = sink.deliver(&batch, sink_deadline).await;
+                (sequence, delivered.map_err(|error| (error, batch)))
+            });
+        }
+    }
+
+    /// What the prefetcher sent: a batch, an error, or the end (a panicked fetch task is an error,
+    /// so that the tick never calls itself caught up after it).
+    async fn on_fetched(
+        &self,
+        received: Option<Result<Fetched, SourceError>>,
+        ready: &mut VecDeque<Fetched>,
+        fetch_error: &mut Option<SourceError>,
+        source_done: &mut bool,
+        prefetcher: &mut JoinSet<()>,
+    ) {
+        match received {
+            Some(Ok(more)) => ready.push_back(more),
+            Some(Err(error)) => *fetch_error = Some(error),
+            None => {
+                *source_done = true;
+                if let Some(Err(join_error)) = prefetcher.join_next().await
+                    && join_error.is_panic()
+                {
+                    *fetch_error = Some(SourceError::Query {
+                        location: self.source.describe(),
+                        reason: format!("the fetch task failed: {join_error}"),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Deliveries that came back: acknowledged ones join `pending`; the earliest failed one ends
+    /// the tick (after committing what was acknowledged before it), `Some` being how it ended.
+    #[allow(clippy::too_many_arguments)]
+    async fn on_finished(
+        &self,
+        finished: Vec<Result<(u64, Delivery), tokio::task::JoinError>>,
+        in_flight: &mut JoinSet<(u64, Delivery)>,
+        prefetcher: &mut JoinSet<()>,
+        window: &mut BatchWindow<Sent>,
+        pending: &mut Vec<Sent>,
+        writer: &mut StateWriter<'_>,
+        document: &mut StateDocument,
+        totals: &mut Totals,
+        deadline: DateTime<Utc>,
+    ) -> Result<Option<TickOutcome>, TickError> {
+        // The earliest failed batch, if any: the one the checkpoint stops before.
+        let mut failure: Option<(u64, SinkError, Option<Batch>)> = None;
+        for joined in finished {
+            let (sequence, error, batch) = match joined {
+                Ok((sequence, Ok(()))) => {
+                    pending.extend(window.acknowledge(sequence));
+                    continue;
+                }
+                Ok((sequence, Err((error, batch)))) => (sequence, error, Some(batch)),
+                Err(join_error) => {
+                    let reason = format!("the delivery task failed: {join_error}");
+                    (u64::MAX, SinkError::Transient { batch_id: String::new(), reason }, None)
+                }
+            };
+            if failure.as_ref().is_none_or(|(earliest, _, _)| sequence < *earliest) {
+                failure = Some((sequence, error, batch));
+            }
+        }
+        let Some((sequence, error, batch)) = failure else {
+            return Ok(None);
+        };
+        // Batches after the failed one may have landed: the next tick delivers them again.
+        in_flight.abort_all();
+        prefetcher.abort_all();
+        warn!(poller = %self.config.poller_name, error = %error, "delivery failed; checkpoint left before this batch");
+        if !pending.is_empty() {
+            // What was acknowledged before the failed batch is kept.
+            if !self.commit(writer, document, pending, false).await? {
+                return totals.lease_lost("a commit found the state document taken over").map(Some);
+            }
+            totals.add(pending);
+            pending.clear();
+        }
+        // Only the batch at the checkpoint is poison's business: a later one failing is retried
+        // from the checkpoint by the next tick.
+        let at_checkpoint = match (window.take_first_open(sequence), batch) {
+            (Some(sent), Some(batch)) => Some((sent, batch)),
+            _ => None,
+        };
+        let totals = std::mem::take(totals);
+        self.after_failure(writer, document, at_checkpoint, error, totals, deadline).await.map(Some)
     }
 
     /// A delivery failed. If it is the batch at the checkpoint, its failure is counted in the

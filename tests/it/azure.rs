@@ -121,14 +121,19 @@ async fn a_tick_costs_what_the_blob_budget_says() {
     assert!(matches!(outcome, TickOutcome::Delivered { batches: 5, .. }), "{outcome:?}");
     let (gets, puts) = store.request_counts();
     assert_eq!(gets - 1, 1, "one GET");
-    assert_eq!(puts, 5 + 1 + 2, "k + 1 PUTs, plus the container's creation (and the retried first PUT)");
+    // At most k + 1: commits coalesce when batches are acknowledged while one is written.
+    assert!(
+        (1 + 2 + 1..=5 + 1 + 2).contains(&puts),
+        "{puts}: at most k + 1 PUTs, plus the container's creation (and the retried first PUT)"
+    );
 
     orders.insert(501..=800, 1).await;
     let before = store.request_counts();
     let outcome = poller.tick().await.unwrap();
     assert!(matches!(outcome, TickOutcome::Delivered { batches: 3, .. }), "{outcome:?}");
     let after = store.request_counts();
-    assert_eq!((after.0 - before.0, after.1 - before.1), (1, 3 + 1), "1 GET and k + 1 PUTs");
+    assert_eq!(after.0 - before.0, 1, "1 GET");
+    assert!((2..=3 + 1).contains(&(after.1 - before.1)), "at most k + 1 PUTs: {after:?} {before:?}");
 
     let before = store.request_counts();
     assert_eq!(poller.tick().await.unwrap(), TickOutcome::Idle);

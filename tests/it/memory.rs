@@ -39,6 +39,8 @@ async fn counting_receiver() -> (String, Arc<AtomicU64>) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The child is reaped by `wait4` below, which also gives its peak RSS.
+#[allow(clippy::zombie_processes)]
 async fn a_catch_up_of_wide_rows_keeps_memory_near_what_is_in_flight() {
     let directory = tempfile::tempdir().unwrap();
     let path = directory.path().join("wide.db");
