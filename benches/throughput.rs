@@ -10,7 +10,9 @@
 //! through `/proc/self/clear_refs`).
 //!
 //! Run: `cargo bench --bench throughput` (starts PostgreSQL and Azurite like the tests).
-//! `DBTRIGGER_BENCH_ROWS` changes the table size (default 100,000).
+//! `DBTRIGGER_BENCH_ROWS` changes the table size (default 100,000); `DBTRIGGER_BENCH_ONLY=text` runs
+//! only the engines, batch sizes and paths whose description contains `text` (the raw limit always
+//! runs), e.g. `Sqlite 1000 file state, maxInFlight 1` for a profile.
 
 #[path = "../tests/it/services.rs"]
 mod services;
@@ -302,6 +304,7 @@ fn main() {
 
 async fn run() {
     let rows: i64 = std::env::var("DBTRIGGER_BENCH_ROWS").ok().and_then(|text| text.parse().ok()).unwrap_or(100_000);
+    let only = std::env::var("DBTRIGGER_BENCH_ONLY").ok();
     let receiver = ReceiverProcess::start();
     let hook = receiver.hook();
     let azurite = services::azurite().connection_string();
@@ -333,9 +336,15 @@ async fn run() {
             line("raw, pipelined (the limit)", &limit);
             for (state_name, state) in [("file", "file"), ("azurite", azurite.as_str())] {
                 for max_in_flight in [1usize, 4] {
+                    let path = format!("dbtrigger, {state_name} state, maxInFlight {max_in_flight}");
+                    if let Some(only) = &only
+                        && !format!("{engine:?} {batch} {path}").contains(only.as_str())
+                    {
+                        continue;
+                    }
                     let measured = dbtrigger(&url, &hook, state, batch, max_in_flight, rows).await;
                     expected += rows as u64;
-                    line(&format!("dbtrigger, {state_name} state, maxInFlight {max_in_flight}"), &measured);
+                    line(&path, &measured);
                 }
             }
         }

@@ -273,10 +273,11 @@ pub(crate) struct RowBuilder<'a> {
 }
 
 impl<'a> RowBuilder<'a> {
-    pub fn new(config: &'a SourceConfig) -> Self {
+    /// A row of `columns` columns (its map sized once, never rehashed while it fills).
+    pub fn new(config: &'a SourceConfig, columns: usize) -> Self {
         RowBuilder {
             config,
-            values: Map::new(),
+            values: Map::with_capacity(columns),
             cursor: None,
             keys: vec![None; config.pk.len()],
             error: None,
@@ -435,8 +436,9 @@ where
     let mut fetched = Fetched { rows: Vec::with_capacity(limit.rows.min(1024)), full: false };
     let mut bytes = 0usize;
     while let Some(row) = stream.try_next().await.map_err(|error| classify(redaction, error))? {
-        let mut builder = RowBuilder::new(config);
-        for (index, column) in sqlx::Row::columns(&row).iter().enumerate() {
+        let columns = sqlx::Row::columns(&row);
+        let mut builder = RowBuilder::new(config, columns.len());
+        for (index, column) in columns.iter().enumerate() {
             let name = sqlx::Column::name(column);
             match decode_value(&row, index, name) {
                 Ok((type_name, value)) => builder.push(name, &type_name, value),
