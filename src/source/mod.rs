@@ -127,6 +127,75 @@ where
     }
 }
 
+/// The [`Source`] of an engine: every engine's source has the same fields (`pool`, `config`,
+/// `redaction`, `settle_warned`) and methods (`seek()`, the SQL learnt once; `decode_column`, one
+/// value of a row), so one body serves them all.
+macro_rules! sql_source {
+    ($source:ty) => {
+        #[async_trait::async_trait]
+        impl $crate::source::Source for $source {
+            async fn read(
+                &self,
+                probe: $crate::source::Probe,
+                after: Option<&$crate::domain::Position>,
+                limit: $crate::source::FetchLimit,
+            ) -> Result<$crate::source::Fetched, $crate::source::SourceError> {
+                let fetch = async {
+                    let seek = self.seek().await?;
+                    $crate::source::fetch_rows(
+                        &self.pool,
+                        &self.config,
+                        seek,
+                        probe,
+                        after,
+                        limit,
+                        &self.redaction,
+                        |row, index, name| self.decode_column(row, index, name),
+                    )
+                    .await
+                };
+                let location = &self.redaction.location;
+                match probe {
+                    $crate::source::Probe::Deliver => {
+                        $crate::source::guarded_fetch(&self.config, location, &self.settle_warned, fetch).await
+                    }
+                    $crate::source::Probe::Pending | $crate::source::Probe::Last => {
+                        $crate::source::timed(&self.config, location, fetch).await
+                    }
+                }
+            }
+
+            async fn count_after(
+                &self,
+                after: Option<&$crate::domain::Position>,
+                cap: u64,
+            ) -> Result<u64, $crate::source::SourceError> {
+                let count = async {
+                    let seek = self.seek().await?;
+                    $crate::source::count_rows(&self.pool, seek, after, cap, &self.redaction).await
+                };
+                $crate::source::timed(&self.config, &self.redaction.location, count).await
+            }
+
+            async fn generation(&self) -> Result<Option<serde_json::Value>, $crate::source::SourceError> {
+                let Some(generation) = &self.config.generation else {
+                    return Ok(None);
+                };
+                let value =
+                    $crate::source::fetch_scalar(&self.pool, &generation.query, &self.redaction, |row, index, name| {
+                        self.decode_column(row, index, name)
+                    });
+                $crate::source::timed(&self.config, &self.redaction.location, value).await.map(Some)
+            }
+
+            fn describe(&self) -> String {
+                self.redaction.location.clone()
+            }
+        }
+    };
+}
+pub(crate) use sql_source;
+
 /// Runs an engine's fetch under the source's query timeout (a query that does not answer in time
 /// is cancelled: its future dropped, which closes the connection), and says once when
 /// `settleSeconds` cannot apply to what it returned.

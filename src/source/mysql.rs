@@ -6,7 +6,6 @@ use std::str::FromStr;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use base64::Engine as _;
 use chrono::{DateTime, NaiveDate, NaiveDateTime, NaiveTime, Utc};
 use serde_json::Value;
@@ -15,13 +14,9 @@ use sqlx::{Column, Executor, Row, SqlSafeStr, Statement, TypeInfo, ValueRef};
 use tokio::sync::OnceCell;
 
 use super::query::{CursorType, SeekPlan, SeekQuery, build_seek};
-use super::{
-    Decoded, FetchLimit, Fetched, Probe, Source, SourceError, classify, count_rows, fetch_rows, fetch_scalar,
-    guarded_fetch, timed, warn_missing_index,
-};
+use super::{Decoded, SourceError, classify, warn_missing_index};
 use crate::config::redact::Redaction;
 use crate::config::{SourceConfig, SourceTarget};
-use crate::domain::Position;
 
 pub struct MySqlSource {
     pool: MySqlPool,
@@ -167,41 +162,4 @@ impl MySqlSource {
     }
 }
 
-#[async_trait]
-impl Source for MySqlSource {
-    async fn read(&self, probe: Probe, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
-        let fetch = async {
-            let seek = self.seek().await?;
-            fetch_rows(&self.pool, &self.config, seek, probe, after, limit, &self.redaction, |row, index, name| {
-                self.decode_column(row, index, name)
-            })
-            .await
-        };
-        match probe {
-            Probe::Deliver => guarded_fetch(&self.config, &self.redaction.location, &self.settle_warned, fetch).await,
-            Probe::Pending | Probe::Last => timed(&self.config, &self.redaction.location, fetch).await,
-        }
-    }
-
-    async fn count_after(&self, after: Option<&Position>, cap: u64) -> Result<u64, SourceError> {
-        let count = async {
-            let seek = self.seek().await?;
-            count_rows(&self.pool, seek, after, cap, &self.redaction).await
-        };
-        timed(&self.config, &self.redaction.location, count).await
-    }
-
-    async fn generation(&self) -> Result<Option<Value>, SourceError> {
-        let Some(generation) = &self.config.generation else {
-            return Ok(None);
-        };
-        let value = fetch_scalar(&self.pool, &generation.query, &self.redaction, |row, index, name| {
-            self.decode_column(row, index, name)
-        });
-        timed(&self.config, &self.redaction.location, value).await.map(Some)
-    }
-
-    fn describe(&self) -> String {
-        self.redaction.location.clone()
-    }
-}
+super::sql_source!(MySqlSource);

@@ -12,7 +12,6 @@ use std::str::FromStr;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use base64::Engine as _;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use serde_json::Value;
@@ -21,13 +20,10 @@ use sqlx::{Row, TypeInfo, ValueRef};
 use tokio::sync::OnceCell;
 
 use super::query::{CursorType, SeekPlan, SeekQuery, build_seek};
-use super::{
-    Decoded, FetchLimit, Fetched, Probe, Role, Source, SourceError, classify, count_rows, fetch_rows, fetch_scalar,
-    guarded_fetch, role_of, timed, warn_missing_index,
-};
+use super::{Decoded, Role, SourceError, classify, role_of, warn_missing_index};
 use crate::config::redact::Redaction;
 use crate::config::{SourceConfig, SourceTarget};
-use crate::domain::{CursorValue, Position};
+use crate::domain::CursorValue;
 
 pub struct SqliteSource {
     pool: SqlitePool,
@@ -215,44 +211,7 @@ impl SqliteSource {
     }
 }
 
-#[async_trait]
-impl Source for SqliteSource {
-    async fn read(&self, probe: Probe, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
-        let fetch = async {
-            let seek = self.seek().await?;
-            fetch_rows(&self.pool, &self.config, seek, probe, after, limit, &self.redaction, |row, index, name| {
-                self.decode_column(row, index, name)
-            })
-            .await
-        };
-        match probe {
-            Probe::Deliver => guarded_fetch(&self.config, &self.redaction.location, &self.settle_warned, fetch).await,
-            Probe::Pending | Probe::Last => timed(&self.config, &self.redaction.location, fetch).await,
-        }
-    }
-
-    async fn count_after(&self, after: Option<&Position>, cap: u64) -> Result<u64, SourceError> {
-        let count = async {
-            let seek = self.seek().await?;
-            count_rows(&self.pool, seek, after, cap, &self.redaction).await
-        };
-        timed(&self.config, &self.redaction.location, count).await
-    }
-
-    async fn generation(&self) -> Result<Option<Value>, SourceError> {
-        let Some(generation) = &self.config.generation else {
-            return Ok(None);
-        };
-        let value = fetch_scalar(&self.pool, &generation.query, &self.redaction, |row, index, name| {
-            self.decode_column(row, index, name)
-        });
-        timed(&self.config, &self.redaction.location, value).await.map(Some)
-    }
-
-    fn describe(&self) -> String {
-        self.redaction.location.clone()
-    }
-}
+super::sql_source!(SqliteSource);
 
 #[cfg(test)]
 mod tests {
