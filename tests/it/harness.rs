@@ -252,6 +252,35 @@ impl AppRoot {
         ]
     }
 
+    /// The stored bytes of `poller`'s state document, exactly.
+    pub async fn state_bytes(&self, poller: &str) -> Option<Vec<u8>> {
+        use dbtrigger::store::BlobStore as _;
+        let key = dbtrigger::store::StateKey::new(&self.app_name, poller);
+        match &self.azure_state {
+            None => std::fs::read(self.state_dir.join(key.blob_path())).ok(),
+            Some(_) => self.azure_blobs().get(&key.blob_path()).await.unwrap().map(|blob| blob.bytes),
+        }
+    }
+
+    /// Overwrites `poller`'s state document with `document`, as a person editing the blob would.
+    pub async fn put_state_document(&self, poller: &str, document: &Value) {
+        use dbtrigger::store::BlobStore as _;
+        let key = dbtrigger::store::StateKey::new(&self.app_name, poller);
+        let bytes = serde_json::to_vec_pretty(document).unwrap();
+        match &self.azure_state {
+            None => std::fs::write(self.state_dir.join(key.blob_path()), bytes).unwrap(),
+            Some(_) => {
+                self.azure_blobs().put(&key.blob_path(), bytes, dbtrigger::store::PutMode::Overwrite).await.unwrap();
+            }
+        }
+    }
+
+    fn azure_blobs(&self) -> dbtrigger::store::azure_blob::AzureBlobStore {
+        let connection_string = self.azure_state.as_ref().expect("an Azure state");
+        let connection = dbtrigger::azure::StorageConnection::parse_connection_string(connection_string).unwrap();
+        dbtrigger::store::azure_blob::AzureBlobStore::new(&connection, "db-state").unwrap()
+    }
+
     /// The state document of `orders`, as the store holds it.
     pub async fn state_document(&self) -> Option<Value> {
         use dbtrigger::store::StateStore as _;
@@ -261,11 +290,8 @@ impl AppRoot {
                 let path = self.state_dir.join(key.blob_path());
                 std::fs::read(path).ok().map(|bytes| serde_json::from_slice(&bytes).unwrap())
             }
-            Some(connection_string) => {
-                let connection =
-                    dbtrigger::azure::StorageConnection::parse_connection_string(connection_string).unwrap();
-                let store = dbtrigger::store::azure_blob::AzureBlobStore::new(&connection, "db-state").unwrap();
-                let read = store.read(&key).await.unwrap()?;
+            Some(_) => {
+                let read = self.azure_blobs().read(&key).await.unwrap()?;
                 Some(serde_json::to_value(&read.document).unwrap())
             }
         }

@@ -1,25 +1,34 @@
-//! Operator commands on the state document, through the real binary and the file store: inspect,
-//! reset (guarded: confirmation, dry run, live lease, CAS, history), clone, fingerprint accept.
+//! Operator commands on the state document, through the real binary, with the state in the file
+//! store and in Azurite: inspect, reset (guarded: confirmation, dry run, live lease, CAS, history),
+//! clone, fingerprint accept.
 
 use serde_json::{Value, json};
 
 use crate::harness::{AppRoot, Orders, Receiver, run_dbtrigger};
 
-fn state_path(app: &AppRoot, poller: &str) -> std::path::PathBuf {
-    app.state_dir.join(format!("state/{}/{poller}.json", app.app_name))
-}
-
-fn state(app: &AppRoot, poller: &str) -> Value {
-    serde_json::from_slice(&std::fs::read(state_path(app, poller)).unwrap()).unwrap()
+async fn state(app: &AppRoot, poller: &str) -> Value {
+    serde_json::from_slice(&app.state_bytes(poller).await.expect("a state document")).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn operators_reset_clone_and_accept_with_guardrails() {
+async fn operators_reset_clone_and_accept_with_guardrails_on_the_file_store() {
+    operators_reset_clone_and_accept_with_guardrails(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_reset_clone_and_accept_with_guardrails_on_azurite() {
+    operators_reset_clone_and_accept_with_guardrails(Some(crate::services::azurite().connection_string())).await;
+}
+
+async fn operators_reset_clone_and_accept_with_guardrails(azure_state: Option<String>) {
     let directory = tempfile::tempdir().unwrap();
     let orders = Orders::create(directory.path()).await;
     orders.insert(1..=10, 1).await;
     let receiver = Receiver::start().await;
-    let app = AppRoot::write(directory.path(), AppRoot::orders_poller(100));
+    let mut app = AppRoot::write(directory.path(), AppRoot::orders_poller(100));
+    if let Some(connection_string) = &azure_state {
+        app = app.with_azure_state(connection_string);
+    }
     let settings = app.settings(&orders, &receiver);
     assert!(run_dbtrigger(&app, &settings, &["tick", "orders"]).0);
     assert_eq!(receiver.acknowledged_ids(), (1..=10).collect::<Vec<i64>>());
@@ -31,24 +40,24 @@ async fn operators_reset_clone_and_accept_with_guardrails() {
     assert_eq!(inspected["checkpoint"]["cursor"]["tiebreaker"]["id"], 10);
 
     // Guardrails: no terminal and no --yes refuses; --dry-run writes nothing.
-    let before = std::fs::read(state_path(&app, "orders")).unwrap();
+    let before = app.state_bytes("orders").await.unwrap();
     let (ok, _, stderr) = run_dbtrigger(&app, &settings, &["reset", "orders", "--to-beginning"]);
     assert!(!ok && stderr.contains("not a terminal"), "{stderr}");
     let (ok, stdout, _) = run_dbtrigger(&app, &settings, &["reset", "orders", "--to-beginning", "--dry-run"]);
     assert!(ok && stdout.contains("before:") && stdout.contains("dry run"), "{stdout}");
-    assert_eq!(std::fs::read(state_path(&app, "orders")).unwrap(), before, "nothing written");
+    assert_eq!(app.state_bytes("orders").await.unwrap(), before, "nothing written: byte for byte");
 
     // A tick holding the lease: refused, unless forced (which clears the holder's lease).
-    let mut busy = state(&app, "orders");
+    let mut busy = state(&app, "orders").await;
     let now = chrono::Utc::now();
     busy["lease"] = json!({"owner_id": "busy/1", "fencing_token": 99, "acquired_at": now,
                            "heartbeat_at": now, "expires_at": now + chrono::Duration::seconds(60)});
-    std::fs::write(state_path(&app, "orders"), serde_json::to_vec_pretty(&busy).unwrap()).unwrap();
+    app.put_state_document("orders", &busy).await;
     let (ok, _, stderr) = run_dbtrigger(&app, &settings, &["reset", "orders", "--to-beginning", "--yes"]);
     assert!(!ok && stderr.contains("busy/1") && stderr.contains("--force"), "{stderr}");
     let (ok, _, stderr) = run_dbtrigger(&app, &settings, &["reset", "orders", "--to-beginning", "--yes", "--force"]);
     assert!(ok, "{stderr}");
-    let reset = state(&app, "orders");
+    let reset = state(&app, "orders").await;
     assert_eq!(reset["checkpoint"], Value::Null);
     assert_eq!(reset["lease"]["owner_id"], Value::Null);
     assert_eq!(reset["lease"]["fencing_token"], 100, "a new token: the displaced holder's deliveries are stale");
@@ -72,7 +81,7 @@ async fn operators_reset_clone_and_accept_with_guardrails() {
     let (ok, _, stderr) =
         run_dbtrigger(&app, &settings, &["clone", "orders", "orders_backfill", "--from-beginning", "--yes"]);
     assert!(ok, "{stderr}");
-    let cloned = state(&app, "orders_backfill");
+    let cloned = state(&app, "orders_backfill").await;
     assert_eq!((cloned["poller_name"].as_str(), &cloned["checkpoint"]), (Some("orders_backfill"), &Value::Null));
     assert!(cloned["history"][0]["what"].as_str().unwrap().starts_with("cloned from orders"));
     let (ok, _, stderr) = run_dbtrigger(&app, &settings, &["clone", "orders", "orders_backfill", "--yes"]);
@@ -89,7 +98,7 @@ async fn operators_reset_clone_and_accept_with_guardrails() {
     assert!(ok, "{stderr}");
     let (ok, stdout, _) = run_dbtrigger(&app, &settings, &["tick", "orders"]);
     assert!(ok && stdout.contains("nothing new"), "the checkpoint was kept: {stdout}");
-    let accepted = state(&app, "orders");
+    let accepted = state(&app, "orders").await;
     assert!(
         accepted["history"].as_array().unwrap().last().unwrap()["what"]
             .as_str()
