@@ -129,5 +129,10 @@ mod tests {
         assert!(json["event_id"].as_str().unwrap().starts_with("evt_"));
         let keys: Vec<&String> = json.as_object().unwrap().keys().collect();
         assert_eq!(keys, ["event_id", "op", "cursor", "pk", "row"], "field order is part of the envelope's bytes");
+        // The exact bytes receivers see (and de-duplicate on): any change here is a change for them.
+        assert_eq!(
+            serde_json::to_string(&taken.events).unwrap(),
+            r#"[{"event_id":"evt_0db17f472ea5acdfe01a1d7023bb2f6d","op":"upsert","cursor":4,"pk":{"id":7},"row":{"id":7,"status":"paid"}}]"#
+        );
     }
 }
