@@ -10,7 +10,7 @@ use tracing::{error, info};
 
 use crate::config::{AppConfig, ConfigError, FunctionConfig, PollerConfig, Settings, StatusConfig};
 use crate::domain::health::PollerHealth;
-use crate::handler::payload::InvocationRequest;
+use crate::protocol::InvocationRequest;
 use crate::tick::{Clock, Poller, SystemClock, TickError, TickOutcome, TickReport};
 
 /// One function of the app, as it was opened at start-up.

@@ -18,8 +18,9 @@
 //! | [`tick`]     | one tick: the orchestrator that carries out the domain's decisions.            |
 //! | [`watchdog`] | the watchdog function's run: judge every poller, remember, report, alert.    |
 //! | [`app`]      | every function of the app, and `App::invoke`, the one way to run one.          |
+//! | [`protocol`] | what the Functions host posts: the invocation envelope, timer and HTTP data.   |
 //! | [`handler`]  | the custom-handler HTTP server the Functions host calls.                       |
-//! | [`cli`]      | `serve`, `tick`, `dev`, `demo`.                                                |
+//! | [`cli`]      | `serve`, `tick`, `dev`, `demo`, `package`, `new`, `check`, operator commands. |
 //! | [`logging`]  | logs to stdout, as the Functions host expects.                                 |
 //!
 //! Dependencies point one way: `domain` and `settings` import nothing of the crate; `config`
@@ -37,6 +38,7 @@ pub mod config;
 pub mod domain;
 pub mod handler;
 pub mod logging;
+pub mod protocol;
 pub mod settings;
 pub mod sink;
 pub mod source;

@@ -133,7 +133,7 @@ pub async fn run(app_root: &Path, port: Option<u16>) -> anyhow::Result<ExitCode>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::handler::payload::InvocationRequest;
+    use crate::protocol::InvocationRequest;
 
     #[test]
     fn the_payload_has_the_host_shape_and_parses() {

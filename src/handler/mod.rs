@@ -5,8 +5,6 @@
 //!   HTTP request in `Outputs.<http output binding>`) and answers the host's JSON shape;
 //! - anything else answers JSON too, never an empty body (an empty body makes the host hang).
 
-pub mod payload;
-
 use std::future::Future;
 use std::sync::Arc;
 
@@ -21,7 +19,7 @@ use tokio::net::TcpListener;
 use tracing::{error, info};
 
 use crate::app::{App, Invocation};
-use payload::InvocationRequest;
+use crate::protocol::InvocationRequest;
 
 /// The router, with the app passed in (tests call it on a port-0 listener).
 pub fn router(app: Arc<App>) -> Router {

@@ -1,3 +1,6 @@
+//! What the Functions host posts to the handler (see the host protocol reference): the invocation
+//! envelope, a timer's data, an HTTP request's query. Shared by the handler and the app.
+//!
 //! What the host posts for a timer invocation. Everything about the timer is informational and
 //! parsed leniently (first runs carry `0001-01-01T00:00:00` with no offset; `ScheduleStatus` may be
 //! null); only the envelope's shape is checked.
@@ -84,10 +87,10 @@ mod tests {
     #[test]
     fn the_four_host_fixtures_parse() {
         let fixtures = [
-            (include_str!("../../tests/fixtures/host/timer_first_run.json"), false),
-            (include_str!("../../tests/fixtures/host/timer_no_monitor.json"), false),
-            (include_str!("../../tests/fixtures/host/timer_normal.json"), false),
-            (include_str!("../../tests/fixtures/host/timer_past_due.json"), true),
+            (include_str!("../tests/fixtures/host/timer_first_run.json"), false),
+            (include_str!("../tests/fixtures/host/timer_no_monitor.json"), false),
+            (include_str!("../tests/fixtures/host/timer_normal.json"), false),
+            (include_str!("../tests/fixtures/host/timer_past_due.json"), true),
         ];
         for (text, past_due) in fixtures {
             let request = InvocationRequest::parse(text.as_bytes()).unwrap();
@@ -98,7 +101,7 @@ mod tests {
 
     #[test]
     fn the_http_fixture_gives_its_query() {
-        let text = include_str!("../../tests/fixtures/host/http_status.json");
+        let text = include_str!("../tests/fixtures/host/http_status.json");
         let request = InvocationRequest::parse(text.as_bytes()).unwrap();
         assert_eq!(request.http_query("req").get("poller").map(String::as_str), Some("orders"));
         assert!(request.http_query("other").is_empty());
