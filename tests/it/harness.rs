@@ -443,3 +443,72 @@ pub fn host_fixtures() -> Vec<(&'static str, &'static str)> {
         ("timer_past_due", include_str!("../fixtures/host/timer_past_due.json")),
     ]
 }
+
+/// What a [`FaultyStore`] does with a write.
+pub enum Fault {
+    /// Pass it through.
+    None,
+    /// Refuse it without writing.
+    Refuse(dbtrigger::store::StoreError),
+    /// Write it, then answer this error (a response lost after the write landed).
+    LandThenAnswer(dbtrigger::store::StoreError),
+}
+
+/// Decides what goes wrong with write number n (from 1).
+type FaultRule = Box<dyn Fn(u32, &dbtrigger::store::WriteCondition) -> Fault + Send + Sync>;
+
+/// A state store over `inner` that counts writes and lets a rule decide, for each one (numbered
+/// from 1), what goes wrong. Reads pass through.
+pub struct FaultyStore<S> {
+    pub inner: Arc<S>,
+    writes: Mutex<u32>,
+    rule: FaultRule,
+}
+
+impl<S> FaultyStore<S> {
+    pub fn over(
+        inner: Arc<S>,
+        rule: impl Fn(u32, &dbtrigger::store::WriteCondition) -> Fault + Send + Sync + 'static,
+    ) -> FaultyStore<S> {
+        FaultyStore { inner, writes: Mutex::new(0), rule: Box::new(rule) }
+    }
+
+    pub fn writes(&self) -> u32 {
+        *self.writes.lock().unwrap()
+    }
+}
+
+#[async_trait::async_trait]
+impl<S: dbtrigger::store::StateStore + 'static> dbtrigger::store::StateStore for FaultyStore<S> {
+    async fn read(
+        &self,
+        key: &dbtrigger::store::StateKey,
+    ) -> Result<Option<dbtrigger::store::Versioned>, dbtrigger::store::StoreError> {
+        self.inner.read(key).await
+    }
+
+    async fn write(
+        &self,
+        key: &dbtrigger::store::StateKey,
+        document: &dbtrigger::domain::StateDocument,
+        condition: dbtrigger::store::WriteCondition,
+    ) -> Result<dbtrigger::store::ETag, dbtrigger::store::StoreError> {
+        let number = {
+            let mut writes = self.writes.lock().unwrap();
+            *writes += 1;
+            *writes
+        };
+        match (self.rule)(number, &condition) {
+            Fault::None => self.inner.write(key, document, condition).await,
+            Fault::Refuse(error) => Err(error),
+            Fault::LandThenAnswer(error) => {
+                self.inner.write(key, document, condition).await?;
+                Err(error)
+            }
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!("faulty {}", self.inner.describe())
+    }
+}

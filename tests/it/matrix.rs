@@ -15,11 +15,11 @@ use dbtrigger::domain::StateDocument;
 use dbtrigger::domain::lease::LeaseRecord;
 use dbtrigger::sink::{Batch, Sink, SinkError};
 use dbtrigger::store::azure_blob::AzureBlobStore;
-use dbtrigger::store::{ETag, StateKey, StateStore, StoreError, Versioned, WriteCondition, quarantine};
+use dbtrigger::store::{StateKey, StateStore, StoreError, WriteCondition, quarantine};
 use dbtrigger::tick::{ManualClock, Poller, StopReason, TickError, TickOutcome};
 use serde_json::{Value, json};
 
-use crate::harness::{AppRoot, Orders, Receiver};
+use crate::harness::{AppRoot, Fault, FaultyStore, Orders, Receiver};
 use crate::services::azurite;
 
 struct Case {
@@ -95,51 +95,20 @@ async fn catch_up(poller: &Poller) {
     panic!("the poller is stuck");
 }
 
-/// A state store wrapper that fails chosen writes (numbered from 1), landing them or not.
-struct FaultyStore {
-    inner: Arc<AzureBlobStore>,
-    writes: Mutex<u32>,
-    fail: u32,
-    land: bool,
-}
-
-#[async_trait]
-impl StateStore for FaultyStore {
-    async fn read(&self, key: &StateKey) -> Result<Option<Versioned>, StoreError> {
-        self.inner.read(key).await
-    }
-
-    async fn write(
-        &self,
-        key: &StateKey,
-        document: &StateDocument,
-        condition: WriteCondition,
-    ) -> Result<ETag, StoreError> {
-        let number = {
-            let mut writes = self.writes.lock().unwrap();
-            *writes += 1;
-            *writes
+/// The case's store, with write number `fail` (from 1) failing: landing first, or not at all.
+fn faulty(case: &Case, fail: u32, land: bool) -> Arc<FaultyStore<AzureBlobStore>> {
+    Arc::new(FaultyStore::over(case.store.clone(), move |number, _| {
+        let error = StoreError::Unavailable {
+            location: "azurite".into(),
+            reason: "HTTP 500 (injected)".into(),
+            retryable: false,
         };
-        if number == self.fail {
-            if self.land {
-                self.inner.write(key, document, condition).await?;
-            }
-            return Err(StoreError::Unavailable {
-                location: "azurite".into(),
-                reason: "HTTP 500 (injected)".into(),
-                retryable: false,
-            });
+        match (number == fail, land) {
+            (false, _) => Fault::None,
+            (true, true) => Fault::LandThenAnswer(error),
+            (true, false) => Fault::Refuse(error),
         }
-        self.inner.write(key, document, condition).await
-    }
-
-    fn describe(&self) -> String {
-        "faulty-azurite".into()
-    }
-}
-
-fn faulty(case: &Case, fail: u32, land: bool) -> Arc<FaultyStore> {
-    Arc::new(FaultyStore { inner: case.store.clone(), writes: Mutex::new(0), fail, land })
+    }))
 }
 
 /// Case A: the handler fails. The checkpoint does not move; the next tick delivers the batch.

@@ -13,11 +13,11 @@ use dbtrigger::sink::recording::RecordingSink;
 use dbtrigger::sink::{Batch, Sink, SinkError};
 use dbtrigger::source::{FetchLimit, Fetched, Probe, Source, SourceError};
 use dbtrigger::store::memory::MemoryStore;
-use dbtrigger::store::{ETag, StateKey, StateStore, StoreError, Versioned, WriteCondition};
+use dbtrigger::store::{StateKey, StateStore, StoreError};
 use dbtrigger::tick::{ManualClock, Poller, StopReason, SystemClock, TickError, TickOutcome};
 use serde_json::{Value, json};
 
-use crate::harness::{AppRoot, Orders};
+use crate::harness::{AppRoot, Fault, FaultyStore, Orders};
 
 struct Fixture {
     _directory: tempfile::TempDir,
@@ -237,75 +237,12 @@ impl Sink for FailSecond {
     }
 }
 
-/// What a [`FaultyStore`] does with a write.
-enum Fault {
-    /// Pass it through.
-    None,
-    /// Refuse it without writing.
-    Refuse(StoreError),
-    /// Write it, then answer this error (a response lost after the write landed).
-    LandThenAnswer(StoreError),
-}
-
-/// Decides what goes wrong with write number n (from 1).
-type FaultRule = Box<dyn Fn(u32, &WriteCondition) -> Fault + Send + Sync>;
-
-/// A memory store that counts writes and lets a rule decide, for each one (numbered from 1), what
-/// goes wrong.
-struct FaultyStore {
-    inner: MemoryStore,
-    writes: std::sync::Mutex<u32>,
-    rule: FaultRule,
-}
-
-impl FaultyStore {
-    fn new(rule: impl Fn(u32, &WriteCondition) -> Fault + Send + Sync + 'static) -> FaultyStore {
-        FaultyStore { inner: MemoryStore::new(), writes: Default::default(), rule: Box::new(rule) }
-    }
-
-    fn writes(&self) -> u32 {
-        *self.writes.lock().unwrap()
-    }
-}
-
-#[async_trait]
-impl StateStore for FaultyStore {
-    async fn read(&self, key: &StateKey) -> Result<Option<Versioned>, StoreError> {
-        self.inner.read(key).await
-    }
-
-    async fn write(
-        &self,
-        key: &StateKey,
-        document: &StateDocument,
-        condition: WriteCondition,
-    ) -> Result<ETag, StoreError> {
-        let number = {
-            let mut writes = self.writes.lock().unwrap();
-            *writes += 1;
-            *writes
-        };
-        match (self.rule)(number, &condition) {
-            Fault::None => self.inner.write(key, document, condition).await,
-            Fault::Refuse(error) => Err(error),
-            Fault::LandThenAnswer(error) => {
-                self.inner.write(key, document, condition).await?;
-                Err(error)
-            }
-        }
-    }
-
-    fn describe(&self) -> String {
-        "faulty".into()
-    }
-}
-
 #[tokio::test]
 async fn a_write_that_landed_but_answered_412_is_recognised_by_its_write_id() {
     let fixture = fixture(300, AppRoot::orders_poller(100)).await;
     // The first update lands but answers 412, as when a retried PUT's first try had landed and its
     // response was lost (seed 001 case G). Write 1 is the lease's create.
-    let store = Arc::new(FaultyStore::new(|number, _| {
+    let store = Arc::new(FaultyStore::over(Arc::new(MemoryStore::new()), |number, _| {
         if number == 2 {
             Fault::LandThenAnswer(StoreError::Conflict { location: "lost-response".into() })
         } else {
@@ -519,7 +456,7 @@ async fn a_failed_heartbeat_is_retried_after_a_pause_and_the_tick_goes_on() {
     let fixture = fixture(5, settings).await;
     // Writes fail from 0.9 s to 1.6 s: a passing outage during the first heartbeat.
     let started = std::time::Instant::now();
-    let store = Arc::new(FaultyStore::new(move |number, _| {
+    let store = Arc::new(FaultyStore::over(Arc::new(MemoryStore::new()), move |number, _| {
         let elapsed = started.elapsed();
         if number > 1 && elapsed > Duration::from_millis(900) && elapsed < Duration::from_millis(1600) {
             Fault::Refuse(StoreError::Unavailable {
@@ -548,7 +485,7 @@ async fn a_failed_heartbeat_is_retried_after_a_pause_and_the_tick_goes_on() {
 async fn a_heartbeat_that_landed_but_answered_an_error_is_not_a_lease_loss() {
     let fixture = fixture(5, short_lease(100)).await;
     // Write 1 takes the lease; write 2, the first heartbeat, lands but answers 503.
-    let store = Arc::new(FaultyStore::new(|number, _| {
+    let store = Arc::new(FaultyStore::over(Arc::new(MemoryStore::new()), |number, _| {
         if number == 2 {
             Fault::LandThenAnswer(StoreError::Unavailable {
                 location: "timeout".into(),
@@ -634,7 +571,7 @@ async fn heartbeats_keep_the_lease_while_a_slow_fetch_runs() {
 async fn a_failed_commit_releases_the_lease() {
     let fixture = fixture(250, AppRoot::orders_poller(100)).await;
     // Write 1 takes the lease; write 2, the first commit, fails without landing.
-    let store = Arc::new(FaultyStore::new(|number, _| {
+    let store = Arc::new(FaultyStore::over(Arc::new(MemoryStore::new()), |number, _| {
         if number == 2 {
             Fault::Refuse(StoreError::Unavailable {
                 location: "blob".into(),
@@ -662,7 +599,7 @@ async fn a_failed_commit_releases_the_lease() {
 #[tokio::test]
 async fn a_panic_in_a_tick_is_a_failed_tick_and_the_lease_is_released() {
     let fixture = fixture(50, AppRoot::orders_poller(100)).await;
-    let store = Arc::new(FaultyStore::new(|number, _| {
+    let store = Arc::new(FaultyStore::over(Arc::new(MemoryStore::new()), |number, _| {
         if number == 2 {
             panic!("a bug in the middle of a commit");
         }
