@@ -271,7 +271,7 @@ async fn dbtrigger(url: &str, hook: &str, state: &str, batch: i64, max_in_flight
     let config = PollerConfig::load(&root, "orders", &settings, None).unwrap();
     let source = dbtrigger::source::open(&config.source).unwrap();
     let sink = dbtrigger::sink::open(&config.sink).unwrap();
-    let store = dbtrigger::store::open(&config.state).unwrap();
+    let (store, _) = dbtrigger::store::open(&config.state).unwrap();
     let poller = Poller::new(config, source, sink, store, Arc::new(SystemClock), "bench".into());
     reset_peak_rss();
     let cpu = cpu_micros();

@@ -336,9 +336,9 @@ fn open_poller(config: PollerConfig, clock: Arc<dyn Clock>, owner_id: &str) -> F
         Ok(sink) => sink,
         Err(error) => return unusable("poller.sink", error.to_string()),
     };
-    let (store, blobs) = match (crate::store::open(&config.state), crate::store::open_blobs(&config.state)) {
-        (Ok(store), Ok(blobs)) => (store, blobs),
-        (Err(error), _) | (_, Err(error)) => return unusable("poller.state", error.to_string()),
+    let (store, blobs) = match crate::store::open(&config.state) {
+        Ok(opened) => opened,
+        Err(error) => return unusable("poller.state", error.to_string()),
     };
     let poller = Poller::new(config, source, sink, store, clock, owner_id.to_string()).with_quarantine(blobs);
     Function::Poller(Arc::new(poller))

@@ -64,7 +64,7 @@ pub fn finding_line(finding: &Finding) -> String {
 
 impl Watchdog {
     pub fn open(config: WatchdogConfig) -> Result<Watchdog, StoreError> {
-        let blobs = crate::store::open_blobs(&config.state)?;
+        let (_, blobs) = crate::store::open(&config.state)?;
         let timeout = config.alert.as_ref().map(|alert| alert.timeout).unwrap_or(std::time::Duration::from_secs(10));
         let client = reqwest::Client::builder()
             .timeout(timeout)
@@ -93,18 +93,22 @@ impl Watchdog {
     ) -> Report {
         let mut report = Report::default();
         let memory_path = self.memory_path();
-        let mut memory = match self.blobs.get(&memory_path).await {
-            Ok(Some(blob)) => serde_json::from_slice::<Memory>(&blob.bytes).unwrap_or_else(|error| {
+        let remembered = match self.blobs.get(&memory_path).await {
+            Ok(found) => found.map(|blob| blob.bytes),
+            Err(error) => {
+                report.notes.push(format!("watchdog note: cannot read its memory: {error}"));
+                None
+            }
+        };
+        let mut memory = match remembered.as_deref().map(serde_json::from_slice::<Memory>) {
+            Some(Ok(memory)) => memory,
+            Some(Err(error)) => {
                 report.notes.push(format!(
                     "watchdog note: its memory at {memory_path} is unreadable ({error}): starting afresh"
                 ));
                 Memory::default()
-            }),
-            Ok(None) => Memory::default(),
-            Err(error) => {
-                report.notes.push(format!("watchdog note: cannot read its memory: {error}"));
-                Memory::default()
             }
+            None => Memory::default(),
         };
         for (function, reason) in unusable {
             report.findings.push(Finding {
@@ -148,8 +152,11 @@ impl Watchdog {
             }
             Err(error) => report.notes.push(format!("watchdog note: cannot list the state documents: {error}")),
         }
+        // Written only when it changed: a quiet app costs one GET per run, no PUT.
         let bytes = serde_json::to_vec_pretty(&memory).expect("the memory serializes");
-        if let Err(error) = self.blobs.put(&memory_path, bytes, PutMode::Overwrite).await {
+        if remembered.as_deref() != Some(bytes.as_slice())
+            && let Err(error) = self.blobs.put(&memory_path, bytes, PutMode::Overwrite).await
+        {
             report.notes.push(format!("watchdog note: cannot keep its memory: {error}"));
         }
         for finding in &report.findings {

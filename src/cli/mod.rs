@@ -189,28 +189,23 @@ pub enum QuarantineAction {
         app_root: AppRoot,
     },
     /// Delivers entries through the poller's sink (same event ids) and removes each once delivered.
-    Replay {
-        poller: String,
-        /// Entry ids (or --all).
-        ids: Vec<String>,
-        #[arg(long, conflicts_with = "ids")]
-        all: bool,
-        #[command(flatten)]
-        guard: GuardArgs,
-        #[command(flatten)]
-        app_root: AppRoot,
-    },
+    Replay(ChosenEntries),
     /// Removes entries without delivering them.
-    Purge {
-        poller: String,
-        ids: Vec<String>,
-        #[arg(long, conflicts_with = "ids")]
-        all: bool,
-        #[command(flatten)]
-        guard: GuardArgs,
-        #[command(flatten)]
-        app_root: AppRoot,
-    },
+    Purge(ChosenEntries),
+}
+
+/// The quarantine entries a replay or a purge acts on, and its guardrails.
+#[derive(Debug, clap::Args)]
+pub struct ChosenEntries {
+    poller: String,
+    /// Entry ids (or --all).
+    ids: Vec<String>,
+    #[arg(long, conflicts_with = "ids")]
+    all: bool,
+    #[command(flatten)]
+    guard: GuardArgs,
+    #[command(flatten)]
+    app_root: AppRoot,
 }
 
 #[derive(Debug, Subcommand)]
@@ -384,10 +379,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             QuarantineAction::Show { poller, id, app_root } => {
                 quarantine::show(&app_root.resolve()?, &poller, &id).await
             }
-            QuarantineAction::Replay { poller, ids, all, guard, app_root } => {
+            QuarantineAction::Replay(chosen) => {
+                let ChosenEntries { poller, ids, all, guard, app_root } = chosen;
                 quarantine::replay(&app_root.resolve()?, &poller, selection(ids, all)?, guard.guard()).await
             }
-            QuarantineAction::Purge { poller, ids, all, guard, app_root } => {
+            QuarantineAction::Purge(chosen) => {
+                let ChosenEntries { poller, ids, all, guard, app_root } = chosen;
                 quarantine::purge(&app_root.resolve()?, &poller, selection(ids, all)?, guard.guard()).await
             }
         },

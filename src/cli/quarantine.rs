@@ -31,7 +31,7 @@ struct Target {
 
 fn open(app_root: &Path, poller_name: &str) -> anyhow::Result<Target> {
     let poller = find_poller(app_root, poller_name)?;
-    let blobs = crate::store::open_blobs(&poller.config.state)?;
+    let blobs = poller.quarantine.clone().context("this poller keeps no quarantine")?;
     Ok(Target { poller, blobs })
 }
 
@@ -138,16 +138,31 @@ async fn audit(target: &Target, what: String, guard: &Guard) -> anyhow::Result<(
     bail!("the state document kept changing; the history entry {what:?} was not written")
 }
 
-pub async fn purge(app_root: &Path, poller: &str, selection: Selection, guard: Guard) -> anyhow::Result<ExitCode> {
+/// The entries `selection` names, once shown and confirmed; `None`: nothing to do (an empty
+/// quarantine, a dry run, a declined question).
+async fn chosen(
+    app_root: &Path,
+    poller: &str,
+    selection: &Selection,
+    guard: &Guard,
+    verb: &str,
+) -> anyhow::Result<Option<(Target, Vec<(QuarantineEntry, ETag)>)>> {
     let target = open(app_root, poller)?;
-    let chosen = select(entries(&target).await?, &selection)?;
+    let chosen = select(entries(&target).await?, selection)?;
     if chosen.is_empty() {
         println!("the quarantine is empty");
-        return Ok(ExitCode::SUCCESS);
+        return Ok(None);
     }
-    if !confirm("purge", &chosen, &guard)? {
-        return Ok(ExitCode::SUCCESS);
+    if !confirm(verb, &chosen, guard)? {
+        return Ok(None);
     }
+    Ok(Some((target, chosen)))
+}
+
+pub async fn purge(app_root: &Path, poller: &str, selection: Selection, guard: Guard) -> anyhow::Result<ExitCode> {
+    let Some((target, chosen)) = chosen(app_root, poller, &selection, &guard, "purge").await? else {
+        return Ok(ExitCode::SUCCESS);
+    };
     let config = &target.poller.config;
     let mut purged = Vec::new();
     for (entry, etag) in &chosen {
@@ -161,15 +176,9 @@ pub async fn purge(app_root: &Path, poller: &str, selection: Selection, guard: G
 }
 
 pub async fn replay(app_root: &Path, poller: &str, selection: Selection, guard: Guard) -> anyhow::Result<ExitCode> {
-    let target = open(app_root, poller)?;
-    let chosen = select(entries(&target).await?, &selection)?;
-    if chosen.is_empty() {
-        println!("the quarantine is empty");
+    let Some((target, chosen)) = chosen(app_root, poller, &selection, &guard, "replay").await? else {
         return Ok(ExitCode::SUCCESS);
-    }
-    if !confirm("replay", &chosen, &guard)? {
-        return Ok(ExitCode::SUCCESS);
-    }
+    };
     let config = &target.poller.config;
     // The receiver fences on the token: the newest one issued, never an older one.
     let fencing_token = match target.poller.store.read(&target.poller.key()).await? {

@@ -240,19 +240,18 @@ impl StateStore for Counted {
     }
 }
 
-/// Opens the store a poller's `state` section names, for its state documents.
-pub fn open(config: &StateConfig) -> Result<Arc<dyn StateStore>, StoreError> {
-    match &config.location {
-        StateLocation::File(directory) => Ok(Arc::new(file::FileStore::new(directory.clone()))),
-        StateLocation::AzureBlob(connection) => Ok(Arc::new(azure_store(config, connection)?)),
-    }
-}
+/// One store seen two ways: as state documents, and as bytes (listing, other document kinds).
+pub type Opened = (Arc<dyn StateStore>, Arc<dyn BlobStore>);
 
-/// The same store at the bytes level (listing, other document kinds).
-pub fn open_blobs(config: &StateConfig) -> Result<Arc<dyn BlobStore>, StoreError> {
+/// Opens the store a `state` section names, once: one client behind both views.
+pub fn open(config: &StateConfig) -> Result<Opened, StoreError> {
+    fn both<S: BlobStore + 'static>(store: S) -> Opened {
+        let store = Arc::new(store);
+        (store.clone(), store)
+    }
     match &config.location {
-        StateLocation::File(directory) => Ok(Arc::new(file::FileStore::new(directory.clone()))),
-        StateLocation::AzureBlob(connection) => Ok(Arc::new(azure_store(config, connection)?)),
+        StateLocation::File(directory) => Ok(both(file::FileStore::new(directory.clone()))),
+        StateLocation::AzureBlob(connection) => Ok(both(azure_store(config, connection)?)),
     }
 }
 
