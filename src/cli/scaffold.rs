@@ -39,11 +39,8 @@ pub fn new(app_root: &Path, function: &str, template: &str, sets: &[String]) -> 
             TEMPLATES.iter().map(|(name, _)| *name).collect::<Vec<_>>().join(", ")
         );
     };
-    let valid_name = function.chars().next().is_some_and(|first| first.is_ascii_lowercase())
-        && function.len() <= 128
-        && function.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
-        && function != "host";
-    if !valid_name {
+    // The host's rule for function names, lower case as the host's documentation writes them.
+    if !crate::config::is_valid_function_name(function) || function != function.to_ascii_lowercase() {
         bail!(
             "{function:?} is not a valid function name: lower-case letters, digits, '_' and '-', starting with a letter"
         );

@@ -324,7 +324,7 @@ impl PollerConfig {
     }
 }
 
-fn is_valid_function_name(name: &str) -> bool {
+pub(crate) fn is_valid_function_name(name: &str) -> bool {
     let mut characters = name.chars();
     let Some(first) = characters.next() else {
         return false;

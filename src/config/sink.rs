@@ -107,27 +107,10 @@ pub(super) fn build_sink(raw: RawSink, settings: &Settings, at: &Located<'_>) ->
         }
         "webhook" => {
             let url_text = raw.url.ok_or_else(|| at.error("poller.sink.url", "missing: a webhook sink needs a url"))?;
-            let url = url::Url::parse(&url_text)
-                .map_err(|error| at.error("poller.sink.url", format!("not a valid URL: {error}")))?;
-            if !matches!(url.scheme(), "http" | "https") {
-                return Err(at.error("poller.sink.url", format!("scheme {:?} is not http or https", url.scheme())));
-            }
+            let url = http_url(at, "poller.sink.url", &url_text)?;
             let secret = match raw.secret {
                 None => None,
-                Some(name) => {
-                    let value = settings.get(&name).ok_or_else(|| {
-                        at.error(
-                            "poller.sink.secret",
-                            format!("app setting {name} is not set (it must hold the signing secret)"),
-                        )
-                    })?;
-                    if value.is_empty() {
-                        return Err(at.error("poller.sink.secret", format!("app setting {name} is empty")));
-                    }
-                    let key = SigningKey::from_secret(value)
-                        .map_err(|reason| at.error("poller.sink.secret", format!("app setting {name}: {reason}")))?;
-                    Some(key)
-                }
+                Some(name) => Some(signing_key(at, "poller.sink.secret", &name, settings)?),
             };
             let timeout = Duration::from_secs(in_range(
                 at,
@@ -151,6 +134,31 @@ pub(super) fn build_sink(raw: RawSink, settings: &Settings, at: &Located<'_>) ->
             Err(at.error("poller.sink.type", format!("unknown sink type {other:?}: expected \"webhook\" or \"queue\"")))
         }
     }
+}
+
+/// An `http` or `https` URL (a webhook, an alert), or the error of `field`.
+pub(super) fn http_url(at: &Located<'_>, field: &str, text: &str) -> Result<url::Url, ConfigError> {
+    let url = url::Url::parse(text).map_err(|error| at.error(field, format!("not a valid URL: {error}")))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(at.error(field, format!("scheme {:?} is not http or https", url.scheme())));
+    }
+    Ok(url)
+}
+
+/// The signing key held by app setting `name` (named in `field`), decoded.
+pub(super) fn signing_key(
+    at: &Located<'_>,
+    field: &str,
+    name: &str,
+    settings: &Settings,
+) -> Result<SigningKey, ConfigError> {
+    let value = settings
+        .get(name)
+        .ok_or_else(|| at.error(field, format!("app setting {name} is not set (it must hold the signing secret)")))?;
+    if value.is_empty() {
+        return Err(at.error(field, format!("app setting {name} is empty")));
+    }
+    SigningKey::from_secret(value).map_err(|reason| at.error(field, format!("app setting {name}: {reason}")))
 }
 
 /// A webhook signing key, decoded once from its app setting: a secret written `whsec_<base64>` is

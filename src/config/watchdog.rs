@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::function_json::{RawState, substitute_settings, timer_schedule};
-use super::sink::SigningKey;
+use super::sink::{SigningKey, http_url, signing_key};
 use super::state::{StateConfig, build_state};
 use super::{ConfigError, Located, in_range, limits};
 use crate::domain::schedule::Schedule;
@@ -87,26 +87,11 @@ pub(super) fn build_watchdog(
     let alert = match raw.alert {
         None => None,
         Some(alert) => {
-            let url = url::Url::parse(&alert.url)
-                .map_err(|error| at.error("watchdog.alert.url", format!("not a valid URL: {error}")))?;
-            if !matches!(url.scheme(), "http" | "https") {
-                return Err(at.error("watchdog.alert.url", format!("scheme {:?} is not http or https", url.scheme())));
-            }
-            let signing_key =
-                match alert.secret {
-                    None => None,
-                    Some(name) => {
-                        let value = settings.get(&name).filter(|value| !value.is_empty()).ok_or_else(|| {
-                            at.error(
-                                "watchdog.alert.secret",
-                                format!("app setting {name} is not set (it must hold the signing secret)"),
-                            )
-                        })?;
-                        Some(SigningKey::from_secret(value).map_err(|reason| {
-                            at.error("watchdog.alert.secret", format!("app setting {name}: {reason}"))
-                        })?)
-                    }
-                };
+            let url = http_url(at, "watchdog.alert.url", &alert.url)?;
+            let signing_key = match alert.secret {
+                None => None,
+                Some(name) => Some(signing_key(at, "watchdog.alert.secret", &name, settings)?),
+            };
             let timeout =
                 in_range(at, "watchdog.alert.timeoutSeconds", alert.timeout_seconds, 10, 1..=limits::SECONDS)?;
             Some(AlertConfig { url, signing_key, timeout: Duration::from_secs(timeout) })
