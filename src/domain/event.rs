@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::cursor::Position;
-use super::ids::{EventIds, event_id};
+use super::ids::EventIds;
 
 /// One row read from the source: where it sits in the poller's order and what it holds.
 #[derive(Debug, Clone, PartialEq)]
@@ -87,22 +87,6 @@ impl Batch {
         }
         (Batch { poller: poller.to_string(), batch_id, fencing_token, generation: None, events }, positions)
     }
-
-    /// The batch of `rows` for `poller`: each row becomes an event (its op as the source read it)
-    /// with its deterministic id.
-    pub fn new(poller: &str, fingerprint: &str, batch_id: String, fencing_token: u64, rows: &[SourceRow]) -> Self {
-        let events = rows
-            .iter()
-            .map(|row| Event {
-                event_id: event_id(poller, fingerprint, &row.position),
-                op: row.op,
-                cursor: row.position.cursor.to_json(),
-                pk: row.position.tiebreaker_json(),
-                row: row.row.clone(),
-            })
-            .collect();
-        Batch { poller: poller.to_string(), batch_id, fencing_token, generation: None, events }
-    }
 }
 
 #[cfg(test)]
@@ -117,10 +101,8 @@ mod tests {
             row: serde_json::json!({"id": 7, "status": "paid"}).as_object().unwrap().clone(),
             op: Op::Upsert,
         };
-        let batch = Batch::new("orders", "sha256:x", "bat_1".into(), 3, std::slice::from_ref(&row));
-        let (taken, positions) =
+        let (batch, positions) =
             Batch::from_rows(&EventIds::new("orders", "sha256:x"), "orders", "bat_1".into(), 3, vec![row.clone()]);
-        assert_eq!(taken, batch, "the same batch, built without copying the rows");
         assert_eq!(positions, vec![row.position.clone()]);
         let json = serde_json::to_value(&batch.events[0]).unwrap();
         assert_eq!(json["op"], "upsert");
@@ -131,7 +113,7 @@ mod tests {
         assert_eq!(keys, ["event_id", "op", "cursor", "pk", "row"], "field order is part of the envelope's bytes");
         // The exact bytes receivers see (and de-duplicate on): any change here is a change for them.
         assert_eq!(
-            serde_json::to_string(&taken.events).unwrap(),
+            serde_json::to_string(&batch.events).unwrap(),
             r#"[{"event_id":"evt_0db17f472ea5acdfe01a1d7023bb2f6d","op":"upsert","cursor":4,"pk":{"id":7},"row":{"id":7,"status":"paid"}}]"#
         );
     }

@@ -94,7 +94,8 @@ impl PollerHealth {
         health
     }
 
-    fn empty(function: &str, poller: &str) -> PollerHealth {
+    /// Nothing known yet about a poller: not healthy until `assess` says so.
+    pub(crate) fn empty(function: &str, poller: &str) -> PollerHealth {
         PollerHealth {
             function: function.to_string(),
             poller: poller.to_string(),

@@ -26,7 +26,9 @@ fn position_key(position: &Position) -> String {
     )
 }
 
-/// `evt_` + 32 hex digits of sha256(poller, fingerprint, cursor, pk).
+/// `evt_` + 32 hex digits of sha256(poller, fingerprint, cursor, pk): the formula written plainly,
+/// which [`EventIds`] (what ticks use) must agree with.
+#[cfg(test)]
 pub fn event_id(poller: &str, fingerprint: &str, position: &Position) -> String {
     let digest = sha256_hex(&[poller, fingerprint, &position_key(position)]);
     format!("evt_{}", &digest[..32])

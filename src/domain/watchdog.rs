@@ -191,9 +191,7 @@ mod tests {
     }
 
     fn healthy(lag: u64) -> PollerHealth {
-        let mut health = PollerHealth::unusable("orders", String::new());
-        health.problems.clear();
-        health.error = None;
+        let mut health = PollerHealth::empty("orders", "orders");
         health.healthy = true;
         health.lag_rows = Some(lag);
         health.fingerprint = Some(FingerprintState::Ok);
