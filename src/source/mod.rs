@@ -406,7 +406,12 @@ impl<'a> RowBuilder<'a> {
     }
 
     /// The row and its size as JSON.
-    pub fn finish(self) -> Result<(SourceRow, usize), SourceError> {
+    pub fn finish(mut self) -> Result<(SourceRow, usize), SourceError> {
+        // The operation the row records: a bad value fails the row like any other, named by its key.
+        let op = op_of(self.config, &self.values).unwrap_or_else(|error| {
+            self.fail(error);
+            Op::Upsert
+        });
         if let Some(error) = &self.error {
             return Err(SourceError::InRow { row: self.describe_key(), error: Box::new(error.clone()) });
         }
@@ -420,8 +425,6 @@ impl<'a> RowBuilder<'a> {
             })?;
             pk.push((name.clone(), key));
         }
-        let op = op_of(self.config, &self.values)
-            .map_err(|error| SourceError::InRow { row: describe_pk(&pk), error: Box::new(error) })?;
         Ok((SourceRow { position: Position { cursor, pk }, row: self.values, op }, self.bytes))
     }
 }
@@ -449,10 +452,6 @@ fn op_of(config: &SourceConfig, values: &Map<String, Value>) -> Result<Op, Sourc
             ))),
         },
     }
-}
-
-fn describe_pk(pk: &[(String, PkValue)]) -> String {
-    pk.iter().map(|(name, value)| format!("{name}={}", value.to_json())).collect::<Vec<_>>().join(", ")
 }
 
 /// What an event adds around its row (event id, op, cursor, pk), roughly, in bytes.
