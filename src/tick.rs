@@ -1155,14 +1155,27 @@ impl Poller {
     }
 
     async fn write_failure(&self, writer: &mut StateWriter<'_>, document: &mut StateDocument, record: PoisonRecord) {
-        let Ok(mut failed) = transitions::record_failure(document, &self.owner_id, record, self.clock.now()) else {
+        let failed = transitions::record_failure(document, &self.owner_id, record, self.clock.now());
+        self.write_letting_go(writer, document, failed, "could not record the failure; the lease will expire").await;
+    }
+
+    /// Writes a document that gives the lease back (a release, a recorded failure), if the
+    /// transition allowed it. Best effort: if the write fails, the lease simply expires.
+    async fn write_letting_go(
+        &self,
+        writer: &mut StateWriter<'_>,
+        document: &mut StateDocument,
+        next: Result<StateDocument, Refusal>,
+        if_it_fails: &str,
+    ) {
+        let Ok(mut next) = next else {
             return;
         };
-        match writer.write(&mut failed).await {
-            Ok(()) => *document = failed,
+        match writer.write(&mut next).await {
+            Ok(()) => *document = next,
             Err(WriteFailure::Conflict(_)) => {}
             Err(WriteFailure::Store(error)) => {
-                warn!(poller = %self.config.poller_name, error = %error, "could not record the failure; the lease will expire");
+                warn!(poller = %self.config.poller_name, error = %error, "{if_it_fails}");
             }
         }
     }
@@ -1286,16 +1299,8 @@ impl Poller {
     /// instance need not wait for expiry, or when the tick ends without a releasing commit. Best
     /// effort: if the write fails, the lease simply expires.
     async fn release_lease(&self, writer: &mut StateWriter<'_>, document: &mut StateDocument) {
-        let Ok(mut released) = transitions::release(document, &self.owner_id, self.clock.now()) else {
-            return;
-        };
-        match writer.write(&mut released).await {
-            Ok(()) => *document = released,
-            Err(WriteFailure::Conflict(_)) => {}
-            Err(WriteFailure::Store(error)) => {
-                warn!(poller = %self.config.poller_name, error = %error, "could not release the lease; it will expire");
-            }
-        }
+        let released = transitions::release(document, &self.owner_id, self.clock.now());
+        self.write_letting_go(writer, document, released, "could not release the lease; it will expire").await;
     }
 
     /// After a panic the tick's own view of the document is gone: read it again, and release the
