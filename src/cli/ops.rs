@@ -14,7 +14,7 @@ use super::operator::{Guard, find_poller, operator_name};
 use crate::domain::StateDocument;
 use crate::domain::cursor::{CursorJson, Position};
 use crate::domain::transitions::{self, Operator, ResetTarget};
-use crate::store::{StateKey, StateStore, StoreError, WriteCondition};
+use crate::store::{StateKey, StateStore, StoreError, Versioned, WriteCondition};
 use crate::tick::Poller;
 
 pub async fn inspect(app_root: &Path, name: &str) -> anyhow::Result<ExitCode> {
@@ -36,14 +36,16 @@ fn show(before: Option<&StateDocument>, after: &StateDocument) -> anyhow::Result
     Ok(())
 }
 
-/// Plans a change of `key`'s document, shows it, and writes it by CAS on what was read.
+/// Plans a change of `key`'s document as it was read (`current`), shows it, and writes it by CAS on
+/// that version.
 async fn apply(
     store: &dyn StateStore,
     key: &StateKey,
+    current: Option<Versioned>,
     guard: &Guard,
     plan: impl FnOnce(&StateDocument) -> Result<StateDocument, transitions::Refusal>,
 ) -> anyhow::Result<ExitCode> {
-    let Some(current) = store.read(key).await? else {
+    let Some(current) = current else {
         bail!("poller {} has no state document: nothing to change", key.poller);
     };
     let mut next = match plan(&current.document) {
@@ -109,7 +111,7 @@ pub async fn reset(app_root: &Path, name: &str, to: ResetTo, guard: Guard) -> an
     let who = operator_name();
     let operator = Operator { who: &who, force: guard.force, reason: guard.reason.as_deref() };
     let terms = poller.config.lease;
-    apply(poller.store.as_ref(), &key, &guard, |document| {
+    apply(poller.store.as_ref(), &key, current, &guard, |document| {
         transitions::reset(document, &target, operator, chrono::Utc::now(), &terms)
     })
     .await
@@ -230,7 +232,9 @@ pub async fn accept_fingerprint(app_root: &Path, name: &str, guard: Guard) -> an
     let operator = Operator { who: &who, force: guard.force, reason: guard.reason.as_deref() };
     let fingerprint = poller.config.fingerprint.clone();
     let terms = poller.config.lease;
-    apply(poller.store.as_ref(), &poller.key(), &guard, |document| {
+    let key = poller.key();
+    let current = poller.store.read(&key).await?;
+    apply(poller.store.as_ref(), &key, current, &guard, |document| {
         transitions::accept_fingerprint(document, &fingerprint, operator, chrono::Utc::now(), &terms)
     })
     .await
