@@ -986,7 +986,7 @@ impl Poller {
                 totals.add(std::slice::from_ref(&delivered));
             }
             self.write_failure(writer, document, record).await;
-            return Err(TickError::PoisonStop { pk: Value::Object(row.pk.clone()).to_string(), error: row_error });
+            return Err(TickError::PoisonStop { pk: Value::Object(row.pk()).to_string(), error: row_error });
         }
 
         // Keep each poison row before the checkpoint moves past it; a crash in between writes the
@@ -997,7 +997,7 @@ impl Poller {
             let entry = QuarantineEntry {
                 id: quarantine::entry_id(&event.event_id),
                 poller: self.config.poller_name.clone(),
-                event: serde_json::to_value(event).expect("an event serializes"),
+                event: event.to_value(),
                 error: row_error.to_string(),
                 status: match row_error {
                     SinkError::Rejected { status, .. } => Some(*status),
@@ -1012,7 +1012,7 @@ impl Poller {
                 quarantined_at: now,
             };
             quarantine::put(blobs.as_ref(), &self.config.app_name, &entry).await?;
-            let pk = Value::Object(event.pk.clone()).to_string();
+            let pk = Value::Object(event.pk()).to_string();
             warn!(
                 poller = %self.config.poller_name,
                 entry = %entry.id,

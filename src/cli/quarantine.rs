@@ -194,8 +194,8 @@ pub async fn replay(app_root: &Path, poller: &str, selection: Selection, guard: 
             let rate = done as f64 / started.elapsed().as_secs_f64().max(0.001);
             eprint!("\r{done} of {} replayed, {rate:.0} rows/s, {} left   ", chosen.len(), chosen.len() - done);
         }
-        let event: Event = serde_json::from_value(entry.event.clone())
-            .with_context(|| format!("{}: the stored event cannot be read", entry.id))?;
+        let event = Event::from_value(&entry.event)
+            .map_err(|error| anyhow::anyhow!("{}: the stored event cannot be read: {error}", entry.id))?;
         let batch = Batch {
             poller: config.poller_name.clone(),
             batch_id: format!("replay-{}", entry.id),

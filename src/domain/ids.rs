@@ -2,7 +2,6 @@
 //! same batch the same batch id, so that receivers can de-duplicate.
 
 use serde::Serialize;
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::cursor::Position;
@@ -50,34 +49,24 @@ impl EventIds {
         EventIds { prefix }
     }
 
-    /// The id of the row at a position whose cursor and pk are already JSON (as the event holds
-    /// them).
-    pub fn id(&self, kind: &str, cursor: &serde_json::Value, pk: &serde_json::Map<String, Value>) -> String {
-        let key = format!("{kind}|{cursor}|{}", JsonMap(pk));
+    /// The id of the row whose key (`kind|cursor|pk`, as [`super::event::position_key`] writes
+    /// it) is `key`.
+    pub fn id_of_key(&self, key: &[u8]) -> String {
         let mut hasher = self.prefix.clone();
         hasher.update((key.len() as u64).to_be_bytes());
-        hasher.update(key.as_bytes());
+        hasher.update(key);
         let digest = hasher.finalize();
         let mut id = String::with_capacity(36);
         id.push_str("evt_");
         id.push_str(&hex::encode(&digest[..16]));
         id
     }
-}
 
-/// A JSON object displayed as `Value::Object` displays it, without building one.
-struct JsonMap<'a>(&'a serde_json::Map<String, Value>);
-
-impl std::fmt::Display for JsonMap<'_> {
-    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter.write_str("{")?;
-        for (index, (name, value)) in self.0.iter().enumerate() {
-            if index > 0 {
-                formatter.write_str(",")?;
-            }
-            write!(formatter, "{}:{value}", Value::String(name.clone()))?;
-        }
-        formatter.write_str("}")
+    /// The id of the row at `position`.
+    pub fn for_position(&self, position: &Position) -> String {
+        let mut key = Vec::new();
+        super::event::position_key(&mut key, position);
+        self.id_of_key(&key)
     }
 }
 
@@ -138,10 +127,14 @@ mod tests {
             },
             pk: vec![("tenant".into(), PkValue::Text("a\"b\\ é".into())), ("id".into(), PkValue::Integer(3))],
         };
-        for position in [position(1, 1), position(-7, 300), position(i64::MAX, 0), composite] {
-            let cursor = position.cursor.to_json();
-            let pk = position.tiebreaker_json();
-            assert_eq!(ids.id(position.cursor.kind(), &cursor, &pk), event_id("orders", "sha256:x", &position));
+        let naive = Position {
+            cursor: crate::domain::cursor::CursorValue::NaiveTimestamp(
+                chrono::DateTime::from_timestamp(1_780_000_000, 0).unwrap().naive_utc(),
+            ),
+            pk: vec![("code".into(), PkValue::Text(String::new()))],
+        };
+        for position in [position(1, 1), position(-7, 300), position(i64::MAX, 0), composite, naive] {
+            assert_eq!(ids.for_position(&position), event_id("orders", "sha256:x", &position));
         }
         assert_eq!(first, event_id("orders", "sha256:x", &position(1, 1)));
         assert_ne!(first, event_id("orders", "sha256:x", &position(1, 2)));

@@ -16,7 +16,6 @@ use azure_storage_queue::{QueueClient, QueueClientOptions};
 use base64::Engine as _;
 use chrono::{SecondsFormat, Utc};
 use futures::StreamExt;
-use serde::Serialize;
 use serde_json::{Map, Value};
 use tokio::time::Instant;
 
@@ -33,30 +32,6 @@ pub struct QueueSink {
     client: QueueClient,
     config: QueueConfig,
     location: String,
-}
-
-/// One row's message: the envelope's fields around a single event.
-#[derive(Serialize)]
-struct RowMessage<'a> {
-    poller: &'a str,
-    batch_id: &'a str,
-    fencing_token: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    generation: Option<&'a serde_json::Value>,
-    sent_at: &'a str,
-    #[serde(flatten)]
-    event: &'a Event,
-}
-
-#[derive(Serialize)]
-struct BatchMessage<'a> {
-    poller: &'a str,
-    batch_id: String,
-    fencing_token: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    generation: Option<&'a serde_json::Value>,
-    sent_at: &'a str,
-    events: &'a [Event],
 }
 
 enum Failure {
@@ -134,15 +109,7 @@ impl QueueSink {
             MessagePer::Row => {
                 let mut messages = Vec::with_capacity(batch.events.len());
                 for event in &batch.events {
-                    let message = RowMessage {
-                        poller: &batch.poller,
-                        batch_id: &batch.batch_id,
-                        fencing_token: batch.fencing_token,
-                        generation: batch.generation.as_ref(),
-                        sent_at: &sent_at,
-                        event,
-                    };
-                    let text = self.encode(&serde_json::to_vec(&message).expect("a message serializes"));
+                    let text = self.encode(&batch.row_message(&sent_at, event));
                     let size = self.sent_size(&text);
                     if size > MAX_MESSAGE_BYTES {
                         return Err(oversize(batch, event, size));
@@ -153,15 +120,7 @@ impl QueueSink {
             }
             MessagePer::Batch => {
                 let render = |batch_id: String, events: &[Event]| -> String {
-                    let message = BatchMessage {
-                        poller: &batch.poller,
-                        batch_id,
-                        fencing_token: batch.fencing_token,
-                        generation: batch.generation.as_ref(),
-                        sent_at: &sent_at,
-                        events,
-                    };
-                    self.encode(&serde_json::to_vec(&message).expect("a message serializes"))
+                    self.encode(&batch.envelope(&batch_id, &sent_at, events))
                 };
                 // Halve until every part fits; the probe id is as long as any real part id.
                 let mut pending = vec![&batch.events[..]];
@@ -227,7 +186,7 @@ fn oversize(batch: &Batch, event: &Event, size: usize) -> SinkError {
         body: format!(
             "the row with primary key {} is {size} bytes as a queue message, over the {MAX_MESSAGE_BYTES}-byte limit: \
              deliver fewer columns (source.columns) or use a webhook sink",
-            key_text(&event.pk)
+            key_text(&event.pk())
         ),
     }
 }

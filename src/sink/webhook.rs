@@ -6,7 +6,6 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use chrono::{SecondsFormat, Utc};
-use serde::Serialize;
 use tokio::time::Instant;
 use tracing::warn;
 
@@ -20,21 +19,6 @@ const ERROR_BODY_LIMIT: usize = 1024;
 pub struct WebhookSink {
     client: reqwest::Client,
     config: WebhookConfig,
-}
-
-/// The JSON body of one request.
-#[derive(Serialize)]
-struct Envelope<'a> {
-    poller: &'a str,
-    batch_id: &'a str,
-    /// Receivers fence on it: a delivery with a lower token than one already accepted comes from
-    /// a stale instance.
-    fencing_token: u64,
-    /// The source generation (seed 003: the identity of a source load), when one is configured.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    generation: Option<&'a serde_json::Value>,
-    sent_at: String,
-    events: &'a [Event],
 }
 
 /// One request's worth of a batch.
@@ -65,16 +49,10 @@ impl WebhookSink {
         Ok(WebhookSink { client, config })
     }
 
+    /// The JSON body of one request: the envelope (`poller`, `batch_id`, `fencing_token`, the
+    /// `generation` when one is configured, `sent_at`, `events`).
     fn body(&self, batch: &Batch, part: &Part<'_>) -> Vec<u8> {
-        let envelope = Envelope {
-            poller: &batch.poller,
-            batch_id: &part.id,
-            fencing_token: batch.fencing_token,
-            generation: batch.generation.as_ref(),
-            sent_at: Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true),
-            events: part.events,
-        };
-        serde_json::to_vec(&envelope).expect("an envelope serializes")
+        batch.envelope(&part.id, &sent_at(), part.events)
     }
 
     /// Splits a batch in halves until every part's body fits. Deterministic for the same rows, so a
@@ -83,9 +61,10 @@ impl WebhookSink {
     fn split<'a>(&self, batch: &'a Batch) -> Vec<Part<'a>> {
         let mut pending = vec![&batch.events[..]];
         let mut parts: Vec<&'a [Event]> = Vec::new();
+        // `sent_at` always has the same length: any one measures the body.
+        let sent_at = sent_at();
         while let Some(events) = pending.pop() {
-            let probe = Part { id: batch.batch_id.clone(), events };
-            if events.len() <= 1 || self.body(batch, &probe).len() <= self.config.max_body_bytes {
+            if events.len() <= 1 || batch.envelope_len(&batch.batch_id, &sent_at, events) <= self.config.max_body_bytes {
                 parts.push(events);
             } else {
                 let (left, right) = events.split_at(events.len() / 2);
@@ -194,6 +173,11 @@ impl WebhookSink {
             }
         }
     }
+}
+
+/// When a body is written, as the envelope's `sent_at` says it (always 24 characters).
+fn sent_at() -> String {
+    Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
 fn truncate(mut text: String, limit: usize) -> String {

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use futures::TryStreamExt;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use sqlx::{Database, Encode, Type};
 
 use crate::config::redact::Redaction;
@@ -28,7 +28,7 @@ pub use query::Probe;
 use query::{SeekQuery, Slot};
 
 use crate::domain::event::Op;
-pub use crate::domain::event::SourceRow;
+pub use crate::domain::event::{RowJson, SourceRow};
 
 /// How much one fetch may return: a row count (the batch size) and a byte budget (the rows as
 /// JSON), whichever is reached first. At least one row is returned whatever its size.
@@ -128,8 +128,8 @@ where
 }
 
 /// The [`Source`] of an engine: every engine's source has the same fields (`pool`, `config`,
-/// `redaction`, `settle_warned`) and methods (`seek()`, the SQL learnt once; `decode_column`, one
-/// value of a row), so one body serves them all.
+/// `redaction`, `settle_warned`), a `seek()` method (the SQL learnt once) and a [`ColumnDecoder`]
+/// for its rows, so one body serves them all.
 macro_rules! sql_source {
     ($source:ty) => {
         #[async_trait::async_trait]
@@ -150,7 +150,7 @@ macro_rules! sql_source {
                         after,
                         limit,
                         &self.redaction,
-                        |row, index, name| self.decode_column(row, index, name),
+                        self,
                     )
                     .await
                 };
@@ -181,10 +181,7 @@ macro_rules! sql_source {
                 let Some(generation) = &self.config.generation else {
                     return Ok(None);
                 };
-                let value =
-                    $crate::source::fetch_scalar(&self.pool, &generation.query, &self.redaction, |row, index, name| {
-                        self.decode_column(row, index, name)
-                    });
+                let value = $crate::source::fetch_scalar(&self.pool, &generation.query, &self.redaction, self);
                 $crate::source::timed(&self.config, &self.redaction.location, value).await.map(Some)
             }
 
@@ -272,7 +269,9 @@ pub(crate) fn role_of(config: &SourceConfig, column: &str) -> Role {
 pub(crate) struct Decoded {
     pub json: Value,
     pub cursor: Option<CursorValue>,
-    pub key: Option<PkValue>,
+    /// The value can be a primary key: an integer or text (its [`PkValue`] is made only for
+    /// key columns).
+    pub keyable: bool,
     /// Why this value cannot be a cursor position, when it looks like one but is not usable
     /// (an unreadable timestamp layout, an infinite timestamp): an error if it is the cursor.
     pub invalid_cursor: Option<String>,
@@ -280,14 +279,14 @@ pub(crate) struct Decoded {
 
 impl Decoded {
     pub fn plain(json: Value) -> Self {
-        Decoded { json, cursor: None, key: None, invalid_cursor: None }
+        Decoded { json, cursor: None, keyable: false, invalid_cursor: None }
     }
 
     pub fn integer(number: i64) -> Self {
         Decoded {
             json: Value::from(number),
             cursor: Some(CursorValue::Integer(number)),
-            key: Some(PkValue::Integer(number)),
+            keyable: true,
             invalid_cursor: None,
         }
     }
@@ -297,23 +296,47 @@ impl Decoded {
     }
 
     pub fn text(text: String) -> Self {
-        Decoded { json: Value::from(text.clone()), cursor: None, key: Some(PkValue::Text(text)), invalid_cursor: None }
+        Decoded { json: Value::String(text), cursor: None, keyable: true, invalid_cursor: None }
+    }
+
+    /// A point in time, delivered as the cursor's JSON form.
+    pub fn moment(cursor: CursorValue) -> Self {
+        Decoded { json: cursor.to_json(), cursor: Some(cursor), keyable: false, invalid_cursor: None }
     }
 
     pub fn timestamp(at: DateTime<Utc>) -> Self {
-        let cursor = CursorValue::Timestamp { at, source_text: None };
-        Decoded { json: cursor.to_json(), cursor: Some(cursor), key: None, invalid_cursor: None }
+        Decoded::moment(CursorValue::Timestamp { at, source_text: None })
     }
 
     pub fn naive_timestamp(at: NaiveDateTime) -> Self {
-        let cursor = CursorValue::NaiveTimestamp(at);
-        Decoded { json: cursor.to_json(), cursor: Some(cursor), key: None, invalid_cursor: None }
+        Decoded::moment(CursorValue::NaiveTimestamp(at))
     }
 
     /// A value delivered as it is but unusable as a cursor position.
     pub fn not_a_position(json: Value, why: String) -> Self {
-        Decoded { json, cursor: None, key: None, invalid_cursor: Some(why) }
+        Decoded { json, cursor: None, keyable: false, invalid_cursor: Some(why) }
     }
+
+    /// The value as a primary key, when it can be one.
+    fn key(&self) -> Option<PkValue> {
+        if !self.keyable {
+            return None;
+        }
+        match &self.json {
+            Value::Number(number) => number.as_i64().map(PkValue::Integer),
+            Value::String(text) => Some(PkValue::Text(text.clone())),
+            _ => None,
+        }
+    }
+}
+
+/// How an engine reads the values of its rows.
+pub(crate) trait ColumnDecoder<R> {
+    /// One value of a row: its JSON, and what it means as a cursor or key.
+    fn decode_column(&self, row: &R, index: usize, name: &str) -> Result<Decoded, SourceError>;
+
+    /// The type of one value of a row, for messages.
+    fn column_type(&self, row: &R, index: usize) -> String;
 }
 
 /// The pre-flight's warning when no index starts with the cursor column.
@@ -328,30 +351,68 @@ pub(crate) fn warn_missing_index(location: &str, table: &str, config: &SourceCon
     );
 }
 
-/// Puts a row together from its decoded columns: checks that the cursor and every key are there
-/// and usable, with errors that name the column and the row.
+/// The columns of a query's rows, learnt from its first row (every row of a result has the same):
+/// what each one is to the poller, and its key as the row's JSON writes it.
+pub(crate) struct Layout {
+    columns: Vec<LayoutColumn>,
+}
+
+struct LayoutColumn {
+    name: String,
+    role: Role,
+    /// `"name":`, with a comma before it after the first column.
+    key: Vec<u8>,
+    /// The column the source's delete rule reads (`softDelete`, `opColumn`).
+    op: bool,
+}
+
+impl Layout {
+    /// The layout of a result with these column names; two columns of one name are refused (a
+    /// row is a JSON object: one of them would be lost).
+    pub fn new<'n>(config: &SourceConfig, names: impl Iterator<Item = &'n str>) -> Result<Layout, String> {
+        let op_column = match &config.ops {
+            OpRule::Upsert => None,
+            OpRule::SoftDelete(column) | OpRule::OpColumn(column) => Some(column.as_str()),
+        };
+        let mut columns: Vec<LayoutColumn> = Vec::new();
+        for name in names {
+            if columns.iter().any(|column| column.name == name) {
+                return Err(format!(
+                    "the result has two columns named {name:?}: a row is a JSON object, give them distinct names (AS)"
+                ));
+            }
+            let mut key = Vec::with_capacity(name.len() + 4);
+            if !columns.is_empty() {
+                key.push(b',');
+            }
+            serde_json::to_writer(&mut key, name).expect("writing to memory cannot fail");
+            key.push(b':');
+            columns.push(LayoutColumn { name: name.to_string(), role: role_of(config, name), key, op: op_column == Some(name) });
+        }
+        Ok(Layout { columns })
+    }
+}
+
+/// Puts a row together from its decoded columns, writing its JSON as they come: checks that the
+/// cursor and every key are there and usable, with errors that name the column and the row.
 pub(crate) struct RowBuilder<'a> {
     config: &'a SourceConfig,
-    values: Map<String, Value>,
+    layout: &'a Layout,
+    json: Vec<u8>,
     cursor: Option<CursorValue>,
     keys: Vec<Option<PkValue>>,
+    /// What the delete rule's column said, once it was read.
+    op: Option<Result<Op, SourceError>>,
     /// The first problem met; reported by `finish` with the row's primary key.
     error: Option<SourceError>,
-    /// The row's size as JSON, roughly: what it will weigh in a delivery.
-    bytes: usize,
 }
 
 impl<'a> RowBuilder<'a> {
-    /// A row of `columns` columns (its map sized once, never rehashed while it fills).
-    pub fn new(config: &'a SourceConfig, columns: usize) -> Self {
-        RowBuilder {
-            config,
-            values: Map::with_capacity(columns),
-            cursor: None,
-            keys: vec![None; config.pk.len()],
-            error: None,
-            bytes: ROW_OVERHEAD_BYTES,
-        }
+    /// A row of `layout`'s columns, whose JSON is expected to take about `capacity` bytes.
+    pub fn new(config: &'a SourceConfig, layout: &'a Layout, capacity: usize) -> Self {
+        let mut json = Vec::with_capacity(capacity);
+        json.push(b'{');
+        RowBuilder { config, layout, json, cursor: None, keys: vec![None; config.pk.len()], op: None, error: None }
     }
 
     /// A column that could not be decoded: the row fails, named by its key once all is read.
@@ -359,8 +420,11 @@ impl<'a> RowBuilder<'a> {
         self.error.get_or_insert(error);
     }
 
-    pub fn push(&mut self, name: &str, type_name: &str, decoded: Decoded) {
-        match role_of(self.config, name) {
+    /// The value of column `index`; `type_name` names its type, for messages.
+    pub fn push(&mut self, index: usize, decoded: Decoded, type_name: impl FnOnce() -> String) {
+        let column = &self.layout.columns[index];
+        let name = &column.name;
+        match column.role {
             Role::Cursor => {
                 if decoded.json.is_null() {
                     self.fail(SourceError::Position(format!(
@@ -372,22 +436,27 @@ impl<'a> RowBuilder<'a> {
                     match decoded.cursor.clone() {
                         Some(cursor) => self.cursor = Some(cursor),
                         None => self.fail(SourceError::Position(format!(
-                            "cursor column {name:?} has type {type_name}: use an integer or a timestamp column"
+                            "cursor column {name:?} has type {}: use an integer or a timestamp column",
+                            type_name()
                         ))),
                     }
                 }
             }
-            Role::Key(index) => match decoded.key.clone() {
+            Role::Key(index) => match decoded.key() {
                 Some(key) => self.keys[index] = Some(key),
                 None => self.fail(SourceError::Position(format!(
-                    "primary key column {name:?} holds {} ({type_name}): keys must be integers or text, never NULL",
-                    decoded.json
+                    "primary key column {name:?} holds {} ({}): keys must be integers or text, never NULL",
+                    decoded.json,
+                    type_name()
                 ))),
             },
             Role::Plain => {}
         }
-        self.bytes += name.len() + json_size(&decoded.json);
-        self.values.insert(name.to_string(), decoded.json);
+        if column.op {
+            self.op = Some(op_of(&self.config.ops, Some(&decoded.json)));
+        }
+        self.json.extend_from_slice(&column.key);
+        serde_json::to_writer(&mut self.json, &decoded.json).expect("writing to memory cannot fail");
     }
 
     /// The row's primary key as far as it was read, for messages: `id=7, tenant=?`.
@@ -408,7 +477,11 @@ impl<'a> RowBuilder<'a> {
     /// The row and its size as JSON.
     pub fn finish(mut self) -> Result<(SourceRow, usize), SourceError> {
         // The operation the row records: a bad value fails the row like any other, named by its key.
-        let op = op_of(self.config, &self.values).unwrap_or_else(|error| {
+        let op = match self.op.take() {
+            Some(result) => result,
+            None => op_of(&self.config.ops, None),
+        };
+        let op = op.unwrap_or_else(|error| {
             self.fail(error);
             Op::Upsert
         });
@@ -425,22 +498,25 @@ impl<'a> RowBuilder<'a> {
             })?;
             pk.push((name.clone(), key));
         }
-        Ok((SourceRow { position: Position { cursor, pk }, row: self.values, op }, self.bytes))
+        self.json.push(b'}');
+        let size = self.json.len() + ROW_OVERHEAD_BYTES;
+        Ok((SourceRow { position: Position { cursor, pk }, row: RowJson::from_encoded(self.json), op }, size))
     }
 }
 
-/// The operation a row records, by the source's delete rule.
-fn op_of(config: &SourceConfig, values: &Map<String, Value>) -> Result<Op, SourceError> {
-    match &config.ops {
+/// The operation a row records, by the source's delete rule, from the value of the rule's column
+/// (`None`: the column is not in the result).
+fn op_of(rule: &OpRule, value: Option<&Value>) -> Result<Op, SourceError> {
+    match rule {
         OpRule::Upsert => Ok(Op::Upsert),
-        OpRule::SoftDelete(column) => match values.get(column) {
+        OpRule::SoftDelete(column) => match value {
             None => Err(SourceError::Position(format!("the softDelete column {column:?} is not in the result"))),
             // NULL, false and 0 (a MySQL boolean) mean the row lives.
             Some(Value::Null | Value::Bool(false)) => Ok(Op::Upsert),
             Some(Value::Number(number)) if number.as_f64() == Some(0.0) => Ok(Op::Upsert),
             Some(_) => Ok(Op::Delete),
         },
-        OpRule::OpColumn(column) => match values.get(column) {
+        OpRule::OpColumn(column) => match value {
             None => Err(SourceError::Position(format!("the opColumn {column:?} is not in the result"))),
             Some(Value::String(text)) => Op::parse(text).ok_or_else(|| {
                 SourceError::Position(format!(
@@ -457,23 +533,11 @@ fn op_of(config: &SourceConfig, values: &Map<String, Value>) -> Result<Op, Sourc
 /// What an event adds around its row (event id, op, cursor, pk), roughly, in bytes.
 const ROW_OVERHEAD_BYTES: usize = 128;
 
-/// The size of a value as JSON, roughly (strings unescaped): enough to bound a batch by bytes.
-pub(crate) fn json_size(value: &Value) -> usize {
-    match value {
-        Value::Null => 4,
-        Value::Bool(_) => 5,
-        Value::Number(_) => 20,
-        Value::String(text) => text.len() + 2,
-        Value::Array(items) => 2 + items.iter().map(|item| json_size(item) + 1).sum::<usize>(),
-        Value::Object(map) => 2 + map.iter().map(|(key, item)| key.len() + 4 + json_size(item)).sum::<usize>(),
-    }
-}
-
-/// Runs `probe`'s query, from the start or after `after`, and decodes rows with `decode_value` (which
-/// names each value's type and turns it into JSON) as they stream in, stopping at `limit.rows`
-/// rows or once they add up to `limit.bytes`. One body for every engine.
+/// Runs `probe`'s query, from the start or after `after`, and decodes rows with `decoder` as they
+/// stream in, writing each row's JSON as its values come, stopping at `limit.rows` rows or once
+/// they add up to `limit.bytes`. One body for every engine.
 #[allow(clippy::too_many_arguments)]
-pub(crate) async fn fetch_rows<DB, F>(
+pub(crate) async fn fetch_rows<DB, D>(
     pool: &sqlx::Pool<DB>,
     config: &SourceConfig,
     seek: &SeekQuery,
@@ -481,7 +545,7 @@ pub(crate) async fn fetch_rows<DB, F>(
     after: Option<&Position>,
     limit: FetchLimit,
     redaction: &Redaction,
-    decode_value: F,
+    decoder: &D,
 ) -> Result<Fetched, SourceError>
 where
     DB: Database,
@@ -491,7 +555,7 @@ where
     String: for<'t> Encode<'t, DB> + Type<DB>,
     DateTime<Utc>: for<'t> Encode<'t, DB> + Type<DB>,
     NaiveDateTime: for<'t> Encode<'t, DB> + Type<DB>,
-    F: Fn(&DB::Row, usize, &str) -> Result<(String, Decoded), SourceError>,
+    D: ColumnDecoder<DB::Row> + Sync,
 {
     let after = if probe == Probe::Last { None } else { after };
     let query = match after {
@@ -503,17 +567,26 @@ where
     let mut stream = query.bind(limit.rows as i64).fetch(pool);
     let mut fetched = Fetched { rows: Vec::with_capacity(limit.rows.min(1024)), full: false };
     let mut bytes = 0usize;
+    let mut layout: Option<Layout> = None;
+    // Rows of one result are alike: each row's buffer starts as large as the last row needed.
+    let mut row_capacity = 64;
     while let Some(row) = stream.try_next().await.map_err(|error| classify(redaction, error))? {
-        let columns = sqlx::Row::columns(&row);
-        let mut builder = RowBuilder::new(config, columns.len());
-        for (index, column) in columns.iter().enumerate() {
-            let name = sqlx::Column::name(column);
-            match decode_value(&row, index, name) {
-                Ok((type_name, value)) => builder.push(name, &type_name, value),
+        if layout.is_none() {
+            let names = sqlx::Row::columns(&row).iter().map(sqlx::Column::name);
+            let learnt = Layout::new(config, names)
+                .map_err(|reason| SourceError::Query { location: redaction.location.clone(), reason })?;
+            layout = Some(learnt);
+        }
+        let layout = layout.as_ref().expect("learnt from the first row");
+        let mut builder = RowBuilder::new(config, layout, row_capacity);
+        for (index, column) in layout.columns.iter().enumerate() {
+            match decoder.decode_column(&row, index, &column.name) {
+                Ok(value) => builder.push(index, value, || decoder.column_type(&row, index)),
                 Err(error) => builder.fail(error),
             }
         }
         let (decoded, size) = builder.finish()?;
+        row_capacity = decoded.row.len() + 16;
         fetched.rows.push(decoded);
         bytes += size;
         if bytes >= limit.bytes {
@@ -528,17 +601,17 @@ where
 
 /// Runs `sql` and returns its one value: the first column of the first row (`null` without a
 /// row), which must be text, an integer or null.
-pub(crate) async fn fetch_scalar<DB, F>(
+pub(crate) async fn fetch_scalar<DB, D>(
     pool: &sqlx::Pool<DB>,
     sql: &str,
     redaction: &Redaction,
-    decode_value: F,
+    decoder: &D,
 ) -> Result<Value, SourceError>
 where
     DB: Database,
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
     <DB as Database>::Arguments: sqlx::IntoArguments<DB>,
-    F: Fn(&DB::Row, usize, &str) -> Result<(String, Decoded), SourceError>,
+    D: ColumnDecoder<DB::Row> + Sync,
 {
     let row =
         sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_optional(pool).await.map_err(|error| classify(redaction, error))?;
@@ -553,14 +626,15 @@ where
         });
     }
     let name = sqlx::Column::name(&columns[0]).to_string();
-    let (type_name, decoded) = decode_value(&row, 0, &name)?;
+    let decoded = decoder.decode_column(&row, 0, &name)?;
     match decoded.json {
         value @ (Value::Null | Value::String(_)) => Ok(value),
         Value::Number(number) if number.is_i64() || number.is_u64() => Ok(Value::Number(number)),
         other => Err(SourceError::Query {
             location: redaction.location.clone(),
             reason: format!(
-                "source.generation.query returned {other} ({type_name}): it must return text or an integer"
+                "source.generation.query returned {other} ({}): it must return text or an integer",
+                decoder.column_type(&row, 0)
             ),
         }),
     }

@@ -153,12 +153,13 @@ fn decode_value(row: &MySqlRow, index: usize, name: &str, type_name: &str) -> Re
     Ok(decoded)
 }
 
-impl MySqlSource {
-    /// One column of a row: its type's name and its value.
-    fn decode_column(&self, row: &MySqlRow, index: usize, name: &str) -> Result<(String, Decoded), SourceError> {
-        let type_name = row.columns()[index].type_info().name().to_string();
-        let value = decode_value(row, index, name, &type_name)?;
-        Ok((type_name, value))
+impl super::ColumnDecoder<MySqlRow> for MySqlSource {
+    fn decode_column(&self, row: &MySqlRow, index: usize, name: &str) -> Result<Decoded, SourceError> {
+        decode_value(row, index, name, row.columns()[index].type_info().name())
+    }
+
+    fn column_type(&self, row: &MySqlRow, index: usize) -> String {
+        row.columns()[index].type_info().name().to_string()
     }
 }
 

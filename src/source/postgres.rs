@@ -267,12 +267,13 @@ pub fn numeric_text(bytes: &[u8]) -> Option<String> {
     Some(text)
 }
 
-impl PostgresSource {
-    /// One column of a row: its type's name and its value.
-    fn decode_column(&self, row: &PgRow, index: usize, name: &str) -> Result<(String, Decoded), SourceError> {
-        let type_name = row.columns()[index].type_info().name().to_string();
-        let value = decode_value(row, index, name, &type_name)?;
-        Ok((type_name, value))
+impl super::ColumnDecoder<PgRow> for PostgresSource {
+    fn decode_column(&self, row: &PgRow, index: usize, name: &str) -> Result<Decoded, SourceError> {
+        decode_value(row, index, name, row.columns()[index].type_info().name())
+    }
+
+    fn column_type(&self, row: &PgRow, index: usize) -> String {
+        row.columns()[index].type_info().name().to_string()
     }
 }
 

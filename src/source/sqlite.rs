@@ -20,7 +20,7 @@ use sqlx::{Row, TypeInfo, ValueRef};
 use tokio::sync::OnceCell;
 
 use super::query::{CursorType, SeekPlan, SeekQuery, build_seek};
-use super::{Decoded, Role, SourceError, classify, role_of, warn_missing_index};
+use super::{ColumnDecoder, Decoded, SourceError, classify, warn_missing_index};
 use crate::config::redact::Redaction;
 use crate::config::{SourceConfig, SourceTarget};
 use crate::domain::CursorValue;
@@ -100,7 +100,7 @@ fn decode_value(
     index: usize,
     name: &str,
     type_name: &str,
-    role: Role,
+    is_cursor: bool,
 ) -> Result<Decoded, SourceError> {
     let failed = |error: sqlx::Error| SourceError::UnsupportedType {
         column: name.to_string(),
@@ -115,7 +115,7 @@ fn decode_value(
         }
         "TEXT" | "DATETIME" | "DATE" | "TIME" => {
             let text: String = row.try_get_unchecked(index).map_err(failed)?;
-            if role == Role::Cursor {
+            if is_cursor {
                 let Some(at) = parse_sqlite_timestamp(&text) else {
                     let why = format!(
                         "the text {text:?} is not a timestamp layout SQLite's date functions read \
@@ -124,8 +124,7 @@ fn decode_value(
                     );
                     return Ok(Decoded::not_a_position(Value::from(text), why));
                 };
-                let cursor = CursorValue::Timestamp { at, source_text: Some(text.clone()) };
-                return Ok(Decoded { json: cursor.to_json(), cursor: Some(cursor), key: None, invalid_cursor: None });
+                return Ok(Decoded::moment(CursorValue::Timestamp { at, source_text: Some(text) }));
             }
             Ok(Decoded::text(text))
         }
@@ -200,14 +199,30 @@ pub fn parse_sqlite_timestamp(text: &str) -> Option<DateTime<Utc>> {
     Some(naive.and_utc() - chrono::Duration::seconds(i64::from(offset_seconds)))
 }
 
-impl SqliteSource {
-    /// One column of a row: its type's name and its value.
-    fn decode_column(&self, row: &SqliteRow, index: usize, name: &str) -> Result<(String, Decoded), SourceError> {
-        // SQLite: each value has its own storage class, whatever the column declares.
+/// The storage class of a value (SQLite: each value has its own, whatever the column declares).
+fn storage_class(raw: &sqlx::sqlite::SqliteValueRef<'_>) -> std::borrow::Cow<'static, str> {
+    if raw.is_null() {
+        return "NULL".into();
+    }
+    let type_info = raw.type_info();
+    let name = type_info.name();
+    match ["INTEGER", "REAL", "TEXT", "BLOB", "NUMERIC", "BOOLEAN", "DATE", "TIME", "DATETIME", "INT", "BIGINT", "FLOAT", "DOUBLE"]
+        .into_iter()
+        .find(|known| known.eq_ignore_ascii_case(name))
+    {
+        Some(known) => known.into(),
+        None => name.to_ascii_uppercase().into(),
+    }
+}
+
+impl ColumnDecoder<SqliteRow> for SqliteSource {
+    fn decode_column(&self, row: &SqliteRow, index: usize, name: &str) -> Result<Decoded, SourceError> {
         let raw = row.try_get_raw(index).map_err(|error| SourceError::Position(format!("column {name:?}: {error}")))?;
-        let type_name = if raw.is_null() { "NULL".to_string() } else { raw.type_info().name().to_ascii_uppercase() };
-        let value = decode_value(row, index, name, &type_name, role_of(&self.config, name))?;
-        Ok((type_name, value))
+        decode_value(row, index, name, &storage_class(&raw), name == self.config.cursor)
+    }
+
+    fn column_type(&self, row: &SqliteRow, index: usize) -> String {
+        row.try_get_raw(index).map(|raw| storage_class(&raw).into_owned()).unwrap_or_else(|error| error.to_string())
     }
 }
 

@@ -58,7 +58,7 @@ fn generation_source(on_change: &str) -> Value {
 fn delivered(sink: &RecordingSink) -> Vec<(i64, Option<Value>)> {
     sink.batches()
         .iter()
-        .flat_map(|batch| batch.events.iter().map(|event| (event.pk["id"].as_i64().unwrap(), batch.generation.clone())))
+        .flat_map(|batch| batch.events.iter().map(|event| (event.pk()["id"].as_i64().unwrap(), batch.generation.clone())))
         .collect()
 }
 
@@ -177,7 +177,7 @@ async fn soft_deletes(engine: Engine) {
         let events: Vec<(i64, Op, Value)> = sink.batches()[0]
             .events
             .iter()
-            .map(|event| (event.pk["id"].as_i64().unwrap(), event.op, event.row[column].clone()))
+            .map(|event| (event.pk()["id"].as_i64().unwrap(), event.op, event.row()[column].clone()))
             .collect();
         for (id, op, value) in &events {
             let expected = if deleted.contains(id) { Op::Delete } else { Op::Upsert };
@@ -205,7 +205,7 @@ async fn outbox_operations(engine: Engine) {
     poller.tick().await.unwrap_or_else(|error| panic!("{engine:?}: {error}"));
     let ops: Vec<Op> = sink.batches()[0].events.iter().map(|event| event.op).collect();
     assert_eq!(ops, [Op::Insert, Op::Update, Op::Delete, Op::Upsert], "{engine:?}");
-    assert_eq!(sink.batches()[0].events[0].row["op"], "insert", "the op column is selected with `columns`");
+    assert_eq!(sink.batches()[0].events[0].row()["op"], "insert", "the op column is selected with `columns`");
     execute(&database.url, "INSERT INTO items VALUES (5, 5, 'merge');\n").await;
     let error = poller.tick().await.unwrap_err().to_string();
     assert!(error.contains("\"merge\"") && error.contains("id=5"), "{engine:?}: {error}");
@@ -244,7 +244,7 @@ async fn tombstones(engine: Engine) {
     let (poller, sink) = poller_with(config, Arc::new(MemoryStore::new()));
     poller.tick().await.unwrap_or_else(|error| panic!("{engine:?}: {error}"));
     let deleted: Vec<(i64, Op)> =
-        sink.batches()[0].events.iter().map(|event| (event.pk["id"].as_i64().unwrap(), event.op)).collect();
+        sink.batches()[0].events.iter().map(|event| (event.pk()["id"].as_i64().unwrap(), event.op)).collect();
     assert_eq!(deleted, [(1, Op::Delete), (3, Op::Delete)], "{engine:?}");
 }
 

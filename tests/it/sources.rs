@@ -162,7 +162,7 @@ async fn end_to_end(engine: Engine, kind: Kind) {
     let delivered: Vec<Value> = sink
         .batches()
         .iter()
-        .flat_map(|batch| batch.events.iter().map(|event| Value::Object(event.pk.clone())))
+        .flat_map(|batch| batch.events.iter().map(|event| Value::Object(event.pk())))
         .collect();
     // Expected: (cursor, pk) order. Cursor steps are n / 3; within a step, the key order.
     let mut expected: Vec<(i64, String, i64, Value)> = (1..=60)
@@ -186,7 +186,7 @@ async fn end_to_end(engine: Engine, kind: Kind) {
     assert_eq!(cursor.kind, expected_kind, "{engine:?} {kind:?}");
     // The row's values arrive typed.
     let first = &sink.batches()[0].events[0];
-    assert_eq!(first.row["note"], json!(format!("row {}", first.pk["id"])), "{engine:?} {kind:?}");
+    assert_eq!(first.row()["note"], json!(format!("row {}", first.pk()["id"])), "{engine:?} {kind:?}");
 
     // What `status` and `reset --to-end` ask of the source: the backlog after the checkpoint
     // (counted up to a cap, and its first row) and the last row.
@@ -205,7 +205,7 @@ async fn end_to_end(engine: Engine, kind: Kind) {
     let batches_before = sink.batches().len();
     assert!(matches!(poller.tick().await.unwrap(), TickOutcome::Delivered { rows: 6, .. }), "{engine:?} {kind:?}");
     let next = &sink.batches()[batches_before].events[0];
-    assert_eq!(Some(next.cursor.clone()), waiting.oldest.map(|oldest| oldest.to_json()), "{engine:?} {kind:?}");
+    assert_eq!(Some(next.cursor()), waiting.oldest.map(|oldest| oldest.to_json()), "{engine:?} {kind:?}");
     assert_eq!(Position::try_from(&CursorJson::from(&last)).unwrap(), last, "{engine:?} {kind:?}");
     let after_last = backlog(source, Some(&last), 1000).await.unwrap();
     assert_eq!(after_last.rows, 0, "{engine:?} {kind:?}: nothing after the last row");
@@ -274,7 +274,7 @@ fn items_poller(url: &str, source_extra: Value) -> (Poller, Arc<RecordingSink>, 
 }
 
 fn delivered_ids(sink: &RecordingSink) -> Vec<i64> {
-    sink.batches().iter().flat_map(|batch| batch.events.iter().map(|event| event.pk["id"].as_i64().unwrap())).collect()
+    sink.batches().iter().flat_map(|batch| batch.events.iter().map(|event| event.pk()["id"].as_i64().unwrap())).collect()
 }
 
 /// The classic keyset-polling loss, and what `settleSeconds` does about it. Transaction A takes
@@ -292,7 +292,7 @@ async fn late_commit(settle_seconds: u64) -> Vec<i64> {
     execute(&url, "INSERT INTO items VALUES (1, now() - interval '1 second', 'A commits late');\n").await;
     tokio::time::sleep(std::time::Duration::from_millis(settle_seconds * 1000 + 500)).await;
     poller.tick().await.unwrap();
-    sink.batches().iter().flat_map(|batch| batch.events.iter().map(|event| event.pk["id"].as_i64().unwrap())).collect()
+    sink.batches().iter().flat_map(|batch| batch.events.iter().map(|event| event.pk()["id"].as_i64().unwrap())).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -310,7 +310,7 @@ async fn first_row(url: &str, table_sql: &str, insert_sql: &str) -> Result<serde
     execute(url, insert_sql).await;
     let (poller, sink, _directory) = items_poller(url, json!({}));
     poller.tick().await.map_err(|error| error.to_string())?;
-    Ok(sink.batches()[0].events[0].row.clone())
+    Ok(sink.batches()[0].events[0].row())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -406,9 +406,9 @@ async fn a_query_source_with_columns_and_a_filter() {
     );
     poller.tick().await.unwrap();
     let events: Vec<_> = sink.batches().iter().flat_map(|batch| batch.events.clone()).collect();
-    let ids: Vec<i64> = events.iter().map(|event| event.pk["id"].as_i64().unwrap()).collect();
+    let ids: Vec<i64> = events.iter().map(|event| event.pk()["id"].as_i64().unwrap()).collect();
     assert_eq!(ids, (1..=40).filter(|id| id % 3 == 1).collect::<Vec<i64>>());
-    assert_eq!(Value::Object(events[0].row.clone()), json!({"note": "row 1", "c": 0, "id": 1}), "only the projection");
+    assert_eq!(Value::Object(events[0].row()), json!({"note": "row 1", "c": 0, "id": 1}), "only the projection");
 }
 
 async fn sqlite_items(rows: &[(i64, &str)]) -> Database {
@@ -515,7 +515,7 @@ async fn postgres_infinite_dates_are_delivered_as_strings_and_never_panic() {
     let outcome = poller.tick().await.unwrap();
     assert!(matches!(outcome, TickOutcome::Delivered { rows: 3, .. }), "{outcome:?}");
     let rows: Vec<serde_json::Map<String, Value>> =
-        sink.batches()[0].events.iter().map(|event| event.row.clone()).collect();
+        sink.batches()[0].events.iter().map(|event| event.row()).collect();
     assert_eq!(
         (&rows[0]["due"], &rows[0]["starts"], &rows[0]["ends"]),
         (&json!("infinity"), &json!("-infinity"), &json!("infinity"))

@@ -48,7 +48,7 @@ fn poller(fixture: &Fixture, sink: Arc<dyn Sink>, store: Arc<dyn StateStore>, ow
 }
 
 fn ids(sink: &RecordingSink) -> Vec<i64> {
-    sink.batches().iter().flat_map(|batch| batch.events.iter().map(|event| event.pk["id"].as_i64().unwrap())).collect()
+    sink.batches().iter().flat_map(|batch| batch.events.iter().map(|event| event.pk()["id"].as_i64().unwrap())).collect()
 }
 
 fn key() -> StateKey {
@@ -783,7 +783,7 @@ impl Sink for LoggingSink {
         batch: &dbtrigger::sink::Batch,
         deadline: tokio::time::Instant,
     ) -> Result<(), dbtrigger::sink::SinkError> {
-        let first = batch.events[0].pk["id"].clone();
+        let first = batch.events[0].pk()["id"].clone();
         self.log.lock().unwrap().push(format!("deliver from {first}"));
         self.inner.deliver(batch, deadline).await
     }
