@@ -42,7 +42,7 @@ use crate::domain::transitions::{self, Delivered, FingerprintCheck, GenerationCh
 use crate::domain::window::BatchWindow;
 use crate::domain::{DocumentError, Position, StateDocument};
 use crate::sink::{Batch, Sink, SinkError};
-use crate::source::{FetchLimit, Fetched, Source, SourceError};
+use crate::source::{FetchLimit, Fetched, Source, SourceError, SourceRow};
 use crate::store::quarantine::{self, QuarantineEntry};
 use crate::store::{BlobStore, StateKey, StateStore, StateWriter, StoreError, WriteFailure};
 
@@ -578,25 +578,32 @@ impl Poller {
     ) -> Result<TickOutcome, TickError> {
         let terms = self.config.lease;
         let limit = self.fetch_limit();
-        let event_ids = EventIds::new(&self.config.poller_name, &self.config.fingerprint);
+        let maker = Arc::new(BatchMaker {
+            ids: EventIds::new(&self.config.poller_name, &self.config.fingerprint),
+            poller: self.config.poller_name.clone(),
+            fingerprint: self.config.fingerprint.clone(),
+            fencing_token,
+            generation: generation.cloned(),
+        });
         let mut window: BatchWindow<Sent> = BatchWindow::new();
         let mut in_flight: JoinSet<(u64, Delivery)> = JoinSet::new();
-        // A prefetcher task reads the batches after the first one, in order, while batches are
-        // delivered and committed: one batch waits ready (the channel's capacity) and the next is
-        // being read, so the window refills without waiting for a query and a commit never holds
-        // up the reads, while memory holds what is in flight plus two batches, never more.
-        // Dropping the set at any return stops it.
+        // A prefetcher task reads the batches after the first one, in order, and prepares them
+        // (events encoded), while batches are delivered and committed, so the window refills
+        // without waiting for a query and a commit never holds up the reads. Memory holds what is
+        // in flight plus three batches at most: one ready here (a batch is taken from the channel
+        // only while no more than maxInFlight are sent or ready), one in the channel (its
+        // capacity), one being read. Dropping the set at any return stops it.
         let max_in_flight = self.config.batch.max_in_flight;
-        let (fetched_sender, mut fetched_receiver) = mpsc::channel::<Result<Fetched, SourceError>>(1);
+        let (fetched_sender, mut fetched_receiver) = mpsc::channel::<Result<Prepared, SourceError>>(1);
         let mut prefetcher = JoinSet::new();
         let mut source_done = true;
         if first.full
             && let Some(last) = first.rows.last()
         {
-            prefetcher.spawn(prefetch(self.source.clone(), last.position.clone(), limit, fetched_sender));
+            prefetcher.spawn(prefetch(self.source.clone(), last.position.clone(), limit, maker.clone(), fetched_sender));
             source_done = false;
         }
-        let mut ready: VecDeque<Fetched> = VecDeque::from([first]);
+        let mut ready: VecDeque<Prepared> = VecDeque::from([maker.prepare(first.rows)]);
         let mut fetch_error: Option<SourceError> = None;
         let mut budget_exhausted = false;
         // Acknowledged, contiguous batches not committed yet.
@@ -618,7 +625,7 @@ impl Poller {
             // run while the commit of the ones acknowledged is written, so a commit never holds up
             // a delivery (even at maxInFlight 1, where the receiver still sees batches in order).
             // Commits stay in order, one at a time; a lost lease aborts whatever is in flight.
-            self.send_ready(&mut ready, &mut window, &mut in_flight, &event_ids, fencing_token, generation, deadline);
+            self.send_ready(&mut ready, &mut window, &mut in_flight, deadline);
             // Commit what is acknowledged. When every batch is acknowledged but a fetch is still
             // running, the commit waits for it (or for the heartbeat, which it then replaces):
             // only then is it known whether this commit is the last one, which releases the
@@ -650,22 +657,14 @@ impl Poller {
                                         other => parked.push(other),
                                     }
                                 }
-                                received = fetched_receiver.recv(), if !source_done && fetch_error.is_none() && ready.len() < max_in_flight => {
+                                received = fetched_receiver.recv(), if !source_done && fetch_error.is_none() && ready.len() + in_flight.len() <= max_in_flight => {
                                     self.on_fetched(received, &mut ready, &mut fetch_error, &mut source_done, &mut prefetcher).await;
                                 }
                             }
                             if parked.is_empty()
                                 && lease::holder_may_act(&lease_before, &self.owner_id, self.clock.now(), &terms)
                             {
-                                self.send_ready(
-                                    &mut ready,
-                                    &mut window,
-                                    &mut in_flight,
-                                    &event_ids,
-                                    fencing_token,
-                                    generation,
-                                    deadline,
-                                );
+                                self.send_ready(&mut ready, &mut window, &mut in_flight, deadline);
                             }
                         }
                     };
@@ -762,7 +761,7 @@ impl Poller {
                         return Ok(ended);
                     }
                 }
-                received = fetched_receiver.recv(), if !source_done && fetch_error.is_none() && ready.len() < max_in_flight => {
+                received = fetched_receiver.recv(), if !source_done && fetch_error.is_none() && ready.len() + in_flight.len() <= max_in_flight => {
                     self.on_fetched(received, &mut ready, &mut fetch_error, &mut source_done, &mut prefetcher).await;
                 }
                 _ = tokio::time::sleep(wait) => heartbeat_due = true,
@@ -784,34 +783,22 @@ impl Poller {
     }
 
     /// Sends what has been fetched while the window has room and the budget lasts.
-    #[allow(clippy::too_many_arguments)]
     fn send_ready(
         &self,
-        ready: &mut VecDeque<Fetched>,
+        ready: &mut VecDeque<Prepared>,
         window: &mut BatchWindow<Sent>,
         in_flight: &mut JoinSet<(u64, Delivery)>,
-        event_ids: &EventIds,
-        fencing_token: u64,
-        generation: Option<&serde_json::Value>,
         deadline: DateTime<Utc>,
     ) {
         let max_in_flight = self.config.batch.max_in_flight;
         while in_flight.len() < max_in_flight && self.clock.now() < deadline {
-            let Some(fetched) = ready.pop_front() else {
+            let Some(Prepared { batch, positions }) = ready.pop_front() else {
                 break;
             };
-            let rows = fetched.rows;
-            let first_position = rows.first().expect("a batch is never empty").position.clone();
-            let last = rows.last().expect("a batch is never empty").position.clone();
-            let id = batch_id(&self.config.poller_name, &self.config.fingerprint, &first_position, &last, rows.len());
-            // The rows' values move into the events; their positions are kept for isolation.
-            let (mut batch, positions) =
-                Batch::from_rows(event_ids, &self.config.poller_name, id.clone(), fencing_token, rows);
-            batch.generation = generation.cloned();
             let sequence = window.open(Sent {
-                batch_id: id,
-                first: first_position,
-                last: last.clone(),
+                batch_id: batch.batch_id.clone(),
+                first: positions.first().expect("a batch is never empty").clone(),
+                last: positions.last().expect("a batch is never empty").clone(),
                 positions,
                 rows: batch.events.len(),
                 quarantined: 0,
@@ -831,8 +818,8 @@ impl Poller {
     /// so that the tick never calls itself caught up after it).
     async fn on_fetched(
         &self,
-        received: Option<Result<Fetched, SourceError>>,
-        ready: &mut VecDeque<Fetched>,
+        received: Option<Result<Prepared, SourceError>>,
+        ready: &mut VecDeque<Prepared>,
         fetch_error: &mut Option<SourceError>,
         source_done: &mut bool,
         prefetcher: &mut JoinSet<()>,
@@ -1322,11 +1309,43 @@ impl Poller {
 /// Reads batch after batch from `from` on, in order, into `batches`, until a fetch stops short of
 /// its limits (the end of the source for now), fails (the error is sent, then it stops), or the
 /// receiver is gone. The channel's capacity bounds how far it reads ahead.
+/// What makes the batches of one tick: the same poller, fingerprint, token and generation for
+/// every one of them.
+struct BatchMaker {
+    ids: EventIds,
+    poller: String,
+    fingerprint: String,
+    fencing_token: u64,
+    generation: Option<serde_json::Value>,
+}
+
+/// A fetched batch ready to send: its events encoded, its rows' positions kept for the window
+/// and for isolation.
+struct Prepared {
+    batch: Batch,
+    positions: Vec<Position>,
+}
+
+impl BatchMaker {
+    /// The batch of `rows` (never empty): the rows' values move into its events.
+    fn prepare(&self, rows: Vec<SourceRow>) -> Prepared {
+        let first = &rows.first().expect("a batch is never empty").position;
+        let last = &rows.last().expect("a batch is never empty").position;
+        let id = batch_id(&self.poller, &self.fingerprint, first, last, rows.len());
+        let (mut batch, positions) = Batch::from_rows(&self.ids, &self.poller, id, self.fencing_token, rows);
+        batch.generation = self.generation.clone();
+        Prepared { batch, positions }
+    }
+}
+
+/// Reads the batches after `from` in order and prepares each one (its events encoded) before
+/// handing it over, so that this work runs beside the deliveries instead of between them.
 async fn prefetch(
     source: Arc<dyn Source>,
     mut from: Position,
     limit: FetchLimit,
-    batches: mpsc::Sender<Result<Fetched, SourceError>>,
+    maker: Arc<BatchMaker>,
+    batches: mpsc::Sender<Result<Prepared, SourceError>>,
 ) {
     loop {
         let fetched = source.fetch_after(Some(&from), limit).await;
@@ -1334,8 +1353,14 @@ async fn prefetch(
             Ok(batch) if batch.full => batch.rows.last().map(|row| row.position.clone()),
             _ => None,
         };
-        let empty = matches!(&fetched, Ok(batch) if batch.rows.is_empty());
-        if !empty && batches.send(fetched).await.is_err() {
+        let prepared = match fetched {
+            Ok(batch) if batch.rows.is_empty() => None,
+            Ok(batch) => Some(Ok(maker.prepare(batch.rows))),
+            Err(error) => Some(Err(error)),
+        };
+        if let Some(prepared) = prepared
+            && batches.send(prepared).await.is_err()
+        {
             return;
         }
         match next_from {

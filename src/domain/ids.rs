@@ -56,9 +56,13 @@ impl EventIds {
         hasher.update((key.len() as u64).to_be_bytes());
         hasher.update(key);
         let digest = hasher.finalize();
+        const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut id = String::with_capacity(36);
         id.push_str("evt_");
-        id.push_str(&hex::encode(&digest[..16]));
+        for byte in &digest[..16] {
+            id.push(char::from(HEX[usize::from(byte >> 4)]));
+            id.push(char::from(HEX[usize::from(byte & 0x0f)]));
+        }
         id
     }
 

@@ -25,6 +25,11 @@ use crate::config::redact::Redaction;
 use crate::config::{SourceConfig, SourceTarget};
 use crate::domain::CursorValue;
 
+/// Rows the driver's worker thread may read ahead of the tick (sqlx's default is 50). Each row
+/// crosses from that thread to the runtime through a channel; with room for a whole batch the
+/// worker runs without waiting on the tick, and the two wake each other far less often.
+const ROW_BUFFER: usize = 1024;
+
 pub struct SqliteSource {
     pool: SqlitePool,
     config: SourceConfig,
@@ -42,7 +47,8 @@ impl SqliteSource {
                 reason: redaction.scrub(&error.to_string()),
             })?
             .create_if_missing(false)
-            .busy_timeout(Duration::from_secs(5));
+            .busy_timeout(Duration::from_secs(5))
+            .row_buffer_size(ROW_BUFFER);
         let pool = SqlitePoolOptions::new()
             .max_connections(2)
             .acquire_timeout(Duration::from_secs(10))
