@@ -441,6 +441,27 @@ async fn a_sqlite_cursor_sqlite_cannot_read_as_time_fails_the_tick_naming_the_ro
     assert_eq!(delivered_ids(&sink), vec![1, 2, 3]);
 }
 
+/// A row is a JSON object: a query returning two columns of one name would lose one of them (a
+/// map keeps one value per key), so the tick refuses it, naming the column, and delivers nothing.
+/// (PostgreSQL keeps both names in a subquery; SQLite renames the second `note:1`, MariaDB refuses
+/// the query itself.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_with_two_columns_of_one_name_is_refused_naming_it() {
+    let url = postgres().fresh_database().await;
+    execute(
+        &url,
+        "CREATE TABLE items (id BIGINT PRIMARY KEY, c BIGINT NOT NULL, note TEXT);\n\
+         INSERT INTO items VALUES (1, 1, 'row 1');\n",
+    )
+    .await;
+    let (poller, sink, _directory) =
+        items_poller(&url, json!({"table": null, "query": "SELECT id, c, note, note FROM items"}));
+    let message = poller.tick().await.unwrap_err().to_string();
+    assert!(message.contains("two columns named \"note\""), "{message}");
+    assert!(delivered_ids(&sink).is_empty());
+    assert!(poller.tick().await.is_err(), "refused on every tick, never half delivered");
+}
+
 /// The layouts the SQLite source accepts as cursors are exactly those SQLite's own `julianday()`
 /// reads (which the settle predicate uses), checked against the real engine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
