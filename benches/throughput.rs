@@ -163,7 +163,7 @@ impl RawPool {
             // The driver's row channel as large as dbtrigger's sources set it.
             Engine::Sqlite => RawPool::Sqlite(
                 sqlx::SqlitePool::connect_with(
-                    url.parse::<sqlx::sqlite::SqliteConnectOptions>().unwrap().row_buffer_size(1024),
+                    url.parse::<sqlx::sqlite::SqliteConnectOptions>().unwrap().row_buffer_size(256),
                 )
                 .await
                 .unwrap(),

@@ -265,9 +265,44 @@ pub(crate) fn role_of(config: &SourceConfig, column: &str) -> Role {
     }
 }
 
+/// A value as JSON: text borrowed from the row (written straight into the row's JSON, never
+/// copied into a value of its own), or any other value.
+pub(crate) enum Json<'r> {
+    Text(&'r str),
+    Value(Value),
+}
+
+impl Json<'_> {
+    fn is_null(&self) -> bool {
+        matches!(self, Json::Value(Value::Null))
+    }
+
+    fn write(&self, out: &mut Vec<u8>) {
+        match self {
+            Json::Text(text) => serde_json::to_writer(out, text),
+            Json::Value(value) => serde_json::to_writer(out, value),
+        }
+        .expect("writing to memory cannot fail")
+    }
+
+    fn to_value(&self) -> Value {
+        match self {
+            Json::Text(text) => Value::from(*text),
+            Json::Value(value) => value.clone(),
+        }
+    }
+
+    fn into_value(self) -> Value {
+        match self {
+            Json::Text(text) => Value::from(text),
+            Json::Value(value) => value,
+        }
+    }
+}
+
 /// A decoded value, and what it means as a cursor or key if the column is one.
-pub(crate) struct Decoded {
-    pub json: Value,
+pub(crate) struct Decoded<'r> {
+    pub json: Json<'r>,
     pub cursor: Option<CursorValue>,
     /// The value can be a primary key: an integer or text (its [`PkValue`] is made only for
     /// key columns).
@@ -277,14 +312,14 @@ pub(crate) struct Decoded {
     pub invalid_cursor: Option<String>,
 }
 
-impl Decoded {
+impl<'r> Decoded<'r> {
     pub fn plain(json: Value) -> Self {
-        Decoded { json, cursor: None, keyable: false, invalid_cursor: None }
+        Decoded { json: Json::Value(json), cursor: None, keyable: false, invalid_cursor: None }
     }
 
     pub fn integer(number: i64) -> Self {
         Decoded {
-            json: Value::from(number),
+            json: Json::Value(Value::from(number)),
             cursor: Some(CursorValue::Integer(number)),
             keyable: true,
             invalid_cursor: None,
@@ -296,12 +331,17 @@ impl Decoded {
     }
 
     pub fn text(text: String) -> Self {
-        Decoded { json: Value::String(text), cursor: None, keyable: true, invalid_cursor: None }
+        Decoded { json: Json::Value(Value::String(text)), cursor: None, keyable: true, invalid_cursor: None }
+    }
+
+    /// Text borrowed from the row.
+    pub fn borrowed_text(text: &'r str) -> Self {
+        Decoded { json: Json::Text(text), cursor: None, keyable: true, invalid_cursor: None }
     }
 
     /// A point in time, delivered as the cursor's JSON form.
     pub fn moment(cursor: CursorValue) -> Self {
-        Decoded { json: cursor.to_json(), cursor: Some(cursor), keyable: false, invalid_cursor: None }
+        Decoded { json: Json::Value(cursor.to_json()), cursor: Some(cursor), keyable: false, invalid_cursor: None }
     }
 
     pub fn timestamp(at: DateTime<Utc>) -> Self {
@@ -314,7 +354,7 @@ impl Decoded {
 
     /// A value delivered as it is but unusable as a cursor position.
     pub fn not_a_position(json: Value, why: String) -> Self {
-        Decoded { json, cursor: None, keyable: false, invalid_cursor: Some(why) }
+        Decoded { json: Json::Value(json), cursor: None, keyable: false, invalid_cursor: Some(why) }
     }
 
     /// The value as a primary key, when it can be one.
@@ -323,9 +363,10 @@ impl Decoded {
             return None;
         }
         match &self.json {
-            Value::Number(number) => number.as_i64().map(PkValue::Integer),
-            Value::String(text) => Some(PkValue::Text(text.clone())),
-            _ => None,
+            Json::Text(text) => Some(PkValue::Text(text.to_string())),
+            Json::Value(Value::Number(number)) => number.as_i64().map(PkValue::Integer),
+            Json::Value(Value::String(text)) => Some(PkValue::Text(text.clone())),
+            Json::Value(_) => None,
         }
     }
 }
@@ -333,7 +374,7 @@ impl Decoded {
 /// How an engine reads the values of its rows.
 pub(crate) trait ColumnDecoder<R> {
     /// One value of a row: its JSON, and what it means as a cursor or key.
-    fn decode_column(&self, row: &R, index: usize, name: &str) -> Result<Decoded, SourceError>;
+    fn decode_column<'r>(&self, row: &'r R, index: usize, name: &str) -> Result<Decoded<'r>, SourceError>;
 
     /// The type of one value of a row, for messages.
     fn column_type(&self, row: &R, index: usize) -> String;
@@ -421,7 +462,7 @@ impl<'a> RowBuilder<'a> {
     }
 
     /// The value of column `index`; `type_name` names its type, for messages.
-    pub fn push(&mut self, index: usize, decoded: Decoded, type_name: impl FnOnce() -> String) {
+    pub fn push(&mut self, index: usize, decoded: Decoded<'_>, type_name: impl FnOnce() -> String) {
         let column = &self.layout.columns[index];
         let name = &column.name;
         match column.role {
@@ -446,17 +487,17 @@ impl<'a> RowBuilder<'a> {
                 Some(key) => self.keys[index] = Some(key),
                 None => self.fail(SourceError::Position(format!(
                     "primary key column {name:?} holds {} ({}): keys must be integers or text, never NULL",
-                    decoded.json,
+                    decoded.json.to_value(),
                     type_name()
                 ))),
             },
             Role::Plain => {}
         }
-        if column.op {
-            self.op = Some(op_of(&self.config.ops, Some(&decoded.json)));
-        }
         self.json.extend_from_slice(&column.key);
-        serde_json::to_writer(&mut self.json, &decoded.json).expect("writing to memory cannot fail");
+        decoded.json.write(&mut self.json);
+        if column.op {
+            self.op = Some(op_of(&self.config.ops, Some(&decoded.json.into_value())));
+        }
     }
 
     /// The row's primary key as far as it was read, for messages: `id=7, tenant=?`.
@@ -627,7 +668,7 @@ where
     }
     let name = sqlx::Column::name(&columns[0]).to_string();
     let decoded = decoder.decode_column(&row, 0, &name)?;
-    match decoded.json {
+    match decoded.json.into_value() {
         value @ (Value::Null | Value::String(_)) => Ok(value),
         Value::Number(number) if number.is_i64() || number.is_u64() => Ok(Value::Number(number)),
         other => Err(SourceError::Query {

@@ -100,7 +100,7 @@ impl MySqlSource {
     }
 }
 
-fn decode_value(row: &MySqlRow, index: usize, name: &str, type_name: &str) -> Result<Decoded, SourceError> {
+fn decode_value<'r>(row: &'r MySqlRow, index: usize, name: &str, type_name: &str) -> Result<Decoded<'r>, SourceError> {
     let raw = row.try_get_raw(index).map_err(|error| SourceError::Position(format!("column {name:?}: {error}")))?;
     if raw.is_null() {
         return Ok(Decoded::plain(Value::Null));
@@ -129,7 +129,7 @@ fn decode_value(row: &MySqlRow, index: usize, name: &str, type_name: &str) -> Re
             row.try_get_unchecked::<sqlx::types::BigDecimal, _>(index).map_err(failed)?.to_string(),
         )),
         "CHAR" | "VARCHAR" | "TEXT" | "TINYTEXT" | "MEDIUMTEXT" | "LONGTEXT" | "ENUM" | "SET" => {
-            Decoded::text(row.try_get_unchecked::<String, _>(index).map_err(failed)?)
+            Decoded::borrowed_text(row.try_get_unchecked::<&str, _>(index).map_err(failed)?)
         }
         "JSON" => Decoded::plain(row.try_get_unchecked::<Value, _>(index).map_err(failed)?),
         "BINARY" | "VARBINARY" | "TINYBLOB" | "BLOB" | "MEDIUMBLOB" | "LONGBLOB" | "BIT" => {
@@ -154,7 +154,7 @@ fn decode_value(row: &MySqlRow, index: usize, name: &str, type_name: &str) -> Re
 }
 
 impl super::ColumnDecoder<MySqlRow> for MySqlSource {
-    fn decode_column(&self, row: &MySqlRow, index: usize, name: &str) -> Result<Decoded, SourceError> {
+    fn decode_column<'r>(&self, row: &'r MySqlRow, index: usize, name: &str) -> Result<Decoded<'r>, SourceError> {
         decode_value(row, index, name, row.columns()[index].type_info().name())
     }
 

@@ -108,7 +108,7 @@ impl PostgresSource {
     }
 }
 
-fn decode_value(row: &PgRow, index: usize, name: &str, type_name: &str) -> Result<Decoded, SourceError> {
+fn decode_value<'r>(row: &'r PgRow, index: usize, name: &str, type_name: &str) -> Result<Decoded<'r>, SourceError> {
     let raw = row.try_get_raw(index).map_err(|error| SourceError::Position(format!("column {name:?}: {error}")))?;
     if raw.is_null() {
         return Ok(Decoded::plain(Value::Null));
@@ -134,7 +134,7 @@ fn decode_value(row: &PgRow, index: usize, name: &str, type_name: &str) -> Resul
             Decoded::plain(Value::from(text))
         }
         "TEXT" | "VARCHAR" | "BPCHAR" | "NAME" | "CHAR" | "CITEXT" => {
-            Decoded::text(row.try_get_unchecked::<String, _>(index).map_err(failed)?)
+            Decoded::borrowed_text(row.try_get_unchecked::<&str, _>(index).map_err(failed)?)
         }
         "UUID" => Decoded::text(row.try_get::<sqlx::types::Uuid, _>(index).map_err(failed)?.to_string()),
         "JSON" | "JSONB" => Decoded::plain(row.try_get::<Value, _>(index).map_err(failed)?),
@@ -268,7 +268,7 @@ pub fn numeric_text(bytes: &[u8]) -> Option<String> {
 }
 
 impl super::ColumnDecoder<PgRow> for PostgresSource {
-    fn decode_column(&self, row: &PgRow, index: usize, name: &str) -> Result<Decoded, SourceError> {
+    fn decode_column<'r>(&self, row: &'r PgRow, index: usize, name: &str) -> Result<Decoded<'r>, SourceError> {
         decode_value(row, index, name, row.columns()[index].type_info().name())
     }
 

@@ -105,9 +105,9 @@ async fn a_catch_up_of_wide_rows_keeps_memory_near_what_is_in_flight() {
     let in_flight_mb = MAX_IN_FLIGHT * BATCH * ROW_BYTES / 1_000_000;
     let peak_mb = peak_kb / 1024;
     println!("memory: {table_mb} MB table, {in_flight_mb} MB in flight, peak RSS {peak_mb} MB");
-    // Loosely: twice what is in flight (rows as values, plus their request bodies), and a fixed
-    // margin for the process itself and the batches read ahead (one ready, one being read); far
-    // below the table, which a buffering regression would hold.
+    // Loosely: twice what is in flight (the events, plus their request bodies), and a fixed margin
+    // for the process itself and the batches read ahead (at most three: one ready, one handed
+    // over, one being read); far below the table, which a buffering regression would hold.
     let bound_mb = 2 * in_flight_mb + MARGIN_MB;
     assert!(peak_mb < bound_mb, "peak RSS {peak_mb} MB, bound {bound_mb} MB (table {table_mb} MB)");
 }
