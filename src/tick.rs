@@ -609,6 +609,11 @@ impl Poller {
         // Acknowledged, contiguous batches not committed yet.
         let mut pending: Vec<Sent> = Vec::new();
         let mut heartbeat_due = false;
+        // Commits are spaced by the commit interval (from the tick's start, where the lease was
+        // written): acknowledgements pile up meanwhile and one commit covers them all.
+        let commit_interval = chrono::Duration::from_std(self.config.batch.commit_interval).unwrap_or_default();
+        let mut last_commit_at = self.clock.now();
+        let mut commit_due = commit_interval.is_zero();
         let mut totals = Totals::default();
         // After a failed heartbeat, the next attempt waits a little instead of following at once.
         let mut heartbeat_retry_at: Option<DateTime<Utc>> = None;
@@ -634,8 +639,9 @@ impl Poller {
                 let drained = in_flight.is_empty() && window.is_empty();
                 let nothing_more = (ready.is_empty() && source_done) || fetch_error.is_some();
                 let more_is_known = !ready.is_empty() || source_done || fetch_error.is_some();
-                if !drained || more_is_known || heartbeat_due {
-                    let release = drained && nothing_more;
+                let release = drained && nothing_more;
+                let interval_over = commit_due || self.clock.now() - last_commit_at >= commit_interval;
+                if release || heartbeat_due || ((!drained || more_is_known) && interval_over) {
                     // While the commit is written, deliveries go on: finished ones are taken
                     // (acknowledged ones wait for the next commit, which then covers them all),
                     // the window refills, fetches are received. A failed delivery waits for the
@@ -694,6 +700,8 @@ impl Poller {
                     totals.add(&committing);
                     heartbeat_due = false;
                     heartbeat_retry_at = None;
+                    last_commit_at = self.clock.now();
+                    commit_due = commit_interval.is_zero();
                     if !parked.is_empty()
                         && let Some(ended) = self
                             .on_finished(
@@ -747,6 +755,9 @@ impl Poller {
             }
             let due = lease::next_heartbeat_due(&current, &terms).unwrap_or(now);
             let wait = (heartbeat_retry_at.unwrap_or(due) - now).to_std().unwrap_or(Duration::ZERO);
+            // Acknowledged batches wait for the commit interval to pass (unless something else
+            // comes first and decides for them).
+            let commit_wait = (last_commit_at + commit_interval - now).to_std().unwrap_or(Duration::ZERO);
             tokio::select! {
                 joined = in_flight.join_next(), if !in_flight.is_empty() => {
                     // Take every delivery that has finished by now, so that one commit covers them all.
@@ -765,6 +776,7 @@ impl Poller {
                     self.on_fetched(received, &mut ready, &mut fetch_error, &mut source_done, &mut prefetcher).await;
                 }
                 _ = tokio::time::sleep(wait) => heartbeat_due = true,
+                _ = tokio::time::sleep(commit_wait), if !pending.is_empty() && !commit_due => commit_due = true,
             }
         }
 
@@ -1213,7 +1225,14 @@ impl Poller {
         let written = writer.write(&mut next).await;
         // The batches were acknowledged, so the document may keep their checkpoint even if the
         // write failed: the release that follows writes it (or finds this write landed after all).
-        *document = next;
+        // A failed release keeps the lease held in memory, or there would be no release to follow.
+        *document = match (&written, release) {
+            (Err(WriteFailure::Store(_)), true) => {
+                transitions::commit(document, &self.owner_id, &delivered, false, self.clock.now(), &self.config.lease)
+                    .unwrap_or(next)
+            }
+            _ => next,
+        };
         match written {
             Ok(()) => {
                 for sent in ready {
@@ -1306,9 +1325,6 @@ impl Poller {
     }
 }
 
-/// Reads batch after batch from `from` on, in order, into `batches`, until a fetch stops short of
-/// its limits (the end of the source for now), fails (the error is sent, then it stops), or the
-/// receiver is gone. The channel's capacity bounds how far it reads ahead.
 /// What makes the batches of one tick: the same poller, fingerprint, token and generation for
 /// every one of them.
 struct BatchMaker {
@@ -1338,8 +1354,11 @@ impl BatchMaker {
     }
 }
 
-/// Reads the batches after `from` in order and prepares each one (its events encoded) before
-/// handing it over, so that this work runs beside the deliveries instead of between them.
+/// Reads batch after batch from `from` on, in order, into `batches`, until a fetch stops short of
+/// its limits (the end of the source for now), fails (the error is sent, then it stops), or the
+/// receiver is gone. The channel's capacity bounds how far it reads ahead. Each batch is prepared
+/// (its events encoded) before it is handed over, so that this work runs beside the deliveries
+/// instead of between them.
 async fn prefetch(
     source: Arc<dyn Source>,
     mut from: Position,

@@ -16,6 +16,9 @@ pub struct BatchConfig {
     pub max_bytes: usize,
     pub max_in_flight: usize,
     pub tick_budget: Duration,
+    /// The checkpoint is written at most this often while a tick delivers (0: as soon as a batch
+    /// is acknowledged and no other commit is being written).
+    pub commit_interval: Duration,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -47,6 +50,13 @@ pub(super) fn build_batch(
         defaults::TICK_BUDGET_SECONDS,
         1..=limits::SECONDS,
     )?);
+    let commit_interval = Duration::from_millis(in_range(
+        at,
+        "poller.batch.commitIntervalMs",
+        raw.commit_interval_ms,
+        defaults::COMMIT_INTERVAL_MS,
+        0..=60_000,
+    )?);
     if let Some(timeout) = function_timeout {
         let margin = Duration::from_secs(defaults::TIMEOUT_MARGIN_SECONDS);
         if tick_budget.saturating_add(margin) > timeout {
@@ -61,7 +71,7 @@ pub(super) fn build_batch(
             ));
         }
     }
-    let batch = BatchConfig { size, max_bytes, max_in_flight, tick_budget };
+    let batch = BatchConfig { size, max_bytes, max_in_flight, tick_budget, commit_interval };
     Ok(batch)
 }
 

@@ -62,6 +62,7 @@ pub(super) struct RawBatch {
     pub(super) max_bytes: Option<usize>,
     pub(super) max_in_flight: Option<usize>,
     pub(super) tick_budget_seconds: Option<u64>,
+    pub(super) commit_interval_ms: Option<u64>,
 }
 
 #[derive(Deserialize)]

@@ -267,6 +267,10 @@ pub mod defaults {
     /// order for throughput against slow receivers.
     pub const MAX_IN_FLIGHT: usize = 1;
     pub const TICK_BUDGET_SECONDS: u64 = 240;
+    /// While a tick delivers, the checkpoint is written at most this often (and always when the
+    /// tick ends): a catch-up costs a few writes a second, not one per batch, and what a crash
+    /// sends again is at most this much of acknowledged deliveries.
+    pub const COMMIT_INTERVAL_MS: u64 = 1000;
     pub const WEBHOOK_TIMEOUT_SECONDS: u64 = 30;
     pub const WEBHOOK_MAX_RETRIES: u32 = 3;
     /// Timestamp cursors hold back rows younger than this, so that a transaction that commits late

@@ -289,6 +289,7 @@ fn absurd_numbers_are_refused_with_their_field_not_a_panic() {
         ("batch", "size", huge.clone()),
         ("batch", "maxBytes", huge.clone()),
         ("batch", "maxInFlight", huge.clone()),
+        ("batch", "commitIntervalMs", huge.clone()),
         ("source", "settleSeconds", huge.clone()),
         ("source", "queryTimeoutSeconds", huge.clone()),
         ("sink", "timeoutSeconds", huge.clone()),

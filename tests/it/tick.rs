@@ -25,6 +25,13 @@ struct Fixture {
     config: PollerConfig,
 }
 
+/// A poller that writes its checkpoint as soon as a batch is acknowledged (`commitIntervalMs: 0`),
+/// for the tests of how commits and deliveries interleave batch by batch.
+fn per_batch_commits(mut poller: Value) -> Value {
+    poller["batch"]["commitIntervalMs"] = json!(0);
+    poller
+}
+
 async fn fixture(rows: i64, poller: Value) -> Fixture {
     let directory = tempfile::tempdir().unwrap();
     let orders = Orders::create(directory.path()).await;
@@ -77,7 +84,7 @@ async fn an_empty_tick_reads_once_and_writes_nothing() {
 
 #[tokio::test]
 async fn a_tick_delivering_k_batches_costs_one_read_and_k_plus_one_writes() {
-    let fixture = fixture(1000, AppRoot::orders_poller(100)).await;
+    let fixture = fixture(1000, per_batch_commits(AppRoot::orders_poller(100))).await;
     let store = Arc::new(MemoryStore::new());
     let sink = Arc::new(RecordingSink::new());
     let poller = poller(&fixture, sink.clone(), store.clone(), "a");
@@ -569,7 +576,7 @@ async fn heartbeats_keep_the_lease_while_a_slow_fetch_runs() {
 /// every other instance waited ttl + skew. The lease is released on every way out of a tick.
 #[tokio::test]
 async fn a_failed_commit_releases_the_lease() {
-    let fixture = fixture(250, AppRoot::orders_poller(100)).await;
+    let fixture = fixture(250, per_batch_commits(AppRoot::orders_poller(100))).await;
     // Write 1 takes the lease; write 2, the first commit, fails without landing.
     let store = Arc::new(FaultyStore::over(Arc::new(MemoryStore::new()), |number, _| {
         if number == 2 {
@@ -798,7 +805,7 @@ impl Sink for LoggingSink {
 /// batch k is being written, and the blob budget stays 1 GET and k + 1 PUTs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_does_not_hold_up_the_next_delivery() {
-    let fixture = fixture(30, AppRoot::orders_poller(10)).await;
+    let fixture = fixture(30, per_batch_commits(AppRoot::orders_poller(10))).await;
     let log = Arc::new(std::sync::Mutex::new(Vec::new()));
     let memory = Arc::new(MemoryStore::new());
     let store = Arc::new(SlowWrites { inner: memory.clone(), delay: Duration::from_millis(150), log: log.clone() });
@@ -825,4 +832,49 @@ async fn a_commit_does_not_hold_up_the_next_delivery() {
     let (reads, writes) = memory.request_counts();
     assert_eq!(reads, 1, "1 GET");
     assert!((2..=4).contains(&writes), "at most k + 1 PUTs: {log:?}");
+}
+
+/// Issue 15: with the default commit interval (1 s), a catch-up faster than that writes its
+/// checkpoint once, at its end: 1 GET and 2 PUTs for 10 batches, the lease given back.
+#[tokio::test]
+async fn a_fast_catch_up_writes_its_checkpoint_once_at_the_end() {
+    let fixture = fixture(1000, AppRoot::orders_poller(100)).await;
+    let store = Arc::new(MemoryStore::new());
+    let sink = Arc::new(RecordingSink::new());
+    let outcome = poller(&fixture, sink.clone(), store.clone(), "a").tick().await.unwrap();
+    assert!(
+        matches!(outcome, TickOutcome::Delivered { rows: 1000, batches: 10, stop: StopReason::CaughtUp, .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(store.request_counts(), (1, 2), "1 GET, the lease, one commit that gives it back");
+    assert_eq!(ids(&sink), (1..=1000).collect::<Vec<i64>>());
+    let document = StateDocument::parse(&store.raw(&key()).unwrap()).unwrap();
+    assert_eq!(document.stats.rows_delivered, 1000);
+    assert_eq!(document.lease.unwrap().owner_id, None);
+}
+
+/// A catch-up slower than the commit interval writes its checkpoint as it goes, about once per
+/// interval and never once per batch, in order: what a crash sends again stays within an interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_catch_up_commits_about_once_per_interval() {
+    let mut settings = AppRoot::orders_poller(10);
+    settings["batch"]["commitIntervalMs"] = json!(300);
+    // 12 batches of 100 ms each: 1.2 s of deliveries.
+    let fixture = fixture(120, settings).await;
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let memory = Arc::new(MemoryStore::new());
+    let store = Arc::new(SlowWrites { inner: memory.clone(), delay: Duration::ZERO, log: log.clone() });
+    let recording = Arc::new(RecordingSink::new());
+    let outcome =
+        poller(&fixture, slow_sink(&recording, Duration::from_millis(100)), store, "a").tick().await.unwrap();
+    assert!(matches!(outcome, TickOutcome::Delivered { rows: 120, batches: 12, .. }), "{outcome:?}");
+    assert_eq!(ids(&recording), (1..=120).collect::<Vec<i64>>());
+    let log = log.lock().unwrap().clone();
+    let written: Vec<i64> =
+        log.iter().filter_map(|line| line.strip_prefix("written ").and_then(|id| id.parse().ok())).collect();
+    // About four commits (at 0.3, 0.6, 0.9 s and the end); at least one before the end, far fewer
+    // than one per batch.
+    assert!((2..=7).contains(&written.len()), "{log:?}");
+    assert!(written.windows(2).all(|pair| pair[0] < pair[1]) && written.last() == Some(&120), "{log:?}");
+    assert!(written[0] < 120, "the checkpoint moved while the tick was still delivering: {log:?}");
 }
