@@ -1,8 +1,9 @@
 //! End-to-end throughput: rows per second from a table to a webhook receiver on loopback, through
 //! real ticks (keyset fetch, JSON envelopes, HTTP POST, checkpoint commits by CAS), against the
 //! **pipelined raw limit** measured in the same run on the same data: the same keyset reads and
-//! POSTs with no state at all, reading batch k+1 while batch k is posted, the fastest this machine
-//! moves these rows.
+//! POSTs with no state at all, reading batch k+1 while batch k is posted, each page serialized
+//! straight from its typed rows, the fastest this machine moves these rows (measured before and
+//! after dbtrigger's paths; the faster of the two counts).
 //!
 //! The receiver runs in a child process (this program again), so the CPU time reported per row
 //! is the dbtrigger side's alone (`getrusage` of this process; Azurite and PostgreSQL are other
@@ -373,8 +374,17 @@ async fn run() {
             if paths.is_empty() {
                 continue;
             }
-            let limit = raw_pipelined(engine, &url, &hook, batch, rows).await;
-            expected += rows as u64;
+            // The limit is measured before and after the paths, and the faster run is kept: on a
+            // shared machine one run alone can land in a slow moment, and the limit is what the
+            // machine can do at best.
+            let before = raw_pipelined(engine, &url, &hook, batch, rows).await;
+            let mut measured = Vec::new();
+            for (path, state, max_in_flight) in paths {
+                measured.push((path, dbtrigger(&url, &hook, state, batch, max_in_flight, rows).await));
+            }
+            let after = raw_pipelined(engine, &url, &hook, batch, rows).await;
+            expected += (2 + measured.len() as u64) * rows as u64;
+            let limit = if after.rows_per_second > before.rows_per_second { after } else { before };
             let line = |path: &str, measured: &Measured| {
                 println!(
                     "{:<10} {:>6} {:<40} {:>9.0} {:>6.2} {:>10.2} {:>8.1} {:>6}",
@@ -389,10 +399,8 @@ async fn run() {
                 );
             };
             line("raw, pipelined (the limit)", &limit);
-            for (path, state, max_in_flight) in paths {
-                let measured = dbtrigger(&url, &hook, state, batch, max_in_flight, rows).await;
-                expected += rows as u64;
-                line(&path, &measured);
+            for (path, result) in &measured {
+                line(path, result);
             }
         }
     }

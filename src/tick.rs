@@ -290,8 +290,6 @@ struct Sent {
     batch_id: String,
     first: Position,
     last: Position,
-    /// Every row's position, in order: isolating a failed batch needs them.
-    positions: Vec<Position>,
     /// Rows delivered (a batch's rows, or after isolation the ones that got through).
     rows: usize,
     /// Rows of the batch kept in the quarantine instead.
@@ -631,10 +629,11 @@ impl Poller {
             // a delivery (even at maxInFlight 1, where the receiver still sees batches in order).
             // Commits stay in order, one at a time; a lost lease aborts whatever is in flight.
             self.send_ready(&mut ready, &mut window, &mut in_flight, deadline);
-            // Commit what is acknowledged. When every batch is acknowledged but a fetch is still
-            // running, the commit waits for it (or for the heartbeat, which it then replaces):
-            // only then is it known whether this commit is the last one, which releases the
-            // lease, and a tick keeps to 1 GET and k + 1 PUTs.
+            // Commit what is acknowledged, once the commit interval has passed since the last
+            // commit, at once when it is the tick's last (it releases the lease) or a heartbeat is
+            // due (it serves as one). When every batch is acknowledged but a fetch is still
+            // running, the commit waits for it (or for the heartbeat): only then is it known
+            // whether this commit is the last one, and a tick keeps to 1 GET and k + 1 PUTs.
             if !pending.is_empty() {
                 let drained = in_flight.is_empty() && window.is_empty();
                 let nothing_more = (ready.is_empty() && source_done) || fetch_error.is_some();
@@ -804,24 +803,24 @@ impl Poller {
     ) {
         let max_in_flight = self.config.batch.max_in_flight;
         while in_flight.len() < max_in_flight && self.clock.now() < deadline {
-            let Some(Prepared { batch, positions }) = ready.pop_front() else {
+            let Some(prepared) = ready.pop_front() else {
                 break;
             };
             let sequence = window.open(Sent {
-                batch_id: batch.batch_id.clone(),
-                first: positions.first().expect("a batch is never empty").clone(),
-                last: positions.last().expect("a batch is never empty").clone(),
-                positions,
-                rows: batch.events.len(),
+                batch_id: prepared.batch.batch_id.clone(),
+                first: prepared.positions.first().expect("a batch is never empty").clone(),
+                last: prepared.positions.last().expect("a batch is never empty").clone(),
+                rows: prepared.batch.events.len(),
                 quarantined: 0,
             });
             let sink = self.sink.clone();
             // The sink counts its time in its runtime's terms: the budget left, by our clock.
             let sink_deadline = Instant::now() + (deadline - self.clock.now()).to_std().unwrap_or(Duration::ZERO);
             in_flight.spawn(async move {
-                // A failed batch comes back: it may have to be isolated.
-                let delivered = sink.deliver(&batch, sink_deadline).await;
-                (sequence, delivered.map_err(|error| (error, batch)))
+                // A failed batch comes back with its rows' positions: it may have to be isolated.
+                // A delivered one is dropped here, so acknowledged batches hold no rows.
+                let delivered = sink.deliver(&prepared.batch, sink_deadline).await;
+                (sequence, delivered.map_err(|error| (error, prepared)))
             });
         }
     }
@@ -869,7 +868,7 @@ impl Poller {
         deadline: DateTime<Utc>,
     ) -> Result<Option<TickOutcome>, TickError> {
         // The earliest failed batch, if any: the one the checkpoint stops before.
-        let mut failure: Option<(u64, SinkError, Option<Batch>)> = None;
+        let mut failure: Option<(u64, SinkError, Option<Prepared>)> = None;
         for joined in finished {
             let (sequence, error, batch) = match joined {
                 Ok((sequence, Ok(()))) => {
@@ -920,12 +919,12 @@ impl Poller {
         &self,
         writer: &mut StateWriter<'_>,
         document: &mut StateDocument,
-        at_checkpoint: Option<(Sent, Batch)>,
+        at_checkpoint: Option<(Sent, Prepared)>,
         error: SinkError,
         mut totals: Totals,
         deadline: DateTime<Utc>,
     ) -> Result<TickOutcome, TickError> {
-        let Some((sent, batch)) = at_checkpoint else {
+        let Some((sent, Prepared { batch, positions })) = at_checkpoint else {
             return Err(TickError::Delivery { error, rows_committed: totals.rows });
         };
         let kind = failure_kind(&error);
@@ -951,7 +950,7 @@ impl Poller {
 
         warn!(poller = %self.config.poller_name, attempts = record.attempts, batch = %sent.batch_id, "isolating a poison batch");
         let stop_at_first = poison_config.mode == PoisonMode::Stop;
-        let isolated = self.isolate(&batch, &sent.positions, deadline, stop_at_first).await;
+        let isolated = self.isolate(&batch, &positions, deadline, stop_at_first).await;
         if isolated.out_of_time {
             // Rows that failed for lack of time are no poison: try again next tick.
             warn!(poller = %self.config.poller_name, "the tick budget ran out while isolating; the next tick starts over");
@@ -975,7 +974,6 @@ impl Poller {
                     batch_id: sent.batch_id.clone(),
                     first: sent.first.clone(),
                     last: last_delivered,
-                    positions: Vec::new(),
                     rows: isolated.delivered,
                     quarantined: 0,
                 };
@@ -1390,7 +1388,7 @@ async fn prefetch(
 }
 
 /// How one delivery task ended: a failed batch comes back with its error.
-type Delivery = Result<(), (SinkError, Batch)>;
+type Delivery = Result<(), (SinkError, Prepared)>;
 
 /// How one part of an isolated batch went.
 enum Part {
