@@ -992,7 +992,7 @@ impl Poller {
         let now = self.clock.now();
         for (event, row_error) in &isolated.poisoned {
             let entry = QuarantineEntry {
-                id: quarantine::entry_id(&event.event_id),
+                id: quarantine::entry_id(event.event_id()),
                 poller: self.config.poller_name.clone(),
                 event: event.to_value(),
                 error: row_error.to_string(),

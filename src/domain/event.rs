@@ -102,13 +102,16 @@ impl Op {
 /// One delivered row, encoded once: `{"event_id":…,"op":…,"cursor":…,"pk":{…},"row":{…}}`.
 #[derive(Clone, PartialEq)]
 pub struct Event {
-    /// Deterministic: the same row version gets the same id on every redelivery.
-    pub event_id: String,
     pub op: Op,
     /// Everything before the row: `{"event_id":…,"op":…,"cursor":…,"pk":{…},"row":`.
     head: Vec<u8>,
+    /// Where the event id ends in `head`.
+    id_end: usize,
     row: RowJson,
 }
+
+/// What an event's JSON starts with; its id follows.
+const ID_START: &[u8] = b"{\"event_id\":\"";
 
 /// The fields of an event as JSON values: parsed back from its bytes (and, in the tests, the tree
 /// serde serializes to the bytes events are encoded as).
@@ -122,11 +125,12 @@ struct EventFields {
 }
 
 impl Event {
-    fn encode(event_id: String, op: Op, cursor: &[u8], pk: &[u8], row: RowJson) -> Event {
-        let mut head = Vec::with_capacity(event_id.len() + cursor.len() + pk.len() + 48);
-        head.extend_from_slice(b"{\"event_id\":\"");
-        // An id is `evt_` and hex digits: nothing to escape.
-        head.extend_from_slice(event_id.as_bytes());
+    /// `write_id` writes the event id (letters, digits and `_`: nothing to escape).
+    fn encode(write_id: impl FnOnce(&mut Vec<u8>), op: Op, cursor: &[u8], pk: &[u8], row: RowJson) -> Event {
+        let mut head = Vec::with_capacity(cursor.len() + pk.len() + 96);
+        head.extend_from_slice(ID_START);
+        write_id(&mut head);
+        let id_end = head.len();
         head.extend_from_slice(b"\",\"op\":\"");
         head.extend_from_slice(op.as_str().as_bytes());
         head.extend_from_slice(b"\",\"cursor\":");
@@ -134,7 +138,12 @@ impl Event {
         head.extend_from_slice(b",\"pk\":");
         head.extend_from_slice(pk);
         head.extend_from_slice(b",\"row\":");
-        Event { event_id, op, head, row }
+        Event { op, head, id_end, row }
+    }
+
+    /// Deterministic: the same row version gets the same id on every redelivery.
+    pub fn event_id(&self) -> &str {
+        std::str::from_utf8(&self.head[ID_START.len()..self.id_end]).expect("an event id is ASCII")
     }
 
     /// The event's length as JSON, in bytes.
@@ -189,7 +198,8 @@ impl Event {
         }
         let cursor = serde_json::to_vec(&fields.cursor).expect("a JSON value serializes");
         let pk = serde_json::to_vec(&fields.pk).expect("a JSON object serializes");
-        Ok(Event::encode(fields.event_id, fields.op, &cursor, &pk, RowJson::from_map(&fields.row)))
+        let id = fields.event_id.as_bytes();
+        Ok(Event::encode(|out| out.extend_from_slice(id), fields.op, &cursor, &pk, RowJson::from_map(&fields.row)))
     }
 }
 
@@ -291,8 +301,8 @@ impl Batch {
         let mut key = Vec::with_capacity(96);
         for SourceRow { position, row, op } in rows {
             let (cursor, pk) = position_key(&mut key, &position);
-            let event_id = ids.id_of_key(&key);
-            events.push(Event::encode(event_id, op, &key[cursor], &key[pk], row));
+            let id = |out: &mut Vec<u8>| ids.write_id_of_key(&key, out);
+            events.push(Event::encode(id, op, &key[cursor], &key[pk], row));
             positions.push(position);
         }
         (Batch { poller: poller.to_string(), batch_id, fencing_token, generation: None, events }, positions)

@@ -49,28 +49,28 @@ impl EventIds {
         EventIds { prefix }
     }
 
-    /// The id of the row whose key (`kind|cursor|pk`, as [`super::event::position_key`] writes
-    /// it) is `key`.
-    pub fn id_of_key(&self, key: &[u8]) -> String {
+    /// Appends the id of the row whose key (`kind|cursor|pk`, as [`super::event::position_key`]
+    /// writes it) is `key` to `out`.
+    pub fn write_id_of_key(&self, key: &[u8], out: &mut Vec<u8>) {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut hasher = self.prefix.clone();
         hasher.update((key.len() as u64).to_be_bytes());
         hasher.update(key);
         let digest = hasher.finalize();
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        let mut id = String::with_capacity(36);
-        id.push_str("evt_");
+        out.extend_from_slice(b"evt_");
         for byte in &digest[..16] {
-            id.push(char::from(HEX[usize::from(byte >> 4)]));
-            id.push(char::from(HEX[usize::from(byte & 0x0f)]));
+            out.push(HEX[usize::from(byte >> 4)]);
+            out.push(HEX[usize::from(byte & 0x0f)]);
         }
-        id
     }
 
     /// The id of the row at `position`.
     pub fn for_position(&self, position: &Position) -> String {
         let mut key = Vec::new();
         super::event::position_key(&mut key, position);
-        self.id_of_key(&key)
+        let mut id = Vec::with_capacity(36);
+        self.write_id_of_key(&key, &mut id);
+        String::from_utf8(id).expect("an event id is ASCII")
     }
 }
 
