@@ -161,14 +161,7 @@ enum RawPool {
 impl RawPool {
     async fn open(engine: Engine, url: &str) -> RawPool {
         match engine {
-            // The driver's row channel as large as dbtrigger's sources set it.
-            Engine::Sqlite => RawPool::Sqlite(
-                sqlx::SqlitePool::connect_with(
-                    url.parse::<sqlx::sqlite::SqliteConnectOptions>().unwrap().row_buffer_size(256),
-                )
-                .await
-                .unwrap(),
-            ),
+            Engine::Sqlite => RawPool::Sqlite(sqlx::SqlitePool::connect(url).await.unwrap()),
             Engine::Postgres => RawPool::Postgres(sqlx::PgPool::connect(url).await.unwrap()),
         }
     }

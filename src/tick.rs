@@ -598,7 +598,13 @@ impl Poller {
         if first.full
             && let Some(last) = first.rows.last()
         {
-            prefetcher.spawn(prefetch(self.source.clone(), last.position.clone(), limit, maker.clone(), fetched_sender));
+            prefetcher.spawn(prefetch(
+                self.source.clone(),
+                last.position.clone(),
+                limit,
+                maker.clone(),
+                fetched_sender,
+            ));
             source_done = false;
         }
         let mut ready: VecDeque<Prepared> = VecDeque::from([maker.prepare(first.rows)]);

@@ -400,13 +400,7 @@ mod tests {
     fn tree(ids: &EventIds, row: &SourceRow) -> TreeEvent {
         let cursor = row.position.cursor.to_json();
         let pk = row.position.tiebreaker_json();
-        TreeEvent {
-            event_id: ids.for_position(&row.position),
-            op: row.op,
-            cursor,
-            pk,
-            row: row.row.to_map(),
-        }
+        TreeEvent { event_id: ids.for_position(&row.position), op: row.op, cursor, pk, row: row.row.to_map() }
     }
 
     fn rows() -> Vec<SourceRow> {
@@ -469,10 +463,7 @@ mod tests {
         let trees: Vec<TreeEvent> = rows.iter().map(|row| tree(&ids, row)).collect();
         let (mut batch, _) = Batch::from_rows(&ids, "or\"ders", "bat_1".into(), 3, rows);
         for (event, tree) in batch.events.iter().zip(&trees) {
-            assert_eq!(
-                String::from_utf8(event.to_json_bytes()).unwrap(),
-                serde_json::to_string(tree).unwrap()
-            );
+            assert_eq!(String::from_utf8(event.to_json_bytes()).unwrap(), serde_json::to_string(tree).unwrap());
             assert_eq!(event.encoded_len(), serde_json::to_vec(tree).unwrap().len());
             // What the quarantine stores comes back as the same bytes.
             assert_eq!(&Event::from_value(&event.to_value()).unwrap(), event);

@@ -64,7 +64,8 @@ impl WebhookSink {
         // `sent_at` always has the same length: any one measures the body.
         let sent_at = sent_at();
         while let Some(events) = pending.pop() {
-            if events.len() <= 1 || batch.envelope_len(&batch.batch_id, &sent_at, events) <= self.config.max_body_bytes {
+            if events.len() <= 1 || batch.envelope_len(&batch.batch_id, &sent_at, events) <= self.config.max_body_bytes
+            {
                 parts.push(events);
             } else {
                 let (left, right) = events.split_at(events.len() / 2);

@@ -428,7 +428,12 @@ impl Layout {
             }
             serde_json::to_writer(&mut key, name).expect("writing to memory cannot fail");
             key.push(b':');
-            columns.push(LayoutColumn { name: name.to_string(), role: role_of(config, name), key, op: op_column == Some(name) });
+            columns.push(LayoutColumn {
+                name: name.to_string(),
+                role: role_of(config, name),
+                key,
+                op: op_column == Some(name),
+            });
         }
         Ok(Layout { columns })
     }

@@ -25,12 +25,6 @@ use crate::config::redact::Redaction;
 use crate::config::{SourceConfig, SourceTarget};
 use crate::domain::CursorValue;
 
-/// Rows the driver's worker thread may read ahead of the tick (sqlx's default is 50). Each row
-/// crosses from that thread to the runtime through a channel; with more room the worker runs
-/// longer without waiting on the tick, and the two wake each other less often. (What it reads
-/// ahead is memory too: 256 rows of 10 KB are 2.5 MB.)
-const ROW_BUFFER: usize = 256;
-
 pub struct SqliteSource {
     pool: SqlitePool,
     config: SourceConfig,
@@ -48,8 +42,7 @@ impl SqliteSource {
                 reason: redaction.scrub(&error.to_string()),
             })?
             .create_if_missing(false)
-            .busy_timeout(Duration::from_secs(5))
-            .row_buffer_size(ROW_BUFFER);
+            .busy_timeout(Duration::from_secs(5));
         let pool = SqlitePoolOptions::new()
             .max_connections(2)
             .acquire_timeout(Duration::from_secs(10))
@@ -213,9 +206,12 @@ fn storage_class(raw: &sqlx::sqlite::SqliteValueRef<'_>) -> std::borrow::Cow<'st
     }
     let type_info = raw.type_info();
     let name = type_info.name();
-    match ["INTEGER", "REAL", "TEXT", "BLOB", "NUMERIC", "BOOLEAN", "DATE", "TIME", "DATETIME", "INT", "BIGINT", "FLOAT", "DOUBLE"]
-        .into_iter()
-        .find(|known| known.eq_ignore_ascii_case(name))
+    match [
+        "INTEGER", "REAL", "TEXT", "BLOB", "NUMERIC", "BOOLEAN", "DATE", "TIME", "DATETIME", "INT", "BIGINT", "FLOAT",
+        "DOUBLE",
+    ]
+    .into_iter()
+    .find(|known| known.eq_ignore_ascii_case(name))
     {
         Some(known) => known.into(),
         None => name.to_ascii_uppercase().into(),

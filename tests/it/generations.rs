@@ -58,7 +58,9 @@ fn generation_source(on_change: &str) -> Value {
 fn delivered(sink: &RecordingSink) -> Vec<(i64, Option<Value>)> {
     sink.batches()
         .iter()
-        .flat_map(|batch| batch.events.iter().map(|event| (event.pk()["id"].as_i64().unwrap(), batch.generation.clone())))
+        .flat_map(|batch| {
+            batch.events.iter().map(|event| (event.pk()["id"].as_i64().unwrap(), batch.generation.clone()))
+        })
         .collect()
 }
 

@@ -159,11 +159,8 @@ async fn end_to_end(engine: Engine, kind: Kind) {
     }
     assert_eq!(poller.tick().await.unwrap(), TickOutcome::Idle, "{engine:?} {kind:?}");
 
-    let delivered: Vec<Value> = sink
-        .batches()
-        .iter()
-        .flat_map(|batch| batch.events.iter().map(|event| Value::Object(event.pk())))
-        .collect();
+    let delivered: Vec<Value> =
+        sink.batches().iter().flat_map(|batch| batch.events.iter().map(|event| Value::Object(event.pk()))).collect();
     // Expected: (cursor, pk) order. Cursor steps are n / 3; within a step, the key order.
     let mut expected: Vec<(i64, String, i64, Value)> = (1..=60)
         .map(|n| {
@@ -274,7 +271,10 @@ fn items_poller(url: &str, source_extra: Value) -> (Poller, Arc<RecordingSink>, 
 }
 
 fn delivered_ids(sink: &RecordingSink) -> Vec<i64> {
-    sink.batches().iter().flat_map(|batch| batch.events.iter().map(|event| event.pk()["id"].as_i64().unwrap())).collect()
+    sink.batches()
+        .iter()
+        .flat_map(|batch| batch.events.iter().map(|event| event.pk()["id"].as_i64().unwrap()))
+        .collect()
 }
 
 /// The classic keyset-polling loss, and what `settleSeconds` does about it. Transaction A takes
@@ -292,7 +292,10 @@ async fn late_commit(settle_seconds: u64) -> Vec<i64> {
     execute(&url, "INSERT INTO items VALUES (1, now() - interval '1 second', 'A commits late');\n").await;
     tokio::time::sleep(std::time::Duration::from_millis(settle_seconds * 1000 + 500)).await;
     poller.tick().await.unwrap();
-    sink.batches().iter().flat_map(|batch| batch.events.iter().map(|event| event.pk()["id"].as_i64().unwrap())).collect()
+    sink.batches()
+        .iter()
+        .flat_map(|batch| batch.events.iter().map(|event| event.pk()["id"].as_i64().unwrap()))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -535,8 +538,7 @@ async fn postgres_infinite_dates_are_delivered_as_strings_and_never_panic() {
     let (poller, sink, _directory) = items_poller(&url, json!({}));
     let outcome = poller.tick().await.unwrap();
     assert!(matches!(outcome, TickOutcome::Delivered { rows: 3, .. }), "{outcome:?}");
-    let rows: Vec<serde_json::Map<String, Value>> =
-        sink.batches()[0].events.iter().map(|event| event.row()).collect();
+    let rows: Vec<serde_json::Map<String, Value>> = sink.batches()[0].events.iter().map(|event| event.row()).collect();
     assert_eq!(
         (&rows[0]["due"], &rows[0]["starts"], &rows[0]["ends"]),
         (&json!("infinity"), &json!("-infinity"), &json!("infinity"))

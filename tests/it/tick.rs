@@ -55,7 +55,10 @@ fn poller(fixture: &Fixture, sink: Arc<dyn Sink>, store: Arc<dyn StateStore>, ow
 }
 
 fn ids(sink: &RecordingSink) -> Vec<i64> {
-    sink.batches().iter().flat_map(|batch| batch.events.iter().map(|event| event.pk()["id"].as_i64().unwrap())).collect()
+    sink.batches()
+        .iter()
+        .flat_map(|batch| batch.events.iter().map(|event| event.pk()["id"].as_i64().unwrap()))
+        .collect()
 }
 
 fn key() -> StateKey {
@@ -865,8 +868,7 @@ async fn a_slow_catch_up_commits_about_once_per_interval() {
     let memory = Arc::new(MemoryStore::new());
     let store = Arc::new(SlowWrites { inner: memory.clone(), delay: Duration::ZERO, log: log.clone() });
     let recording = Arc::new(RecordingSink::new());
-    let outcome =
-        poller(&fixture, slow_sink(&recording, Duration::from_millis(100)), store, "a").tick().await.unwrap();
+    let outcome = poller(&fixture, slow_sink(&recording, Duration::from_millis(100)), store, "a").tick().await.unwrap();
     assert!(matches!(outcome, TickOutcome::Delivered { rows: 120, batches: 12, .. }), "{outcome:?}");
     assert_eq!(ids(&recording), (1..=120).collect::<Vec<i64>>());
     let log = log.lock().unwrap().clone();
