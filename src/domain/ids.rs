@@ -64,7 +64,8 @@ impl EventIds {
         }
     }
 
-    /// The id of the row at `position`.
+    /// The id of the row at `position` (what a batch's events get, one at a time: for the tests).
+    #[cfg(test)]
     pub fn for_position(&self, position: &Position) -> String {
         let mut key = Vec::new();
         super::event::position_key(&mut key, position);
