@@ -21,32 +21,19 @@ mod services;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use axum::routing::{get, post};
+use axum::routing::get;
 use dbtrigger::config::{PollerConfig, Settings};
 use dbtrigger::tick::{Poller, StopReason, SystemClock, TickOutcome};
-use serde_json::{Value, json};
+use serde_json::json;
 
-/// The receiver, when this program is started as one: counts events, answers `{}`.
+/// The receiver, when this program is started as one: counts events, answers `{}`, and says how
+/// many at `/count`.
 async fn serve_receiver() {
-    let received = Arc::new(AtomicU64::new(0));
-    let counter = received.clone();
-    let router = axum::Router::new()
-        .route(
-            "/hook",
-            post(move |body: axum::body::Bytes| {
-                let counter = counter.clone();
-                async move {
-                    let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                    let events = value["events"].as_array().map(Vec::len).unwrap_or(0) as u64;
-                    counter.fetch_add(events, Ordering::SeqCst);
-                    "{}"
-                }
-            }),
-        )
-        .route("/count", get(move || async move { received.load(Ordering::SeqCst).to_string() }));
+    let (hook, received) = services::counting_receiver();
+    let router = hook.route("/count", get(move || async move { received.load(Ordering::SeqCst).to_string() }));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     println!("{}", listener.local_addr().unwrap().port());
     axum::serve(listener, router).await.unwrap();

@@ -5,8 +5,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use axum::routing::post;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::harness::AppRoot;
 
@@ -19,23 +18,9 @@ const MARGIN_MB: i64 = 120;
 // The bound must stay far below the table, or a regression that buffers it would pass.
 const _: () = assert!(2 * MAX_IN_FLIGHT * BATCH * ROW_BYTES / 1_000_000 + MARGIN_MB < ROWS * ROW_BYTES / 1_000_000);
 
-/// A receiver that only counts events (it keeps nothing).
+/// The counting receiver on a free loopback port: its URL and its count.
 async fn counting_receiver() -> (String, Arc<AtomicU64>) {
-    let received = Arc::new(AtomicU64::new(0));
-    let counter = received.clone();
-    let router = axum::Router::new()
-        .route(
-            "/hook",
-            post(move |body: axum::body::Bytes| {
-                let counter = counter.clone();
-                async move {
-                    let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                    counter.fetch_add(value["events"].as_array().map(Vec::len).unwrap_or(0) as u64, Ordering::SeqCst);
-                    "{}"
-                }
-            }),
-        )
-        .layer(axum::extract::DefaultBodyLimit::disable());
+    let (router, received) = crate::services::counting_receiver();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/hook", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, router).await });

@@ -1,16 +1,39 @@
 //! Real database servers for the tests: PostgreSQL and MariaDB, each started once per test binary
 //! on a free loopback port under a temporary directory, and stopped when the binary exits. Each
 //! test gets a fresh database. A missing server is an error that says how to install it, never a
-//! skipped test.
+//! skipped test. Also the counting webhook receiver the memory test and the throughput bench use.
 
 #![allow(dead_code)]
 
-// Shared with benches/seek.rs, so it depends on nothing else in tests/.
+// Shared with the benches (seek, throughput), so it depends on nothing else in tests/.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
+
+/// A webhook receiver at `/hook` that only counts the events of each body (it keeps nothing, so
+/// it holds no memory of its own), with no body size limit; the count is shared.
+pub fn counting_receiver() -> (axum::Router, Arc<AtomicU64>) {
+    let received = Arc::new(AtomicU64::new(0));
+    let counter = received.clone();
+    let router = axum::Router::new()
+        .route(
+            "/hook",
+            axum::routing::post(move |body: axum::body::Bytes| {
+                let counter = counter.clone();
+                async move {
+                    let value: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                    let events = value["events"].as_array().map(Vec::len).unwrap_or(0) as u64;
+                    counter.fetch_add(events, Ordering::SeqCst);
+                    "{}"
+                }
+            }),
+        )
+        .layer(axum::extract::DefaultBodyLimit::disable());
+    (router, received)
+}
 
 /// A free TCP port on loopback (bound, read, released).
 pub fn free_port() -> u16 {
