@@ -279,6 +279,18 @@ pub enum TickError {
     Panicked { message: String },
 }
 
+/// What a commit over `run` (contiguous acknowledged batches) records; `None` for no batch.
+fn delivered(run: &[Sent]) -> Option<Delivered<'_>> {
+    let last = run.last()?;
+    Some(Delivered {
+        last: &last.last,
+        last_batch_id: &last.batch_id,
+        rows: run.iter().map(|sent| sent.rows).sum(),
+        batches: run.len(),
+        quarantined: run.iter().map(|sent| sent.quarantined).sum(),
+    })
+}
+
 /// Why a heartbeat stopped the deliveries.
 enum DeliveryFailure {
     LeaseLost,
@@ -1192,7 +1204,6 @@ impl Poller {
         ready: &[Sent],
         release: bool,
     ) -> Result<bool, TickError> {
-        let last = ready.last().expect("a commit covers at least one batch");
         // Seed 003: re-check the generation before the side effect that matters, the commit; a
         // reload that began meanwhile makes the tick stand down.
         if self.config.source.generation.is_some()
@@ -1203,13 +1214,7 @@ impl Poller {
                 return Err(TickError::Superseded { bound: Box::new(bound), current: current.map(Box::new) });
             }
         }
-        let delivered = Delivered {
-            last: &last.last,
-            last_batch_id: &last.batch_id,
-            rows: ready.iter().map(|sent| sent.rows).sum(),
-            batches: ready.len(),
-            quarantined: ready.iter().map(|sent| sent.quarantined).sum(),
-        };
+        let delivered = delivered(ready).expect("a commit covers at least one batch");
         let mut next = match transitions::commit(
             document,
             &self.owner_id,
@@ -1260,15 +1265,8 @@ impl Poller {
     /// Moves the checkpoint of `document` past `acknowledged` in memory only (no write): the
     /// release that ends a failed tick writes it.
     fn absorb(&self, document: &mut StateDocument, acknowledged: &[Sent]) {
-        let Some(last) = acknowledged.last() else {
+        let Some(delivered) = delivered(acknowledged) else {
             return;
-        };
-        let delivered = Delivered {
-            last: &last.last,
-            last_batch_id: &last.batch_id,
-            rows: acknowledged.iter().map(|sent| sent.rows).sum(),
-            batches: acknowledged.len(),
-            quarantined: acknowledged.iter().map(|sent| sent.quarantined).sum(),
         };
         if let Ok(next) =
             transitions::commit(document, &self.owner_id, &delivered, false, self.clock.now(), &self.config.lease)
