@@ -28,12 +28,18 @@ use axum::routing::get;
 use dbtrigger::config::{PollerConfig, Settings};
 use dbtrigger::tick::{Poller, StopReason, SystemClock, TickOutcome};
 use serde_json::json;
+use sha2::{Digest, Sha256};
 
-/// The receiver, when this program is started as one: counts events, answers `{}`, and says how
-/// many at `/count`.
+/// The receiver, when this program is started as one: counts events and body bytes, answers `{}`,
+/// and says how many of each at `/count`.
 async fn serve_receiver() {
     let (hook, received) = services::counting_receiver();
-    let router = hook.route("/count", get(move || async move { received.load(Ordering::SeqCst).to_string() }));
+    let router = hook.route(
+        "/count",
+        get(move || async move {
+            format!("{} {}", received.events.load(Ordering::SeqCst), received.bytes.load(Ordering::SeqCst))
+        }),
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     println!("{}", listener.local_addr().unwrap().port());
     axum::serve(listener, router).await.unwrap();
@@ -60,8 +66,11 @@ impl ReceiverProcess {
         format!("{}/hook", self.base)
     }
 
-    async fn count(&self) -> u64 {
-        reqwest::get(format!("{}/count", self.base)).await.unwrap().text().await.unwrap().parse().unwrap()
+    /// Events and body bytes received so far.
+    async fn count(&self) -> (u64, u64) {
+        let text = reqwest::get(format!("{}/count", self.base)).await.unwrap().text().await.unwrap();
+        let (events, bytes) = text.split_once(' ').unwrap();
+        (events.parse().unwrap(), bytes.parse().unwrap())
     }
 }
 
@@ -177,8 +186,71 @@ impl RawPool {
     }
 }
 
+/// An id as dbtrigger writes one (`evt_` or `bat_` + 32 hex digits of a SHA-256), on the stack.
+struct Id([u8; 36]);
+
+impl serde::Serialize for Id {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(std::str::from_utf8(&self.0).unwrap())
+    }
+}
+
+/// What the raw path needs to write the ids dbtrigger writes: SHA-256 of the poller and source
+/// (hashed once) and of each row's cursor and key, in a reused buffer.
+struct RawIds {
+    prefix: Sha256,
+    key: Vec<u8>,
+}
+
+impl RawIds {
+    fn new() -> RawIds {
+        let mut prefix = Sha256::new();
+        for part in ["orders", "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"] {
+            prefix.update((part.len() as u64).to_be_bytes());
+            prefix.update(part.as_bytes());
+        }
+        RawIds { prefix, key: Vec::with_capacity(64) }
+    }
+
+    fn id(&self, tag: &[u8; 4]) -> Id {
+        let mut hasher = self.prefix.clone();
+        hasher.update((self.key.len() as u64).to_be_bytes());
+        hasher.update(&self.key);
+        let mut id = [0u8; 36];
+        id[..4].copy_from_slice(tag);
+        hex::encode_to_slice(&hasher.finalize()[..16], &mut id[4..]).unwrap();
+        Id(id)
+    }
+
+    fn event(&mut self, version: i64, id: i64) -> Id {
+        use std::io::Write;
+        self.key.clear();
+        write!(self.key, "integer|{version}|{{\"id\":{id}}}").unwrap();
+        self.id(b"evt_")
+    }
+
+    fn batch(&mut self, rows: &[RawRow]) -> Id {
+        use std::io::Write;
+        let (first, last) = (&rows[0], &rows[rows.len() - 1]);
+        self.key.clear();
+        write!(self.key, "{}|{}|{}|{}|{}", first.1, first.0, last.1, last.0, rows.len()).unwrap();
+        self.id(b"bat_")
+    }
+}
+
+#[derive(serde::Serialize)]
+struct RawEnvelope<'a> {
+    poller: &'static str,
+    batch_id: Id,
+    fencing_token: u64,
+    sent_at: String,
+    events: Vec<RawEvent<'a>>,
+}
+
 #[derive(serde::Serialize)]
 struct RawEvent<'a> {
+    event_id: Id,
+    op: &'static str,
     cursor: i64,
     pk: RawKey,
     row: RawColumns<'a>,
@@ -198,51 +270,59 @@ struct RawColumns<'a> {
     note: &'a str,
 }
 
-/// The body of a page, serialized straight from the typed rows (no JSON tree): the least work
-/// that turns these rows into JSON.
-fn body(rows: &[RawRow]) -> Vec<u8> {
-    #[derive(serde::Serialize)]
-    struct Body<'a> {
-        events: Vec<RawEvent<'a>>,
-    }
+/// The body of a page: the envelope dbtrigger posts (the same fields, of the same lengths, so
+/// that the receiver does the same work for both), serialized straight from the typed rows (no
+/// JSON tree): the least work that turns these rows into that body.
+fn body(ids: &mut RawIds, rows: &[RawRow]) -> Vec<u8> {
     let events = rows
         .iter()
         .map(|(id, version, status, total, note)| RawEvent {
+            event_id: ids.event(*version, *id),
+            op: "upsert",
             cursor: *version,
             pk: RawKey { id: *id },
             row: RawColumns { id: *id, version: *version, status, total: *total, note },
         })
         .collect();
-    serde_json::to_vec(&Body { events }).unwrap()
+    let envelope = RawEnvelope {
+        poller: "orders",
+        batch_id: ids.batch(rows),
+        fencing_token: 1,
+        sent_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        events,
+    };
+    serde_json::to_vec(&envelope).unwrap()
 }
 
-/// The pipelined raw limit: page k+1 is read while page k is posted; no state, no ids, no lease.
-async fn raw_pipelined(engine: Engine, url: &str, hook: &str, batch: i64, rows: i64) -> Measured {
+/// The pipelined raw limit: page k+1 is read while page k is posted, with up to `window` posts
+/// in flight (dbtrigger's `maxInFlight`); no state, no lease.
+async fn raw_pipelined(engine: Engine, url: &str, hook: &str, batch: i64, window: usize, rows: i64) -> Measured {
     let pool = RawPool::open(engine, url).await;
     let client = reqwest::Client::new();
+    let mut ids = RawIds::new();
     reset_peak_rss();
     let cpu = cpu_micros();
     let started = Instant::now();
     let mut total = 0i64;
     let mut page = pool.page((-1, -1), batch).await;
-    let mut posting: Option<tokio::task::JoinHandle<()>> = None;
+    let mut posting = std::collections::VecDeque::new();
     while !page.is_empty() {
         let last = page.last().map(|row| (row.1, row.0)).unwrap();
-        let request = client.post(hook).header("content-type", "application/json").body(body(&page));
+        let request = client.post(hook).header("content-type", "application/json").body(body(&mut ids, &page));
         total += page.len() as i64;
-        let previous = posting.replace(tokio::spawn(async move {
+        posting.push_back(tokio::spawn(async move {
             request.send().await.unwrap().error_for_status().unwrap();
         }));
-        let next = pool.page(last, batch);
-        let (next, _) = tokio::join!(next, async {
-            if let Some(previous) = previous {
-                previous.await.unwrap();
+        let oldest = if posting.len() == window { posting.pop_front() } else { None };
+        let (next, _) = tokio::join!(pool.page(last, batch), async {
+            if let Some(oldest) = oldest {
+                oldest.await.unwrap();
             }
         });
         page = next;
     }
-    if let Some(last) = posting {
-        last.await.unwrap();
+    for post in posting {
+        post.await.unwrap();
     }
     assert_eq!(total, rows);
     Measured::new(rows, started, cpu)
@@ -254,6 +334,8 @@ struct Measured {
     peak_rss_mb: f64,
     /// State document writes (PUTs) for the whole catch-up.
     blob_writes: u64,
+    /// Request body bytes the receiver got, per row.
+    body_bytes_per_row: f64,
 }
 
 impl Measured {
@@ -263,8 +345,17 @@ impl Measured {
             cpu_micros_per_row: (cpu_micros() - cpu_before) as f64 / rows as f64,
             peak_rss_mb: peak_rss_mb(),
             blob_writes: 0,
+            body_bytes_per_row: 0.0,
         }
     }
+}
+
+/// Runs one path and adds what the receiver got from it: body bytes per row.
+async fn at_receiver(receiver: &ReceiverProcess, rows: i64, run: impl Future<Output = Measured>) -> Measured {
+    let (_, before) = receiver.count().await;
+    let measured = run.await;
+    let (_, after) = receiver.count().await;
+    Measured { body_bytes_per_row: (after - before) as f64 / rows as f64, ..measured }
 }
 
 async fn dbtrigger(url: &str, hook: &str, state: &str, batch: i64, max_in_flight: usize, rows: i64) -> Measured {
@@ -324,18 +415,53 @@ fn main() {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(run());
 }
 
+/// One line of the table: a path's runs (one per round) and their ratios to the limit of the
+/// same round and window.
+struct Line {
+    path: String,
+    runs: Vec<Measured>,
+    ratios: Vec<f64>,
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+impl Line {
+    fn print(&self, engine: Engine, batch: i64) {
+        let of = |field: fn(&Measured) -> f64| median(self.runs.iter().map(field).collect());
+        let low = self.ratios.iter().copied().fold(f64::INFINITY, f64::min);
+        let high = self.ratios.iter().copied().fold(0.0, f64::max);
+        println!(
+            "{:<10} {:>6} {:<40} {:>9.0} {:>17} {:>10.2} {:>8.1} {:>6} {:>7.1}",
+            format!("{engine:?}"),
+            batch,
+            self.path,
+            of(|run| run.rows_per_second),
+            format!("{:.2} ({low:.2}–{high:.2})", median(self.ratios.clone())),
+            of(|run| run.cpu_micros_per_row),
+            self.runs.iter().map(|run| run.peak_rss_mb).fold(0.0, f64::max),
+            self.runs.iter().map(|run| run.blob_writes).max().unwrap_or(0),
+            of(|run| run.body_bytes_per_row),
+        );
+    }
+}
+
 async fn run() {
-    let rows: i64 = std::env::var("DBTRIGGER_BENCH_ROWS").ok().and_then(|text| text.parse().ok()).unwrap_or(100_000);
+    let number = |name: &str, default: i64| std::env::var(name).ok().and_then(|text| text.parse().ok()).unwrap_or(default);
+    let rows = number("DBTRIGGER_BENCH_ROWS", 200_000);
+    let rounds = number("DBTRIGGER_BENCH_ROUNDS", 3).max(1) as usize;
     let only = std::env::var("DBTRIGGER_BENCH_ONLY").ok();
     let receiver = ReceiverProcess::start();
     let hook = receiver.hook();
     let azurite = services::azurite().connection_string();
     let directory = tempfile::tempdir().unwrap();
     let mut expected = 0u64;
-    println!("throughput, {rows} rows to a webhook receiver in another process on loopback");
+    println!("throughput, {rows} rows to a webhook receiver in another process on loopback, {rounds} rounds");
     println!(
-        "{:<10} {:>6} {:<40} {:>9} {:>6} {:>10} {:>8} {:>6}",
-        "engine", "batch", "path", "rows/s", "ratio", "cpu µs/row", "peak MB", "PUTs"
+        "{:<10} {:>6} {:<40} {:>9} {:>17} {:>10} {:>8} {:>6} {:>7}",
+        "engine", "batch", "path", "rows/s", "ratio (min–max)", "cpu µs/row", "peak MB", "PUTs", "B/row"
     );
     for engine in [Engine::Sqlite, Engine::Postgres] {
         let url = table(engine, &directory.path().join(format!("{engine:?}")), rows).await;
@@ -351,38 +477,49 @@ async fn run() {
                     only.as_ref().is_none_or(|only| format!("{engine:?} {batch} {path}").contains(only.as_str()))
                 })
                 .collect();
-            if paths.is_empty() {
-                continue;
+            let windows: std::collections::BTreeSet<usize> = paths.iter().map(|(.., window)| *window).collect();
+            let mut lines: Vec<Line> = windows
+                .iter()
+                .map(|window| format!("raw, pipelined, window {window} (limit)"))
+                .chain(paths.iter().map(|(path, ..)| path.clone()))
+                .map(|path| Line { path, runs: Vec::new(), ratios: Vec::new() })
+                .collect();
+            for _ in 0..rounds {
+                // Each limit is measured before and after the paths, and the faster run is kept:
+                // on a shared machine one run alone can land in a slow moment, and the limit is
+                // what the machine can do at best.
+                let raw = |window| at_receiver(&receiver, rows, raw_pipelined(engine, &url, &hook, batch, window, rows));
+                let mut limits = Vec::new();
+                for &window in &windows {
+                    limits.push(raw(window).await);
+                }
+                let mut measured = Vec::new();
+                for (_, state, max_in_flight) in &paths {
+                    let run = dbtrigger(&url, &hook, state, batch, *max_in_flight, rows);
+                    measured.push(at_receiver(&receiver, rows, run).await);
+                }
+                for (limit, &window) in limits.iter_mut().zip(&windows) {
+                    let after = raw(window).await;
+                    if after.rows_per_second > limit.rows_per_second {
+                        *limit = after;
+                    }
+                }
+                expected += (2 * windows.len() + paths.len()) as u64 * rows as u64;
+                let limit_of = |window| limits[windows.iter().position(|&each| each == window).unwrap()].rows_per_second;
+                let ratios: Vec<f64> = windows
+                    .iter()
+                    .map(|_| 1.0)
+                    .chain(paths.iter().zip(&measured).map(|((.., window), run)| run.rows_per_second / limit_of(*window)))
+                    .collect();
+                for ((line, run), ratio) in lines.iter_mut().zip(limits.into_iter().chain(measured)).zip(ratios) {
+                    line.runs.push(run);
+                    line.ratios.push(ratio);
+                }
             }
-            // The limit is measured before and after the paths, and the faster run is kept: on a
-            // shared machine one run alone can land in a slow moment, and the limit is what the
-            // machine can do at best.
-            let before = raw_pipelined(engine, &url, &hook, batch, rows).await;
-            let mut measured = Vec::new();
-            for (path, state, max_in_flight) in paths {
-                measured.push((path, dbtrigger(&url, &hook, state, batch, max_in_flight, rows).await));
-            }
-            let after = raw_pipelined(engine, &url, &hook, batch, rows).await;
-            expected += (2 + measured.len() as u64) * rows as u64;
-            let limit = if after.rows_per_second > before.rows_per_second { after } else { before };
-            let line = |path: &str, measured: &Measured| {
-                println!(
-                    "{:<10} {:>6} {:<40} {:>9.0} {:>6.2} {:>10.2} {:>8.1} {:>6}",
-                    format!("{engine:?}"),
-                    batch,
-                    path,
-                    measured.rows_per_second,
-                    measured.rows_per_second / limit.rows_per_second,
-                    measured.cpu_micros_per_row,
-                    measured.peak_rss_mb,
-                    measured.blob_writes
-                );
-            };
-            line("raw, pipelined (the limit)", &limit);
-            for (path, result) in &measured {
-                line(path, result);
+            for line in &lines {
+                line.print(engine, batch);
             }
         }
     }
-    assert_eq!(receiver.count().await, expected, "every row reached the receiver");
+    assert_eq!(receiver.count().await.0, expected, "every row reached the receiver");
 }

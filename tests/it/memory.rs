@@ -3,11 +3,12 @@
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use serde_json::json;
 
 use crate::harness::AppRoot;
+use crate::services::Received;
 
 const ROWS: i64 = 36_000;
 const ROW_BYTES: i64 = 10_000;
@@ -19,7 +20,7 @@ const MARGIN_MB: i64 = 120;
 const _: () = assert!(2 * MAX_IN_FLIGHT * BATCH * ROW_BYTES / 1_000_000 + MARGIN_MB < ROWS * ROW_BYTES / 1_000_000);
 
 /// The counting receiver on a free loopback port: its URL and its count.
-async fn counting_receiver() -> (String, Arc<AtomicU64>) {
+async fn counting_receiver() -> (String, Arc<Received>) {
     let (router, received) = crate::services::counting_receiver();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/hook", listener.local_addr().unwrap());
@@ -85,7 +86,7 @@ async fn a_catch_up_of_wide_rows_keeps_memory_near_what_is_in_flight() {
     .unwrap();
     let output = output.join().unwrap();
     assert_eq!(status, 0, "the tick succeeded: {output}");
-    assert_eq!(received.load(Ordering::SeqCst) as i64, ROWS, "every row delivered");
+    assert_eq!(received.events.load(Ordering::SeqCst) as i64, ROWS, "every row delivered");
     let table_mb = ROWS * ROW_BYTES / 1_000_000;
     let in_flight_mb = MAX_IN_FLIGHT * BATCH * ROW_BYTES / 1_000_000;
     let peak_mb = peak_kb / 1024;

@@ -13,10 +13,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-/// A webhook receiver at `/hook` that only counts the events of each body (it keeps nothing, so
-/// it holds no memory of its own), with no body size limit; the count is shared.
-pub fn counting_receiver() -> (axum::Router, Arc<AtomicU64>) {
-    let received = Arc::new(AtomicU64::new(0));
+/// What the counting receiver has received: events and body bytes.
+#[derive(Default)]
+pub struct Received {
+    pub events: AtomicU64,
+    pub bytes: AtomicU64,
+}
+
+/// A webhook receiver at `/hook` that only counts the events and bytes of each body (it keeps
+/// nothing, so it holds no memory of its own), with no body size limit; the counts are shared.
+pub fn counting_receiver() -> (axum::Router, Arc<Received>) {
+    let received = Arc::new(Received::default());
     let counter = received.clone();
     let router = axum::Router::new()
         .route(
@@ -26,7 +33,8 @@ pub fn counting_receiver() -> (axum::Router, Arc<AtomicU64>) {
                 async move {
                     let value: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
                     let events = value["events"].as_array().map(Vec::len).unwrap_or(0) as u64;
-                    counter.fetch_add(events, Ordering::SeqCst);
+                    counter.bytes.fetch_add(body.len() as u64, Ordering::SeqCst);
+                    counter.events.fetch_add(events, Ordering::SeqCst);
                     "{}"
                 }
             }),
