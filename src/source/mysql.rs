@@ -4,12 +4,11 @@
 
 use std::str::FromStr;
 use std::sync::atomic::AtomicBool;
-use std::time::Duration;
 
 use base64::Engine as _;
 use chrono::{DateTime, NaiveDate, NaiveDateTime, NaiveTime, Utc};
 use serde_json::Value;
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlRow};
 use sqlx::{Column, Executor, Row, SqlSafeStr, Statement, TypeInfo, ValueRef};
 use tokio::sync::OnceCell;
 
@@ -35,10 +34,7 @@ impl MySqlSource {
                 reason: redaction.scrub(&error.to_string()),
             })?
             .timezone(Some("+00:00".to_string()));
-        let pool = MySqlPoolOptions::new()
-            .max_connections(2)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_lazy_with(options);
+        let pool = super::pool_options().connect_lazy_with(options);
         Ok(MySqlSource {
             pool,
             config: config.clone(),

@@ -3,12 +3,11 @@
 
 use std::str::FromStr;
 use std::sync::atomic::AtomicBool;
-use std::time::Duration;
 
 use base64::Engine as _;
 use chrono::{DateTime, NaiveDate, NaiveDateTime, NaiveTime, Utc};
 use serde_json::Value;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgRow};
 use sqlx::{Column, Executor, Row, SqlSafeStr, Statement, TypeInfo, ValueRef};
 use tokio::sync::OnceCell;
 
@@ -36,8 +35,7 @@ impl PostgresSource {
             .application_name("dbtrigger")
             // The server gives up on a seek that outlasts the query timeout too, not only the client.
             .options([("statement_timeout", format!("{}ms", config.query_timeout.as_millis()))]);
-        let pool =
-            PgPoolOptions::new().max_connections(2).acquire_timeout(Duration::from_secs(10)).connect_lazy_with(options);
+        let pool = super::pool_options().connect_lazy_with(options);
         Ok(PostgresSource {
             pool,
             config: config.clone(),

@@ -15,7 +15,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use serde_json::Value;
-use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions, SqliteRow};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqliteRow};
 use sqlx::{Row, TypeInfo, ValueRef};
 use tokio::sync::OnceCell;
 
@@ -43,10 +43,7 @@ impl SqliteSource {
             })?
             .create_if_missing(false)
             .busy_timeout(Duration::from_secs(5));
-        let pool = SqlitePoolOptions::new()
-            .max_connections(2)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_lazy_with(options);
+        let pool = super::pool_options().connect_lazy_with(options);
         Ok(SqliteSource {
             pool,
             config: config.clone(),
