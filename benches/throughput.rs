@@ -4,8 +4,8 @@
 //! the same POSTs (the envelope dbtrigger posts, ids included, so that the receiver does the same
 //! work) with no state and no lease, reading batch k+1 while batch k is posted, with as many posts
 //! in flight as the path it is compared with (`maxInFlight`), each page serialized straight from
-//! its typed rows: the fastest this machine moves these rows (measured before and after
-//! dbtrigger's paths; the faster of the two counts).
+//! its typed rows: the fastest this machine moves these rows. The limit runs just before and just
+//! after each path, and the path is compared with the mean of the two.
 //!
 //! The receiver runs in a child process (this program again), so the CPU time reported per row
 //! is the dbtrigger side's alone (`getrusage` of this process; Azurite and PostgreSQL are other
@@ -489,49 +489,43 @@ async fn run() {
                     only.as_ref().is_none_or(|only| format!("{engine:?} {batch} {path}").contains(only.as_str()))
                 })
                 .collect();
-            let windows: std::collections::BTreeSet<usize> = paths.iter().map(|(.., window)| *window).collect();
-            let mut lines: Vec<Line> = windows
+            let windows: Vec<usize> =
+                paths.iter().map(|(.., window)| *window).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+            let mut limits: Vec<Line> = windows
                 .iter()
-                .map(|window| format!("raw, pipelined, window {window} (limit)"))
-                .chain(paths.iter().map(|(path, ..)| path.clone()))
-                .map(|path| Line { path, runs: Vec::new(), ratios: Vec::new() })
+                .map(|window| Line {
+                    path: format!("raw, pipelined, window {window} (limit)"),
+                    runs: Vec::new(),
+                    ratios: Vec::new(),
+                })
                 .collect();
+            let mut lines: Vec<Line> =
+                paths.iter().map(|(path, ..)| Line { path: path.clone(), runs: Vec::new(), ratios: Vec::new() }).collect();
             // Round 0 warms up (Azurite's JavaScript is compiled as it is first used, the
             // database's pages come into memory) and is not counted.
             for round in 0..=rounds {
-                // Each limit is measured before and after the paths, and the faster run is kept:
-                // on a shared machine one run alone can land in a slow moment, and the limit is
-                // what the machine can do at best.
-                let raw = |window| at_receiver(&receiver, rows, raw_pipelined(engine, &url, &hook, batch, window, rows));
-                let mut limits = Vec::new();
-                for &window in &windows {
-                    limits.push(raw(window).await);
-                }
-                let mut measured = Vec::new();
-                for (_, state, max_in_flight) in &paths {
+                for ((_, state, max_in_flight), line) in paths.iter().zip(&mut lines) {
+                    // A-B-A: the raw limit runs just before and just after the path, and the path
+                    // is compared with their mean, so that the machine's drift (rows/s move by a
+                    // fifth from one second to the next on this VM) cancels out.
+                    let raw = || at_receiver(&receiver, rows, raw_pipelined(engine, &url, &hook, batch, *max_in_flight, rows));
+                    let before = raw().await;
                     let run = dbtrigger(&url, &hook, state, batch, *max_in_flight, rows);
-                    measured.push(at_receiver(&receiver, rows, run).await);
-                }
-                for (limit, &window) in limits.iter_mut().zip(&windows) {
-                    let after = raw(window).await;
-                    if after.rows_per_second > limit.rows_per_second {
-                        *limit = after;
+                    let run = at_receiver(&receiver, rows, run).await;
+                    let after = raw().await;
+                    expected += 3 * rows as u64;
+                    if round == 0 {
+                        continue;
                     }
-                }
-                expected += (2 * windows.len() + paths.len()) as u64 * rows as u64;
-                if round == 0 {
-                    continue;
-                }
-                let limit_of = |window| limits[windows.iter().position(|&each| each == window).unwrap()].rows_per_second;
-                let ratios: Vec<f64> = windows
-                    .iter()
-                    .map(|_| 1.0)
-                    .chain(paths.iter().zip(&measured).map(|((.., window), run)| run.rows_per_second / limit_of(*window)))
-                    .collect();
-                for ((line, run), ratio) in lines.iter_mut().zip(limits.into_iter().chain(measured)).zip(ratios) {
+                    line.ratios.push(2.0 * run.rows_per_second / (before.rows_per_second + after.rows_per_second));
                     line.runs.push(run);
-                    line.ratios.push(ratio);
+                    let limit = &mut limits[windows.iter().position(|window| window == max_in_flight).unwrap()];
+                    limit.runs.extend([before, after]);
+                    limit.ratios.extend([1.0, 1.0]);
                 }
+            }
+            for line in &limits {
+                line.print(engine, batch);
             }
             for line in &lines {
                 line.print(engine, batch);
