@@ -459,7 +459,8 @@ impl Line {
 }
 
 async fn run() {
-    let number = |name: &str, default: i64| std::env::var(name).ok().and_then(|text| text.parse().ok()).unwrap_or(default);
+    let number =
+        |name: &str, default: i64| std::env::var(name).ok().and_then(|text| text.parse().ok()).unwrap_or(default);
     let rows = number("DBTRIGGER_BENCH_ROWS", 200_000);
     let rounds = number("DBTRIGGER_BENCH_ROUNDS", 3).max(1) as usize;
     let only = std::env::var("DBTRIGGER_BENCH_ONLY").ok();
@@ -489,8 +490,12 @@ async fn run() {
                     only.as_ref().is_none_or(|only| format!("{engine:?} {batch} {path}").contains(only.as_str()))
                 })
                 .collect();
-            let windows: Vec<usize> =
-                paths.iter().map(|(.., window)| *window).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+            let windows: Vec<usize> = paths
+                .iter()
+                .map(|(.., window)| *window)
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
             let mut limits: Vec<Line> = windows
                 .iter()
                 .map(|window| Line {
@@ -499,8 +504,10 @@ async fn run() {
                     ratios: Vec::new(),
                 })
                 .collect();
-            let mut lines: Vec<Line> =
-                paths.iter().map(|(path, ..)| Line { path: path.clone(), runs: Vec::new(), ratios: Vec::new() }).collect();
+            let mut lines: Vec<Line> = paths
+                .iter()
+                .map(|(path, ..)| Line { path: path.clone(), runs: Vec::new(), ratios: Vec::new() })
+                .collect();
             // Round 0 warms up (Azurite's JavaScript is compiled as it is first used, the
             // database's pages come into memory) and is not counted.
             for round in 0..=rounds {
@@ -508,7 +515,9 @@ async fn run() {
                     // A-B-A: the raw limit runs just before and just after the path, and the path
                     // is compared with their mean, so that the machine's drift (rows/s move by a
                     // fifth from one second to the next on this VM) cancels out.
-                    let raw = || at_receiver(&receiver, rows, raw_pipelined(engine, &url, &hook, batch, *max_in_flight, rows));
+                    let raw = || {
+                        at_receiver(&receiver, rows, raw_pipelined(engine, &url, &hook, batch, *max_in_flight, rows))
+                    };
                     let before = raw().await;
                     let run = dbtrigger(&url, &hook, state, batch, *max_in_flight, rows);
                     let run = at_receiver(&receiver, rows, run).await;

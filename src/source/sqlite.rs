@@ -15,8 +15,8 @@ use std::time::Duration;
 use base64::Engine as _;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use serde_json::Value;
-use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqliteRow};
-use sqlx::{Row, TypeInfo, ValueRef};
+use sqlx::sqlite::{Sqlite, SqliteConnectOptions, SqlitePool, SqliteRow, SqliteValueRef};
+use sqlx::{Decode, Row, TypeInfo, ValueRef};
 use tokio::sync::OnceCell;
 
 use super::query::{CursorType, SeekPlan, SeekQuery, build_seek};
@@ -92,29 +92,30 @@ impl SqliteSource {
     }
 }
 
+/// The value `raw` of column `name`, whose storage class is `type_name`.
 fn decode_value<'r>(
-    row: &'r SqliteRow,
-    index: usize,
+    raw: SqliteValueRef<'r>,
     name: &str,
     type_name: &str,
     is_cursor: bool,
 ) -> Result<Decoded<'r>, SourceError> {
-    let failed = |error: sqlx::Error| SourceError::UnsupportedType {
+    let failed = |error: sqlx::error::BoxDynError| SourceError::UnsupportedType {
         column: name.to_string(),
         type_name: format!("{type_name} ({error})"),
     };
     match type_name {
         "NULL" => Ok(Decoded::plain(Value::Null)),
-        "INTEGER" | "INT" | "BIGINT" | "BOOLEAN" => Ok(Decoded::integer(row.try_get_unchecked(index).map_err(failed)?)),
+        "INTEGER" | "INT" | "BIGINT" | "BOOLEAN" => {
+            Ok(Decoded::integer(<i64 as Decode<Sqlite>>::decode(raw).map_err(failed)?))
+        }
         "REAL" | "FLOAT" | "DOUBLE" | "NUMERIC" => {
-            let number: f64 = row.try_get_unchecked(index).map_err(failed)?;
-            Ok(Decoded::float(number))
+            Ok(Decoded::float(<f64 as Decode<Sqlite>>::decode(raw).map_err(failed)?))
         }
         "TEXT" | "DATETIME" | "DATE" | "TIME" => {
             if !is_cursor {
-                return Ok(Decoded::borrowed_text(row.try_get_unchecked::<&str, _>(index).map_err(failed)?));
+                return Ok(Decoded::borrowed_text(<&str as Decode<Sqlite>>::decode(raw).map_err(failed)?));
             }
-            let text: String = row.try_get_unchecked(index).map_err(failed)?;
+            let text = <String as Decode<Sqlite>>::decode(raw).map_err(failed)?;
             let Some(at) = parse_sqlite_timestamp(&text) else {
                 let why = format!(
                     "the text {text:?} is not a timestamp layout SQLite's date functions read \
@@ -126,7 +127,7 @@ fn decode_value<'r>(
             Ok(Decoded::moment(CursorValue::Timestamp { at, source_text: Some(text) }))
         }
         "BLOB" => {
-            let bytes: Vec<u8> = row.try_get_unchecked(index).map_err(failed)?;
+            let bytes = <Vec<u8> as Decode<Sqlite>>::decode(raw).map_err(failed)?;
             Ok(Decoded::plain(Value::from(base64::engine::general_purpose::STANDARD.encode(bytes))))
         }
         other => Err(SourceError::UnsupportedType { column: name.to_string(), type_name: other.to_string() }),
@@ -203,6 +204,14 @@ fn storage_class(raw: &sqlx::sqlite::SqliteValueRef<'_>) -> std::borrow::Cow<'st
     }
     let type_info = raw.type_info();
     let name = type_info.name();
+    // sqlx names a value's own class in capitals: those need no search.
+    match name {
+        "INTEGER" => return "INTEGER".into(),
+        "REAL" => return "REAL".into(),
+        "TEXT" => return "TEXT".into(),
+        "BLOB" => return "BLOB".into(),
+        _ => {}
+    }
     match [
         "INTEGER", "REAL", "TEXT", "BLOB", "NUMERIC", "BOOLEAN", "DATE", "TIME", "DATETIME", "INT", "BIGINT", "FLOAT",
         "DOUBLE",
@@ -218,7 +227,8 @@ fn storage_class(raw: &sqlx::sqlite::SqliteValueRef<'_>) -> std::borrow::Cow<'st
 impl ColumnDecoder<SqliteRow> for SqliteSource {
     fn decode_column<'r>(&self, row: &'r SqliteRow, index: usize, name: &str) -> Result<Decoded<'r>, SourceError> {
         let raw = row.try_get_raw(index).map_err(|error| SourceError::Position(format!("column {name:?}: {error}")))?;
-        decode_value(row, index, name, &storage_class(&raw), name == self.config.cursor)
+        let class = storage_class(&raw);
+        decode_value(raw, name, &class, name == self.config.cursor)
     }
 
     fn column_type(&self, row: &SqliteRow, index: usize) -> String {
