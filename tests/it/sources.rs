@@ -308,6 +308,35 @@ async fn with_settle_a_late_commit_is_delivered() {
     assert_eq!(late_commit(2).await, vec![1, 2]);
 }
 
+/// The server may drop a pooled connection between ticks (a restart, an idle timeout, a
+/// failover): a connection idle for a second or more is pinged before it is used, and replaced
+/// when it is gone, so the next tick delivers instead of failing on a dead connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_the_server_dropped_between_ticks_is_replaced() {
+    let url = postgres().fresh_database().await;
+    execute(&url, "CREATE TABLE items (id BIGINT PRIMARY KEY, c BIGINT NOT NULL);\nINSERT INTO items VALUES (1, 1);\n")
+        .await;
+    let (poller, sink, _directory) = items_poller(&url, json!({}));
+    assert!(matches!(poller.tick().await.unwrap(), TickOutcome::Delivered { rows: 1, .. }));
+
+    let admin = sqlx::PgPool::connect(&url).await.unwrap();
+    let terminated: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND application_name = 'dbtrigger'",
+    )
+    .fetch_all(&admin)
+    .await
+    .unwrap();
+    assert!(terminated.contains(&true), "the poller's connection was not there to drop: {terminated:?}");
+    sqlx::query("INSERT INTO items VALUES (2, 2)").execute(&admin).await.unwrap();
+    admin.close().await;
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+
+    let outcome = poller.tick().await.unwrap();
+    assert!(matches!(outcome, TickOutcome::Delivered { rows: 1, .. }), "{outcome:?}");
+    assert_eq!(delivered_ids(&sink), vec![1, 2]);
+}
+
 async fn first_row(url: &str, table_sql: &str, insert_sql: &str) -> Result<serde_json::Map<String, Value>, String> {
     execute(url, table_sql).await;
     execute(url, insert_sql).await;
