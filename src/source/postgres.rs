@@ -115,13 +115,15 @@ fn decode_value<'r>(row: &'r PgRow, index: usize, name: &str, type_name: &str) -
         column: name.to_string(),
         type_name: format!("{type_name} ({error})"),
     };
+    // Each arm decodes the Rust type of its PostgreSQL type: the driver's check of that pairing,
+    // per value, would only repeat this match.
     let decoded = match type_name {
-        "BOOL" => Decoded::plain(Value::from(row.try_get::<bool, _>(index).map_err(failed)?)),
-        "INT2" => Decoded::integer(i64::from(row.try_get::<i16, _>(index).map_err(failed)?)),
-        "INT4" => Decoded::integer(i64::from(row.try_get::<i32, _>(index).map_err(failed)?)),
-        "INT8" => Decoded::integer(row.try_get::<i64, _>(index).map_err(failed)?),
-        "FLOAT4" => Decoded::float(f64::from(row.try_get::<f32, _>(index).map_err(failed)?)),
-        "FLOAT8" => Decoded::float(row.try_get::<f64, _>(index).map_err(failed)?),
+        "BOOL" => Decoded::plain(Value::from(row.try_get_unchecked::<bool, _>(index).map_err(failed)?)),
+        "INT2" => Decoded::integer(i64::from(row.try_get_unchecked::<i16, _>(index).map_err(failed)?)),
+        "INT4" => Decoded::integer(i64::from(row.try_get_unchecked::<i32, _>(index).map_err(failed)?)),
+        "INT8" => Decoded::integer(row.try_get_unchecked::<i64, _>(index).map_err(failed)?),
+        "FLOAT4" => Decoded::float(f64::from(row.try_get_unchecked::<f32, _>(index).map_err(failed)?)),
+        "FLOAT8" => Decoded::float(row.try_get_unchecked::<f64, _>(index).map_err(failed)?),
         // As a string, exactly as PostgreSQL prints it (same digits, same scale).
         "NUMERIC" => {
             let bytes = row.try_get_unchecked::<&[u8], _>(index).map_err(failed)?;
@@ -134,10 +136,11 @@ fn decode_value<'r>(row: &'r PgRow, index: usize, name: &str, type_name: &str) -
         "TEXT" | "VARCHAR" | "BPCHAR" | "NAME" | "CHAR" | "CITEXT" => {
             Decoded::borrowed_text(row.try_get_unchecked::<&str, _>(index).map_err(failed)?)
         }
-        "UUID" => Decoded::text(row.try_get::<sqlx::types::Uuid, _>(index).map_err(failed)?.to_string()),
-        "JSON" | "JSONB" => Decoded::plain(row.try_get::<Value, _>(index).map_err(failed)?),
+        "UUID" => Decoded::text(row.try_get_unchecked::<sqlx::types::Uuid, _>(index).map_err(failed)?.to_string()),
+        "JSON" | "JSONB" => Decoded::plain(row.try_get_unchecked::<Value, _>(index).map_err(failed)?),
         "BYTEA" => Decoded::plain(Value::from(
-            base64::engine::general_purpose::STANDARD.encode(row.try_get::<Vec<u8>, _>(index).map_err(failed)?),
+            base64::engine::general_purpose::STANDARD
+                .encode(row.try_get_unchecked::<Vec<u8>, _>(index).map_err(failed)?),
         )),
         "DATE" | "TIMESTAMP" | "TIMESTAMPTZ" => match decode_moment(&raw, type_name) {
             Moment::Infinite(text) => Decoded::not_a_position(
@@ -154,12 +157,18 @@ fn decode_value<'r>(row: &'r PgRow, index: usize, name: &str, type_name: &str) -
             Moment::Naive(at) if type_name == "TIMESTAMP" => Decoded::naive_timestamp(at),
             Moment::Naive(at) => Decoded::timestamp(at.and_utc()),
             Moment::Text => match type_name {
-                "DATE" => Decoded::plain(Value::from(row.try_get::<NaiveDate, _>(index).map_err(failed)?.to_string())),
-                "TIMESTAMP" => Decoded::naive_timestamp(row.try_get::<NaiveDateTime, _>(index).map_err(failed)?),
-                _ => Decoded::timestamp(row.try_get::<DateTime<Utc>, _>(index).map_err(failed)?),
+                "DATE" => Decoded::plain(Value::from(
+                    row.try_get_unchecked::<NaiveDate, _>(index).map_err(failed)?.to_string(),
+                )),
+                "TIMESTAMP" => {
+                    Decoded::naive_timestamp(row.try_get_unchecked::<NaiveDateTime, _>(index).map_err(failed)?)
+                }
+                _ => Decoded::timestamp(row.try_get_unchecked::<DateTime<Utc>, _>(index).map_err(failed)?),
             },
         },
-        "TIME" => Decoded::plain(Value::from(row.try_get::<NaiveTime, _>(index).map_err(failed)?.to_string())),
+        "TIME" => {
+            Decoded::plain(Value::from(row.try_get_unchecked::<NaiveTime, _>(index).map_err(failed)?.to_string()))
+        }
         other => {
             return Err(SourceError::UnsupportedType { column: name.to_string(), type_name: other.to_string() });
         }
