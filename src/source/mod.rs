@@ -123,8 +123,8 @@ pub async fn last_position(source: &dyn Source) -> Result<Option<Position>, Sour
 /// tick starts again from the checkpoint.
 const PING_AFTER_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// The pool every engine's source uses: two connections (the fetch ahead and a status question),
-/// ten seconds to get one, a ping only after [`PING_AFTER_IDLE`].
+/// The pool every engine's source uses: two connections, ten seconds to get one, a ping only
+/// after [`PING_AFTER_IDLE`] idle.
 pub(crate) fn pool_options<DB: Database>() -> sqlx::pool::PoolOptions<DB> {
     sqlx::pool::PoolOptions::new()
         .max_connections(2)
