@@ -23,6 +23,10 @@
 #[path = "../tests/it/services.rs"]
 mod services;
 
+/// The binary's allocator (src/main.rs), for dbtrigger's paths and the raw one alike.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;

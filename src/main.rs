@@ -5,6 +5,13 @@ use std::process::ExitCode;
 use clap::Parser;
 use dbtrigger::cli::{Cli, Command};
 
+/// mimalloc rather than the C library's allocator: a batch's rows and events are allocated by the
+/// task that reads them and freed by the one that delivers them, on another thread, and the C
+/// library's allocator pays for that in locks (the throughput bench moved a fifth more rows per
+/// second with mimalloc, for the raw path and dbtrigger's alike).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
