@@ -64,6 +64,8 @@ pub struct SourceConfig {
     pub ops: OpRule,
     /// The source's load generation, if the table is truncated and reloaded.
     pub generation: Option<GenerationConfig>,
+    /// How many rows SQLite's driver may read ahead of the poller (from `batch.size`).
+    pub read_ahead_rows: usize,
 }
 
 /// Which `op` an event gets.
@@ -491,6 +493,7 @@ pub(super) fn build_source(
         cursor_time_zone,
         ops,
         generation,
+        read_ahead_rows: super::limits::READ_AHEAD_ROWS_MIN,
     };
     Ok((source, Fingerprints { current: fingerprint, legacy: legacy_fingerprint }))
 }

@@ -408,3 +408,13 @@ fn delete_rules_and_generations_are_checked_with_their_field() {
         ("SELECT max(id) FROM loads", OnGenerationChange::Stop)
     );
 }
+
+#[test]
+fn sqlite_reads_a_batch_ahead_within_bounds() {
+    for (size, read_ahead) in [(10, 50), (500, 500), (1000, 1000), (5000, 1024)] {
+        let mut poller = valid_poller();
+        poller["batch"] = json!({ "size": size });
+        let config = load(&function_json(poller), &settings()).1.unwrap();
+        assert_eq!(config.source.read_ahead_rows, read_ahead, "batch.size {size}");
+    }
+}

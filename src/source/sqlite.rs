@@ -42,7 +42,8 @@ impl SqliteSource {
                 reason: redaction.scrub(&error.to_string()),
             })?
             .create_if_missing(false)
-            .busy_timeout(Duration::from_secs(5));
+            .busy_timeout(Duration::from_secs(5))
+            .row_buffer_size(config.read_ahead_rows);
         let pool = super::pool_options().connect_lazy_with(options);
         Ok(SqliteSource {
             pool,
