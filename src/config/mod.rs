@@ -399,10 +399,9 @@ fn build(
         return Err(at.error("(app name)", format!("app name {app_name:?} (WEBSITE_SITE_NAME / DBTRIGGER_APP_NAME) may hold only letters, digits, '-', '_' and '.'")));
     }
 
-    let (source, fingerprints) = build_source(raw.source, settings, app_root, at)?;
+    let (mut source, fingerprints) = build_source(raw.source, settings, app_root, at)?;
 
     let batch = build_batch(&raw.batch, function_timeout, at)?;
-    let mut source = source;
     source.read_ahead_rows = batch.size.clamp(limits::READ_AHEAD_ROWS_MIN, limits::READ_AHEAD_ROWS_MAX);
     let sink = build_sink(raw.sink, settings, at)?;
     let lease = build_lease(&raw.lease, at)?;
