@@ -518,7 +518,7 @@ async fn run() {
                 for ((_, state, max_in_flight), line) in paths.iter().zip(&mut lines) {
                     // A-B-A: the raw limit runs just before and just after the path, and the path
                     // is compared with their mean, so that the machine's drift (rows/s move by a
-                    // fifth from one second to the next on this VM) cancels out.
+                    // fifth from one minute to the next on this VM) cancels out.
                     let raw = || {
                         at_receiver(&receiver, rows, raw_pipelined(engine, &url, &hook, batch, *max_in_flight, rows))
                     };
