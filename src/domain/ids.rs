@@ -52,16 +52,13 @@ impl EventIds {
     /// Appends the id of the row whose key (`kind|cursor|pk`, as [`super::event::position_key`]
     /// writes it) is `key` to `out`.
     pub fn write_id_of_key(&self, key: &[u8], out: &mut Vec<u8>) {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut hasher = self.prefix.clone();
         hasher.update((key.len() as u64).to_be_bytes());
         hasher.update(key);
-        let digest = hasher.finalize();
+        let mut digits = [0u8; 32];
+        hex::encode_to_slice(&hasher.finalize()[..16], &mut digits).expect("16 bytes are 32 hex digits");
         out.extend_from_slice(b"evt_");
-        for byte in &digest[..16] {
-            out.push(HEX[usize::from(byte >> 4)]);
-            out.push(HEX[usize::from(byte & 0x0f)]);
-        }
+        out.extend_from_slice(&digits);
     }
 
     /// The id of the row at `position` (what a batch's events get, one at a time: for the tests).
