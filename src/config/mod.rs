@@ -342,13 +342,6 @@ pub(crate) fn is_valid_function_name(name: &str) -> bool {
 /// Upper bounds that keep every number of function.json far from any overflow in the time and
 /// size arithmetic that follows (one absurd function.json must not panic the process).
 pub mod limits {
-    /// SQLite's driver reads rows on a thread of its own, ahead of the poller, into a buffer of
-    /// this many rows: a batch (`batch.size`), at least the driver's default and at most this. A
-    /// buffer smaller than the batch fills while the poller encodes rows, and then the driver
-    /// thread wakes and sleeps once per row (in the throughput bench, batch 1,000: a quarter to a
-    /// half more rows per second with the batch buffered).
-    pub const READ_AHEAD_ROWS_MIN: usize = 50;
-    pub const READ_AHEAD_ROWS_MAX: usize = 1024;
     /// Every duration given in seconds: a day.
     pub const SECONDS: u64 = 86_400;
     pub const BATCH_MAX_BYTES: usize = 1024 * 1024 * 1024;
@@ -399,10 +392,9 @@ fn build(
         return Err(at.error("(app name)", format!("app name {app_name:?} (WEBSITE_SITE_NAME / DBTRIGGER_APP_NAME) may hold only letters, digits, '-', '_' and '.'")));
     }
 
-    let (mut source, fingerprints) = build_source(raw.source, settings, app_root, at)?;
+    let (source, fingerprints) = build_source(raw.source, settings, app_root, at)?;
 
     let batch = build_batch(&raw.batch, function_timeout, at)?;
-    source.read_ahead_rows = batch.size.clamp(limits::READ_AHEAD_ROWS_MIN, limits::READ_AHEAD_ROWS_MAX);
     let sink = build_sink(raw.sink, settings, at)?;
     let lease = build_lease(&raw.lease, at)?;
     let poison = build_poison(&raw.poison, at)?;

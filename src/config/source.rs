@@ -64,8 +64,6 @@ pub struct SourceConfig {
     pub ops: OpRule,
     /// The source's load generation, if the table is truncated and reloaded.
     pub generation: Option<GenerationConfig>,
-    /// How many rows SQLite's driver may read ahead of the poller (from `batch.size`).
-    pub read_ahead_rows: usize,
 }
 
 /// Which `op` an event gets.
@@ -222,7 +220,15 @@ fn parse_source_url(url: &str, app_root: &Path) -> Result<(UrlIdentity, String),
             if path.is_empty() {
                 return Err("a sqlite URL needs a file path: sqlite://path/to/file.db".to_string());
             }
-            let resolved_path = if path == ":memory:" || Path::new(path).is_absolute() {
+            if path == ":memory:" {
+                return Err("a sqlite URL names a database file: an in-memory database (:memory:) has no rows \
+                            for a poller to read"
+                    .to_string());
+            }
+            if let Some(query) = query {
+                check_sqlite_parameters(query)?;
+            }
+            let resolved_path = if Path::new(path).is_absolute() {
                 path.to_string()
             } else {
                 app_root.join(path).to_string_lossy().into_owned()
@@ -259,6 +265,38 @@ fn parse_source_url(url: &str, app_root: &Path) -> Result<(UrlIdentity, String),
         }
         _ => Err(format!("unsupported database URL scheme {scheme:?}: expected postgres://, mysql:// or sqlite://")),
     }
+}
+
+/// A sqlite URL's parameters are SQLite's URI parameters; those a poller can use are accepted, any
+/// other refused (SQLite itself ignores a parameter it does not know, which would hide a typo).
+fn check_sqlite_parameters(query: &str) -> Result<(), String> {
+    for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
+        let accepted = match &*key {
+            "mode" => match &*value {
+                "ro" | "rw" => true,
+                "rwc" | "memory" => {
+                    return Err(format!(
+                        "mode={value} in a sqlite URL: a poller reads a database that exists and never \
+                         creates one (use mode=ro or mode=rw, or leave mode out)"
+                    ));
+                }
+                _ => false,
+            },
+            "immutable" => matches!(&*value, "0" | "1" | "true" | "false"),
+            "cache" => matches!(&*value, "private" | "shared"),
+            "vfs" => !value.is_empty(),
+            _ => {
+                return Err(format!(
+                    "unknown parameter {key:?} in a sqlite URL: dbtrigger understands mode (ro, rw), \
+                     immutable (0, 1), cache (private, shared) and vfs"
+                ));
+            }
+        };
+        if !accepted {
+            return Err(format!("{key}={value:?} in a sqlite URL is not a value SQLite takes for {key}"));
+        }
+    }
+    Ok(())
 }
 
 /// The query parameters PostgreSQL's driver understands. It logs any other one *with its value*
@@ -493,7 +531,6 @@ pub(super) fn build_source(
         cursor_time_zone,
         ops,
         generation,
-        read_ahead_rows: super::limits::READ_AHEAD_ROWS_MIN,
     };
     Ok((source, Fingerprints { current: fingerprint, legacy: legacy_fingerprint }))
 }

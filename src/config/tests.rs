@@ -152,6 +152,28 @@ fn a_database_password_never_appears_in_an_error() {
 }
 
 #[test]
+fn sqlite_urls_take_the_uri_parameters_a_poller_can_use_and_refuse_the_rest() {
+    let error_for = |url: &str| {
+        let (_root, result) = load(&function_json(valid_poller()), &settings().with("ORDERS_DB", url));
+        result.err().map(|error| error.to_string())
+    };
+    for accepted in ["sqlite://orders.db?mode=ro", "sqlite://orders.db?immutable=1&vfs=unix-none", "sqlite://orders.db"]
+    {
+        assert_eq!(error_for(accepted), None, "{accepted}");
+    }
+    let refused = [
+        ("sqlite://orders.db?mode=rwc", "mode=rwc in a sqlite URL: a poller reads a database that exists"),
+        ("sqlite://:memory:", "an in-memory database (:memory:) has no rows"),
+        ("sqlite://orders.db?immutible=1", "unknown parameter \"immutible\" in a sqlite URL"),
+        ("sqlite://orders.db?mode=readonly", "mode=\"readonly\" in a sqlite URL is not a value SQLite takes for mode"),
+    ];
+    for (url, expected) in refused {
+        let message = error_for(url).unwrap_or_else(|| panic!("{url} was accepted"));
+        assert!(message.contains(expected), "{url}: {message}");
+    }
+}
+
+#[test]
 fn a_function_without_a_timer_is_refused() {
     let document =
         json!({"bindings": [{"type": "httpTrigger", "name": "req", "direction": "in"}], "poller": valid_poller()});
@@ -407,14 +429,4 @@ fn delete_rules_and_generations_are_checked_with_their_field() {
         (generation.query.as_str(), generation.on_change),
         ("SELECT max(id) FROM loads", OnGenerationChange::Stop)
     );
-}
-
-#[test]
-fn sqlite_reads_a_batch_ahead_within_bounds() {
-    for (size, read_ahead) in [(10, 50), (500, 500), (1000, 1000), (5000, 1024)] {
-        let mut poller = valid_poller();
-        poller["batch"] = json!({ "size": size });
-        let config = load(&function_json(poller), &settings()).1.unwrap();
-        assert_eq!(config.source.read_ahead_rows, read_ahead, "batch.size {size}");
-    }
 }

@@ -635,38 +635,76 @@ where
         }
     };
     let mut stream = query.bind(limit.rows as i64).fetch(pool);
-    let mut fetched = Fetched { rows: Vec::with_capacity(limit.rows.min(1024)), full: false };
-    let mut bytes = 0usize;
-    let mut layout: Option<Layout> = None;
-    // Rows of one result are alike: each row's buffer starts as large as the last row needed.
-    let mut row_capacity = 64;
+    let mut collected: Option<Collector<'_>> = None;
     while let Some(row) = stream.try_next().await.map_err(|error| classify(redaction, error))? {
-        if layout.is_none() {
+        if collected.is_none() {
             let names = sqlx::Row::columns(&row).iter().map(sqlx::Column::name);
-            let learnt = Layout::new(config, names)
+            let layout = Layout::new(config, names)
                 .map_err(|reason| SourceError::Query { location: redaction.location.clone(), reason })?;
-            layout = Some(learnt);
+            collected = Some(Collector::new(config, layout, limit));
         }
-        let layout = layout.as_ref().expect("learnt from the first row");
-        let mut builder = RowBuilder::new(config, layout, row_capacity);
-        for (index, column) in layout.columns.iter().enumerate() {
-            match decoder.decode_column(&row, index, &column.name) {
-                Ok(value) => builder.push(index, value, || decoder.column_type(&row, index)),
+        let collector = collected.as_mut().expect("made at the first row");
+        let at_limit = collector
+            .add(|index, name| decoder.decode_column(&row, index, name), |index| decoder.column_type(&row, index))?;
+        if at_limit {
+            // Stop reading: the rest of the LIMIT is left to the next fetch.
+            let collector = collected.take().expect("made at the first row");
+            return Ok(collector.finish(true));
+        }
+    }
+    Ok(collected.map(|collector| collector.finish(false)).unwrap_or_default())
+}
+
+/// The rows of one fetch as they are decoded, up to the fetch's limits: one body for every engine.
+pub(crate) struct Collector<'a> {
+    config: &'a SourceConfig,
+    layout: Layout,
+    limit: FetchLimit,
+    fetched: Fetched,
+    bytes: usize,
+    /// Rows of one result are alike: each row's buffer starts as large as the last row needed.
+    row_capacity: usize,
+}
+
+impl<'a> Collector<'a> {
+    pub fn new(config: &'a SourceConfig, layout: Layout, limit: FetchLimit) -> Self {
+        Collector {
+            config,
+            layout,
+            limit,
+            fetched: Fetched { rows: Vec::with_capacity(limit.rows.min(1024)), full: false },
+            bytes: 0,
+            row_capacity: 64,
+        }
+    }
+
+    /// Adds the row whose columns `decode` reads (by index and name; `type_name` names a
+    /// column's type, for messages). `true` when the rows now add up to the byte limit: the
+    /// caller stops reading.
+    pub fn add<'r>(
+        &mut self,
+        mut decode: impl FnMut(usize, &str) -> Result<Decoded<'r>, SourceError>,
+        type_name: impl Fn(usize) -> String,
+    ) -> Result<bool, SourceError> {
+        let mut builder = RowBuilder::new(self.config, &self.layout, self.row_capacity);
+        for (index, column) in self.layout.columns.iter().enumerate() {
+            match decode(index, &column.name) {
+                Ok(value) => builder.push(index, value, || type_name(index)),
                 Err(error) => builder.fail(error),
             }
         }
-        let (decoded, size) = builder.finish()?;
-        row_capacity = decoded.row.len() + 16;
-        fetched.rows.push(decoded);
-        bytes += size;
-        if bytes >= limit.bytes {
-            // Stop reading: the rest of the LIMIT is left to the next fetch.
-            fetched.full = true;
-            return Ok(fetched);
-        }
+        let (row, size) = builder.finish()?;
+        self.row_capacity = row.row.len() + 16;
+        self.fetched.rows.push(row);
+        self.bytes += size;
+        Ok(self.bytes >= self.limit.bytes)
     }
-    fetched.full = fetched.rows.len() >= limit.rows;
-    Ok(fetched)
+
+    /// What was read; `stopped` when reading stopped at the byte limit (more rows may follow).
+    pub fn finish(mut self, stopped: bool) -> Fetched {
+        self.fetched.full = stopped || self.fetched.rows.len() >= self.limit.rows;
+        self.fetched
+    }
 }
 
 /// Runs `sql` and returns its one value: the first column of the first row (`null` without a

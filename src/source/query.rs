@@ -290,7 +290,6 @@ mod tests {
             cursor_time_zone: "UTC".into(),
             ops: crate::config::source::OpRule::Upsert,
             generation: None,
-            read_ahead_rows: 50,
         }
     }
 

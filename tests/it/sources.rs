@@ -636,3 +636,37 @@ async fn a_query_slower_than_its_timeout_fails_the_tick() {
     assert!(message.contains("timeout") || message.contains("took longer than 1 s"), "{message}");
     assert!(sink.batches().is_empty());
 }
+
+/// SQLite's fetch has the same timeout: the statement is interrupted when it passes (a unit test
+/// in src/source/sqlite.rs shows the connection comes free at once), and the tick fails clearly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sqlite_query_slower_than_its_timeout_fails_the_tick() {
+    let database = sqlite_items(&[(1, "2026-01-01T00:00:00Z")]).await;
+    let slow = "(WITH RECURSIVE g(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM g WHERE x < 2000000000) \
+                SELECT count(*) FROM g) > 0";
+    let (poller, sink, _directory) = items_poller(&database.url, json!({"queryTimeoutSeconds": 1, "where": slow}));
+    let started = std::time::Instant::now();
+    let message = poller.tick().await.unwrap_err().to_string();
+    assert!(started.elapsed() < std::time::Duration::from_secs(4), "{:?}", started.elapsed());
+    assert!(message.contains("took longer than 1 s"), "{message}");
+    assert!(sink.batches().is_empty());
+}
+
+/// A SQLite file that is not there is an unreachable database (a poller never creates one), and
+/// a file that is not a database says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_or_foreign_sqlite_file_is_a_clear_error() {
+    let directory = tempfile::tempdir().unwrap();
+    let missing = directory.path().join("missing.db");
+    let (poller, sink, _config_directory) = items_poller(&format!("sqlite://{}", missing.display()), json!({}));
+    let message = poller.tick().await.unwrap_err().to_string();
+    assert!(message.contains("cannot reach the database") && message.contains("unable to open"), "{message}");
+    assert!(!missing.exists(), "the poller created the database");
+
+    let foreign = directory.path().join("notes.txt");
+    std::fs::write(&foreign, "these are not the rows you are looking for, ".repeat(100)).unwrap();
+    let (poller, _sink, _config_directory) = items_poller(&format!("sqlite://{}", foreign.display()), json!({}));
+    let message = poller.tick().await.unwrap_err().to_string();
+    assert!(message.contains("cannot reach the database") && message.contains("not a database"), "{message}");
+    assert!(sink.batches().is_empty());
+}
