@@ -3,9 +3,11 @@
 //! **pipelined raw limit** measured in the same run on the same data: the same keyset reads and
 //! the same POSTs (the envelope dbtrigger posts, ids included, so that the receiver does the same
 //! work) with no state and no lease, reading batch k+1 while batch k is posted, with as many posts
-//! in flight as the path it is compared with (`maxInFlight`), each page serialized straight from
-//! its typed rows: the fastest this machine moves these rows. The limit runs just before and just
-//! after each path, and the path is compared with the mean of the two.
+//! in flight as the path it is compared with (`maxInFlight`), each page read through the driver
+//! dbtrigger reads that engine with (SQLite: rusqlite, a page per call on a blocking thread;
+//! PostgreSQL: sqlx) into typed rows and serialized straight from them: the fastest this machine
+//! moves these rows. The limit runs just before and just after each path, and the path is
+//! compared with the mean of the two.
 //!
 //! The receiver runs in a child process (this program again), so the CPU time reported per row
 //! is the dbtrigger side's alone (`getrusage` of this process; Azurite and PostgreSQL are other
@@ -159,17 +161,19 @@ async fn table(engine: Engine, directory: &std::path::Path, rows: i64) -> String
 type RawRow = (i64, i64, String, f64, String);
 
 enum RawPool {
-    Sqlite(sqlx::SqlitePool),
+    /// One connection, read on a blocking thread a page at a time, as dbtrigger reads SQLite.
+    Sqlite(Arc<std::sync::Mutex<rusqlite::Connection>>),
     Postgres(sqlx::PgPool),
 }
 
 impl RawPool {
     async fn open(engine: Engine, url: &str) -> RawPool {
         match engine {
+            Engine::Sqlite => {
+                let path = url.trim_start_matches("sqlite://");
+                RawPool::Sqlite(Arc::new(std::sync::Mutex::new(rusqlite::Connection::open(path).unwrap())))
+            }
             // No ping before each fetch (dbtrigger pings a connection idle for a second or more).
-            Engine::Sqlite => RawPool::Sqlite(
-                sqlx::sqlite::SqlitePoolOptions::new().test_before_acquire(false).connect(url).await.unwrap(),
-            ),
             Engine::Postgres => RawPool::Postgres(
                 sqlx::postgres::PgPoolOptions::new().test_before_acquire(false).connect(url).await.unwrap(),
             ),
@@ -178,15 +182,26 @@ impl RawPool {
 
     async fn page(&self, after: (i64, i64), batch: i64) -> Vec<RawRow> {
         match self {
-            RawPool::Sqlite(pool) => sqlx::query_as(
-                "SELECT id, version, status, total, note FROM orders WHERE (version, id) > (?, ?) ORDER BY version, id LIMIT ?",
-            )
-            .bind(after.0)
-            .bind(after.1)
-            .bind(batch)
-            .fetch_all(pool)
-            .await
-            .unwrap(),
+            RawPool::Sqlite(connection) => {
+                let connection = connection.clone();
+                tokio::task::spawn_blocking(move || {
+                    let connection = connection.lock().unwrap();
+                    let mut statement = connection
+                        .prepare_cached(
+                            "SELECT id, version, status, total, note FROM orders WHERE (version, id) > (?, ?) ORDER BY version, id LIMIT ?",
+                        )
+                        .unwrap();
+                    statement
+                        .query_map((after.0, after.1, batch), |row| {
+                            Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?))
+                        })
+                        .unwrap()
+                        .collect::<Result<Vec<RawRow>, _>>()
+                        .unwrap()
+                })
+                .await
+                .unwrap()
+            }
             RawPool::Postgres(pool) => sqlx::query_as(
                 "SELECT id, version, status, total, note FROM orders WHERE (version, id) > ($1, $2) ORDER BY version, id LIMIT $3",
             )
