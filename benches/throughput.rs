@@ -171,7 +171,10 @@ impl RawPool {
         match engine {
             Engine::Sqlite => {
                 let path = url.trim_start_matches("sqlite://");
-                RawPool::Sqlite(Arc::new(std::sync::Mutex::new(rusqlite::Connection::open(path).unwrap())))
+                let connection = rusqlite::Connection::open(path).unwrap();
+                // As dbtrigger opens it: without this, SQLite recompiles the read for each page.
+                connection.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true).unwrap();
+                RawPool::Sqlite(Arc::new(std::sync::Mutex::new(connection)))
             }
             // No ping before each fetch (dbtrigger pings a connection idle for a second or more).
             Engine::Postgres => RawPool::Postgres(
