@@ -12,7 +12,7 @@
 //! | [`config`]   | function.json, one file a section, parsed once into a validated `PollerConfig`.|
 //! | [`store`]    | `BlobStore` (get/put/list/delete, ETag CAS): Azure Blob, file; state documents.|
 //! | [`azure`]    | Azure Storage clients from a validated connection; Shared Key signing.         |
-//! | [`source`]   | `Source`: the keyset query over sqlx (PostgreSQL, MySQL/MariaDB, SQLite).     |
+//! | [`source`]   | `Source`: the keyset query: PostgreSQL, MySQL/MariaDB (sqlx), SQLite (rusqlite)|
 //! | [`sink`]     | `Sink`: webhook and Storage queue (a recording sink for tests).                |
 //! | [`status`]   | what `status` reads of each poller (state, lag), for the CLI and the app.     |
 //! | [`tick`]     | one tick: the orchestrator that carries out the domain's decisions.            |

@@ -1,6 +1,6 @@
 //! Where rows come from: a trait with one question, "the next rows after this position", and its
-//! SQL implementations over sqlx for SQLite, PostgreSQL and MySQL/MariaDB. Dialect differences live
-//! in [`query`] (the SQL) and in each engine's module (decoding values).
+//! SQL implementations: PostgreSQL and MySQL/MariaDB over sqlx, SQLite over rusqlite. Dialect
+//! differences live in [`query`] (the SQL) and in each engine's module (decoding values).
 //!
 //! Before its first seek a source runs a pre-flight, once: it prepares the query to learn the
 //! cursor's type (which shapes the settle predicate and the placeholders' casts), and warns once

@@ -1,5 +1,6 @@
-//! SQLite through rusqlite (the SQLite library sqlx links too). SQLite values carry their own storage class (INTEGER, REAL, TEXT, BLOB),
-//! so rows are decoded by what each value is, not by the column's declared type.
+//! SQLite through rusqlite (the SQLite library sqlx links too). SQLite values carry their own
+//! storage class (INTEGER, REAL, TEXT, BLOB), so rows are decoded by what each value is, not by
+//! the column's declared type.
 //!
 //! Timestamp cursors in SQLite are text. The checkpoint keeps the parsed time (typed, RFC 3339)
 //! and the exact stored text, and the seek binds that text back: rows are ordered as SQLite orders
