@@ -728,13 +728,28 @@ where
     };
     let columns = sqlx::Row::columns(&row);
     if columns.len() != 1 {
-        return Err(SourceError::Query {
-            location: redaction.location.clone(),
-            reason: format!("source.generation.query returned {} columns: it must return one value", columns.len()),
-        });
+        return Err(generation_columns_error(columns.len(), redaction));
     }
     let name = sqlx::Column::name(&columns[0]).to_string();
     let decoded = decoder.decode_column(&row, 0, &name)?;
+    generation_of(decoded, || decoder.column_type(&row, 0), redaction)
+}
+
+/// A generation query must return one column.
+pub(crate) fn generation_columns_error(columns: usize, redaction: &Redaction) -> SourceError {
+    SourceError::Query {
+        location: redaction.location.clone(),
+        reason: format!("source.generation.query returned {columns} columns: it must return one value"),
+    }
+}
+
+/// The generation a generation query's value names: text, an integer or null (`type_name` names
+/// the value's type for the error).
+pub(crate) fn generation_of(
+    decoded: Decoded<'_>,
+    type_name: impl FnOnce() -> String,
+    redaction: &Redaction,
+) -> Result<Value, SourceError> {
     match decoded.json.into_value() {
         value @ (Value::Null | Value::String(_)) => Ok(value),
         Value::Number(number) if number.is_i64() || number.is_u64() => Ok(Value::Number(number)),
@@ -742,7 +757,7 @@ where
             location: redaction.location.clone(),
             reason: format!(
                 "source.generation.query returned {other} ({}): it must return text or an integer",
-                decoder.column_type(&row, 0)
+                type_name()
             ),
         }),
     }

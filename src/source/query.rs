@@ -269,12 +269,17 @@ pub fn build_seek(config: &SourceConfig, plan: &SeekPlan) -> SeekQuery {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::config::Secret;
     use std::time::Duration;
 
-    fn config(engine: Engine, columns: Option<Vec<&str>>, where_clause: Option<&str>) -> SourceConfig {
+    /// A source on `public.orders` (cursor `updated_at`, key `tenant, id`), for tests.
+    pub(in crate::source) fn config(
+        engine: Engine,
+        columns: Option<Vec<&str>>,
+        where_clause: Option<&str>,
+    ) -> SourceConfig {
         SourceConfig {
             connection: "DB".into(),
             engine,

@@ -373,13 +373,7 @@ fn generation_value(connection: &Connection, sql: &str, redaction: &Redaction) -
     let failed = |error| classify(redaction, error);
     let mut statement = connection.prepare(sql).map_err(failed)?;
     if statement.column_count() != 1 {
-        return Err(SourceError::Query {
-            location: redaction.location.clone(),
-            reason: format!(
-                "source.generation.query returned {} columns: it must return one value",
-                statement.column_count()
-            ),
-        });
+        return Err(super::generation_columns_error(statement.column_count(), redaction));
     }
     let name = statement.column_name(0).map_err(failed)?.to_string();
     let mut rows = statement.query([]).map_err(failed)?;
@@ -387,17 +381,7 @@ fn generation_value(connection: &Connection, sql: &str, redaction: &Redaction) -
         return Ok(Value::Null);
     };
     let value = row.get_ref(0).map_err(failed)?;
-    match decode_value(value, &name, false)?.json.into_value() {
-        value @ (Value::Null | Value::String(_)) => Ok(value),
-        Value::Number(number) if number.is_i64() || number.is_u64() => Ok(Value::Number(number)),
-        other => Err(SourceError::Query {
-            location: redaction.location.clone(),
-            reason: format!(
-                "source.generation.query returned {other} ({}): it must return text or an integer",
-                storage_class(value)
-            ),
-        }),
-    }
+    super::generation_of(decode_value(value, &name, false)?, || storage_class(value).to_string(), redaction)
 }
 
 /// What a SQLite error means for the poller: a database that cannot be opened is unreachable,
@@ -535,20 +519,11 @@ mod tests {
 
     fn config(url: &str) -> SourceConfig {
         SourceConfig {
-            connection: "DB".into(),
-            engine: crate::config::Engine::Sqlite,
             url: crate::config::Secret::new(url),
             target: SourceTarget::Table { schema: None, name: "t".into() },
             cursor: "c".into(),
             pk: vec!["id".into()],
-            columns: None,
-            where_clause: None,
-            settle: Duration::ZERO,
-            settle_configured: false,
-            query_timeout: Duration::from_secs(60),
-            cursor_time_zone: "UTC".into(),
-            ops: crate::config::source::OpRule::Upsert,
-            generation: None,
+            ..crate::source::query::tests::config(crate::config::Engine::Sqlite, None, None)
         }
     }
 

@@ -670,3 +670,19 @@ async fn a_missing_or_foreign_sqlite_file_is_a_clear_error() {
     assert!(message.contains("cannot reach the database") && message.contains("not a database"), "{message}");
     assert!(sink.batches().is_empty());
 }
+
+/// A generation query must name one load with one value of text or an integer: two columns, or a
+/// REAL, fail the tick saying so, and nothing is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generation_query_that_is_not_one_text_or_integer_fails_the_tick() {
+    let database = sqlite_items(&[(1, "2026-01-01T00:00:00Z")]).await;
+    for (query, expected) in [
+        ("SELECT 1, 2", "source.generation.query returned 2 columns: it must return one value"),
+        ("SELECT 1.5", "source.generation.query returned 1.5 (REAL): it must return text or an integer"),
+    ] {
+        let (poller, sink, _directory) = items_poller(&database.url, json!({"generation": {"query": query}}));
+        let message = poller.tick().await.unwrap_err().to_string();
+        assert!(message.contains(expected), "{query}: {message}");
+        assert!(sink.batches().is_empty());
+    }
+}
