@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
-use tokio::sync::mpsc;
+use futures::future::BoxFuture;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -597,28 +597,12 @@ impl Poller {
         });
         let mut window: BatchWindow<Sent> = BatchWindow::new();
         let mut in_flight: JoinSet<(u64, Delivery)> = JoinSet::new();
-        // A prefetcher task reads the batches after the first one, in order, and prepares them
-        // (events encoded), while batches are delivered and committed, so the window refills
-        // without waiting for a query and a commit never holds up the reads. Memory holds what is
-        // in flight plus three batches at most: one ready here (a batch is taken from the channel
-        // only while no more than maxInFlight are sent or ready), one in the channel (its
-        // capacity), one being read. Dropping the set at any return stops it.
-        let max_in_flight = self.config.batch.max_in_flight;
-        let (fetched_sender, mut fetched_receiver) = mpsc::channel::<Result<Prepared, SourceError>>(1);
-        let mut prefetcher = JoinSet::new();
-        let mut source_done = true;
-        if first.full
-            && let Some(last) = first.rows.last()
-        {
-            prefetcher.spawn(prefetch(
-                self.source.clone(),
-                last.position.clone(),
-                limit,
-                maker.clone(),
-                fetched_sender,
-            ));
-            source_done = false;
-        }
+        // The batches after the first one are read by this task while batches are delivered and
+        // committed, so the window refills without waiting for a query and a commit never holds up
+        // the reads. Memory holds what is in flight plus two batches at most: one ready here and
+        // one being read.
+        let after_first = if first.full { first.rows.last().map(|row| row.position.clone()) } else { None };
+        let mut reader = Reader::new(self.source.clone(), limit, maker.clone(), after_first);
         let mut ready: VecDeque<Prepared> = VecDeque::from([maker.prepare(first.rows)]);
         let mut fetch_error: Option<SourceError> = None;
         let mut budget_exhausted = false;
@@ -634,12 +618,11 @@ impl Poller {
         // After a failed heartbeat, the next attempt waits a little instead of following at once.
         let mut heartbeat_retry_at: Option<DateTime<Utc>> = None;
         loop {
-            if self.clock.now() >= deadline && (!ready.is_empty() || !source_done) {
+            if self.clock.now() >= deadline && (!ready.is_empty() || !reader.done()) {
                 // Out of budget: what is fetched or fetching waits for the next tick.
                 budget_exhausted = true;
                 ready.clear();
-                source_done = true;
-                prefetcher.abort_all();
+                reader.stop();
             }
 
             // Fill the window with what has been fetched, before committing: the next deliveries
@@ -647,6 +630,7 @@ impl Poller {
             // a delivery (even at maxInFlight 1, where the receiver still sees batches in order).
             // Commits stay in order, one at a time; a lost lease aborts whatever is in flight.
             self.send_ready(&mut ready, &mut window, &mut in_flight, deadline);
+            reader.start(ready.len());
             // Commit what is acknowledged, once the commit interval has passed since the last
             // commit, at once when it is the tick's last (it releases the lease) or a heartbeat is
             // due (it serves as one). When every batch is acknowledged but a fetch is still
@@ -654,14 +638,14 @@ impl Poller {
             // whether this commit is the last one, and a tick keeps to 1 GET and k + 1 PUTs.
             if !pending.is_empty() {
                 let drained = in_flight.is_empty() && window.is_empty();
-                let nothing_more = (ready.is_empty() && source_done) || fetch_error.is_some();
-                let more_is_known = !ready.is_empty() || source_done || fetch_error.is_some();
+                let nothing_more = (ready.is_empty() && reader.done()) || fetch_error.is_some();
+                let more_is_known = !ready.is_empty() || reader.done() || fetch_error.is_some();
                 let release = drained && nothing_more;
                 let interval_over = commit_due || self.clock.now() - last_commit_at >= commit_interval;
                 if release || heartbeat_due || ((!drained || more_is_known) && interval_over) {
                     // While the commit is written, deliveries go on: finished ones are taken
                     // (acknowledged ones wait for the next commit, which then covers them all),
-                    // the window refills, fetches are received. A failed delivery waits for the
+                    // the window refills, reads go on. A failed delivery waits for the
                     // commit to end. New deliveries start only while the lease as last written
                     // lets this holder act.
                     let committing = std::mem::take(&mut pending);
@@ -680,14 +664,13 @@ impl Poller {
                                         other => parked.push(other),
                                     }
                                 }
-                                received = fetched_receiver.recv(), if !source_done && fetch_error.is_none() && ready.len() + in_flight.len() <= max_in_flight => {
-                                    self.on_fetched(received, &mut ready, &mut fetch_error, &mut source_done, &mut prefetcher).await;
-                                }
+                                read = reader.next(), if reader.reading() => on_read(read, &mut ready, &mut fetch_error),
                             }
                             if parked.is_empty()
                                 && lease::holder_may_act(&lease_before, &self.owner_id, self.clock.now(), &terms)
                             {
                                 self.send_ready(&mut ready, &mut window, &mut in_flight, deadline);
+                                reader.start(ready.len());
                             }
                         }
                     };
@@ -724,7 +707,7 @@ impl Poller {
                             .on_finished(
                                 parked,
                                 &mut in_flight,
-                                &mut prefetcher,
+                                &mut reader,
                                 &mut window,
                                 &mut pending,
                                 writer,
@@ -758,7 +741,7 @@ impl Poller {
                 }
             }
 
-            if in_flight.is_empty() && pending.is_empty() && (source_done || fetch_error.is_some()) {
+            if in_flight.is_empty() && pending.is_empty() && (reader.done() || fetch_error.is_some()) {
                 break;
             }
 
@@ -783,15 +766,13 @@ impl Poller {
                         finished.push(more);
                     }
                     if let Some(ended) = self
-                        .on_finished(finished, &mut in_flight, &mut prefetcher, &mut window, &mut pending, writer, document, &mut totals, deadline)
+                        .on_finished(finished, &mut in_flight, &mut reader, &mut window, &mut pending, writer, document, &mut totals, deadline)
                         .await?
                     {
                         return Ok(ended);
                     }
                 }
-                received = fetched_receiver.recv(), if !source_done && fetch_error.is_none() && ready.len() + in_flight.len() <= max_in_flight => {
-                    self.on_fetched(received, &mut ready, &mut fetch_error, &mut source_done, &mut prefetcher).await;
-                }
+                read = reader.next(), if reader.reading() => on_read(read, &mut ready, &mut fetch_error),
                 _ = tokio::time::sleep(wait) => heartbeat_due = true,
                 _ = tokio::time::sleep(commit_wait), if !pending.is_empty() && !commit_due => commit_due = true,
             }
@@ -843,33 +824,6 @@ impl Poller {
         }
     }
 
-    /// What the prefetcher sent: a batch, an error, or the end (a panicked fetch task is an error,
-    /// so that the tick never calls itself caught up after it).
-    async fn on_fetched(
-        &self,
-        received: Option<Result<Prepared, SourceError>>,
-        ready: &mut VecDeque<Prepared>,
-        fetch_error: &mut Option<SourceError>,
-        source_done: &mut bool,
-        prefetcher: &mut JoinSet<()>,
-    ) {
-        match received {
-            Some(Ok(more)) => ready.push_back(more),
-            Some(Err(error)) => *fetch_error = Some(error),
-            None => {
-                *source_done = true;
-                if let Some(Err(join_error)) = prefetcher.join_next().await
-                    && join_error.is_panic()
-                {
-                    *fetch_error = Some(SourceError::Query {
-                        location: self.source.describe(),
-                        reason: format!("the fetch task failed: {join_error}"),
-                    });
-                }
-            }
-        }
-    }
-
     /// Deliveries that came back: acknowledged ones join `pending`; the earliest failed one ends
     /// the tick (after committing what was acknowledged before it), `Some` being how it ended.
     #[allow(clippy::too_many_arguments)]
@@ -877,7 +831,7 @@ impl Poller {
         &self,
         finished: Vec<Result<(u64, Delivery), tokio::task::JoinError>>,
         in_flight: &mut JoinSet<(u64, Delivery)>,
-        prefetcher: &mut JoinSet<()>,
+        reader: &mut Reader,
         window: &mut BatchWindow<Sent>,
         pending: &mut Vec<Sent>,
         writer: &mut StateWriter<'_>,
@@ -908,7 +862,7 @@ impl Poller {
         };
         // Batches after the failed one may have landed: the next tick delivers them again.
         in_flight.abort_all();
-        prefetcher.abort_all();
+        reader.stop();
         warn!(poller = %self.config.poller_name, error = %error, "delivery failed; checkpoint left before this batch");
         if !pending.is_empty() {
             // What was acknowledged before the failed batch is kept.
@@ -1356,38 +1310,109 @@ impl BatchMaker {
     }
 }
 
-/// Reads batch after batch from `from` on, in order, into `batches`, until a fetch stops short of
-/// its limits (the end of the source for now), fails (the error is sent, then it stops), or the
-/// receiver is gone. The channel's capacity bounds how far it reads ahead. Each batch is prepared
-/// (its events encoded) before it is handed over, so that this work runs beside the deliveries
-/// instead of between them.
-async fn prefetch(
+/// What a read brought: a batch to send, nothing (the source had no more rows), or the error that
+/// ends the tick's reading.
+fn on_read(
+    read: Result<Option<Prepared>, SourceError>,
+    ready: &mut VecDeque<Prepared>,
+    fetch_error: &mut Option<SourceError>,
+) {
+    match read {
+        Ok(Some(batch)) => ready.push_back(batch),
+        Ok(None) => {}
+        Err(error) => *fetch_error = Some(error),
+    }
+}
+
+/// The batches after a tick's first one, read in order, one at a time, by the tick's own task: a
+/// read is polled where the tick waits for its deliveries, so a batch reaches the window without a
+/// hand-off between tasks. The next read starts once no batch waits to be sent (see `start`), and
+/// a batch is prepared (its events encoded) as its read ends. Dropping a read (`stop`, or the
+/// reader) cancels it, and a source interrupts a query whose future is dropped.
+struct Reader {
     source: Arc<dyn Source>,
-    mut from: Position,
     limit: FetchLimit,
     maker: Arc<BatchMaker>,
-    batches: mpsc::Sender<Result<Prepared, SourceError>>,
-) {
-    loop {
-        let fetched = source.fetch_after(Some(&from), limit).await;
-        let next_from = match &fetched {
-            Ok(batch) if batch.full => batch.rows.last().map(|row| row.position.clone()),
-            _ => None,
-        };
-        let prepared = match fetched {
-            Ok(batch) if batch.rows.is_empty() => None,
-            Ok(batch) => Some(Ok(maker.prepare(batch.rows))),
-            Err(error) => Some(Err(error)),
-        };
-        if let Some(prepared) = prepared
-            && batches.send(prepared).await.is_err()
-        {
+    /// Where the next read starts: `None` while one runs, and for good once one came back short
+    /// of its limits (the end of the source for now), failed, or the reader was stopped.
+    from: Option<Position>,
+    reading: Option<BoxFuture<'static, Result<Read, SourceError>>>,
+}
+
+/// What one read of the reader found: a batch (none if the source had no more rows), and where the
+/// next read starts, if the read stopped at a limit.
+struct Read {
+    batch: Option<Prepared>,
+    next: Option<Position>,
+}
+
+impl Reader {
+    /// Reads after `from`; `None` means there is nothing more to read this tick.
+    fn new(source: Arc<dyn Source>, limit: FetchLimit, maker: Arc<BatchMaker>, from: Option<Position>) -> Reader {
+        Reader { source, limit, maker, from, reading: None }
+    }
+
+    /// No read runs and none will: the source has nothing more this tick (or the reader stopped).
+    fn done(&self) -> bool {
+        self.from.is_none() && self.reading.is_none()
+    }
+
+    fn reading(&self) -> bool {
+        self.reading.is_some()
+    }
+
+    /// Cancels the read in progress, if any, and reads nothing more.
+    fn stop(&mut self) {
+        self.from = None;
+        self.reading = None;
+    }
+
+    /// Starts the next read, unless one runs or a batch still waits to be sent (`waiting`): memory
+    /// holds what is in flight, one batch ready and one being read, at most.
+    fn start(&mut self, waiting: usize) {
+        if self.reading.is_some() || waiting > 0 {
             return;
         }
-        match next_from {
-            Some(position) => from = position,
-            None => return,
-        }
+        let Some(from) = self.from.take() else {
+            return;
+        };
+        let (source, maker, limit) = (self.source.clone(), self.maker.clone(), self.limit);
+        let read = async move {
+            let fetched = source.fetch_after(Some(&from), limit).await?;
+            let next = if fetched.full { fetched.rows.last().map(|row| row.position.clone()) } else { None };
+            let batch = if fetched.rows.is_empty() { None } else { Some(maker.prepare(fetched.rows)) };
+            Ok(Read { batch, next })
+        };
+        let location = self.source.describe();
+        // A panicking read is a failed read: the tick commits what was acknowledged before it and
+        // never calls itself caught up.
+        self.reading = Some(
+            AssertUnwindSafe(read)
+                .catch_unwind()
+                .map(move |result| {
+                    result.unwrap_or_else(|panic| {
+                        Err(SourceError::Query {
+                            location,
+                            reason: format!("the read of the next batch panicked: {}", panic_message(panic.as_ref())),
+                        })
+                    })
+                })
+                .boxed(),
+        );
+    }
+
+    /// Waits for the read in progress to end (pending for ever if none runs: guard a wait on
+    /// `reading`), and returns its batch, if the source had more rows. Cancel-safe: dropped before
+    /// the read ends, the read goes on and is waited for next time.
+    async fn next(&mut self) -> Result<Option<Prepared>, SourceError> {
+        let Some(reading) = self.reading.as_mut() else {
+            return std::future::pending().await;
+        };
+        let read = reading.await;
+        self.reading = None;
+        let read = read?;
+        self.from = read.next;
+        Ok(read.batch)
     }
 }
 
