@@ -20,13 +20,14 @@ use std::any::Any;
 use std::collections::VecDeque;
 use std::fmt;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio::task::JoinSet;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -617,6 +618,7 @@ impl Poller {
         let mut totals = Totals::default();
         // After a failed heartbeat, the next attempt waits a little instead of following at once.
         let mut heartbeat_retry_at: Option<DateTime<Utc>> = None;
+        let (mut heartbeat_timer, mut commit_timer) = (Timer::new(), Timer::new());
         loop {
             if self.clock.now() >= deadline && (!ready.is_empty() || !reader.done()) {
                 // Out of budget: what is fetched or fetching waits for the next tick.
@@ -758,6 +760,11 @@ impl Poller {
             // Acknowledged batches wait for the commit interval to pass (unless something else
             // comes first and decides for them).
             let commit_wait = (last_commit_at + commit_interval - now).to_std().unwrap_or(Duration::ZERO);
+            heartbeat_timer.set(wait);
+            let commit_waits = !pending.is_empty() && !commit_due;
+            if commit_waits {
+                commit_timer.set(commit_wait);
+            }
             tokio::select! {
                 joined = in_flight.join_next(), if !in_flight.is_empty() => {
                     // Take every delivery that has finished by now, so that one commit covers them all.
@@ -773,8 +780,8 @@ impl Poller {
                     }
                 }
                 read = reader.next(), if reader.reading() => on_read(read, &mut ready, &mut fetch_error),
-                _ = tokio::time::sleep(wait) => heartbeat_due = true,
-                _ = tokio::time::sleep(commit_wait), if !pending.is_empty() && !commit_due => commit_due = true,
+                _ = heartbeat_timer.wait() => heartbeat_due = true,
+                _ = commit_timer.wait(), if commit_waits => commit_due = true,
             }
         }
 
@@ -1307,6 +1314,32 @@ impl BatchMaker {
         let (mut batch, positions) = Batch::from_rows(&self.ids, &self.poller, id, self.fencing_token, rows);
         batch.generation = self.generation.clone();
         Prepared { batch, positions }
+    }
+}
+
+/// A timer kept across the turns of the tick's loop, instead of one registered and dropped on
+/// every turn: set again only when its deadline moves by more than a millisecond.
+struct Timer {
+    sleep: Pin<Box<Sleep>>,
+}
+
+impl Timer {
+    fn new() -> Timer {
+        Timer { sleep: Box::pin(tokio::time::sleep(Duration::MAX)) }
+    }
+
+    /// Goes off `wait` from now (up to a millisecond early, if it was set that close).
+    fn set(&mut self, wait: Duration) {
+        let deadline = Instant::now() + wait;
+        let current = self.sleep.deadline();
+        if deadline.max(current) - deadline.min(current) > Duration::from_millis(1) {
+            self.sleep.as_mut().reset(deadline);
+        }
+    }
+
+    /// Ends when the timer goes off (at once if it has, until it is set later again).
+    async fn wait(&mut self) {
+        self.sleep.as_mut().await;
     }
 }
 
