@@ -1328,9 +1328,10 @@ impl Timer {
         Timer { sleep: Box::pin(tokio::time::sleep(Duration::MAX)) }
     }
 
-    /// Goes off `wait` from now (up to a millisecond early, if it was set that close).
+    /// Goes off `wait` from now (up to a millisecond early, if it was set that close; a wait
+    /// beyond a day is a day: the loop turns well before that).
     fn set(&mut self, wait: Duration) {
-        let deadline = Instant::now() + wait;
+        let deadline = Instant::now() + wait.min(Duration::from_secs(86_400));
         let current = self.sleep.deadline();
         if deadline.max(current) - deadline.min(current) > Duration::from_millis(1) {
             self.sleep.as_mut().reset(deadline);
@@ -1411,27 +1412,24 @@ impl Reader {
         };
         let (source, maker, limit) = (self.source.clone(), self.maker.clone(), self.limit);
         let read = async move {
-            let fetched = source.fetch_after(Some(&from), limit).await?;
-            let next = if fetched.full { fetched.rows.last().map(|row| row.position.clone()) } else { None };
-            let batch = if fetched.rows.is_empty() { None } else { Some(maker.prepare(fetched.rows)) };
-            Ok(Read { batch, next })
-        };
-        let location = self.source.describe();
-        // A panicking read is a failed read: the tick commits what was acknowledged before it and
-        // never calls itself caught up.
-        self.reading = Some(
-            AssertUnwindSafe(read)
-                .catch_unwind()
-                .map(move |result| {
-                    result.unwrap_or_else(|panic| {
-                        Err(SourceError::Query {
-                            location,
-                            reason: format!("the read of the next batch panicked: {}", panic_message(panic.as_ref())),
-                        })
-                    })
+            let read = AssertUnwindSafe(async {
+                let fetched = source.fetch_after(Some(&from), limit).await?;
+                let next = if fetched.full { fetched.rows.last().map(|row| row.position.clone()) } else { None };
+                let batch = if fetched.rows.is_empty() { None } else { Some(maker.prepare(fetched.rows)) };
+                Ok(Read { batch, next })
+            })
+            .catch_unwind()
+            .await;
+            // A panicking read is a failed read: the tick commits what was acknowledged before it
+            // and never calls itself caught up.
+            read.unwrap_or_else(|panic| {
+                Err(SourceError::Query {
+                    location: source.describe(),
+                    reason: format!("the read of the next batch panicked: {}", panic_message(panic.as_ref())),
                 })
-                .boxed(),
-        );
+            })
+        };
+        self.reading = Some(read.boxed());
     }
 
     /// Waits for the read in progress to end (pending for ever if none runs: guard a wait on
