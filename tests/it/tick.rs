@@ -51,6 +51,17 @@ async fn fixture(rows: i64, poller: Value) -> Fixture {
 
 fn poller(fixture: &Fixture, sink: Arc<dyn Sink>, store: Arc<dyn StateStore>, owner: &str) -> Poller {
     let source = dbtrigger::source::open(&fixture.config.source).unwrap();
+    poller_over(fixture, source, sink, store, owner)
+}
+
+/// A poller reading from `source` (a wrapper of the fixture's own).
+fn poller_over(
+    fixture: &Fixture,
+    source: Arc<dyn Source>,
+    sink: Arc<dyn Sink>,
+    store: Arc<dyn StateStore>,
+    owner: &str,
+) -> Poller {
     Poller::new(fixture.config.clone(), source, sink, store, Arc::new(SystemClock), owner.to_string())
 }
 
@@ -517,22 +528,34 @@ async fn a_heartbeat_that_landed_but_answered_an_error_is_not_a_lease_loss() {
     assert_eq!(document.checkpoint.unwrap().cursor.tiebreaker["id"], json!(5));
 }
 
-/// Wraps a source and makes every fetch after the first take `delay`.
-struct SlowSource {
+/// Wraps a source: every read after the first takes `delay`, and read number `panic_on` (counted
+/// from 1) panics.
+struct ScriptedSource {
     inner: Arc<dyn Source>,
     delay: Duration,
-    fetches: std::sync::Mutex<u32>,
+    panic_on: Option<u32>,
+    reads: std::sync::Mutex<u32>,
+}
+
+impl ScriptedSource {
+    fn over(fixture: &Fixture, delay: Duration, panic_on: Option<u32>) -> Arc<ScriptedSource> {
+        let inner = dbtrigger::source::open(&fixture.config.source).unwrap();
+        Arc::new(ScriptedSource { inner, delay, panic_on, reads: Default::default() })
+    }
 }
 
 #[async_trait]
-impl Source for SlowSource {
+impl Source for ScriptedSource {
     async fn read(&self, probe: Probe, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
-        let first = {
-            let mut fetches = self.fetches.lock().unwrap();
-            *fetches += 1;
-            *fetches == 1
+        let read = {
+            let mut reads = self.reads.lock().unwrap();
+            *reads += 1;
+            *reads
         };
-        if !first {
+        if self.panic_on == Some(read) {
+            panic!("a bug in the source's read {read}");
+        }
+        if read > 1 {
             tokio::time::sleep(self.delay).await;
         }
         self.inner.read(probe, after, limit).await
@@ -547,40 +570,7 @@ impl Source for SlowSource {
     }
 
     fn describe(&self) -> String {
-        "slow".into()
-    }
-}
-
-/// Wraps a source and panics on its second read (the first batch after the tick's first one).
-struct PanicsOnSecondRead {
-    inner: Arc<dyn Source>,
-    reads: std::sync::Mutex<u32>,
-}
-
-#[async_trait]
-impl Source for PanicsOnSecondRead {
-    async fn read(&self, probe: Probe, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
-        let read = {
-            let mut reads = self.reads.lock().unwrap();
-            *reads += 1;
-            *reads
-        };
-        if read == 2 {
-            panic!("a bug in the source's second read");
-        }
-        self.inner.read(probe, after, limit).await
-    }
-
-    async fn count_after(&self, after: Option<&Position>, cap: u64) -> Result<u64, SourceError> {
-        self.inner.count_after(after, cap).await
-    }
-
-    async fn generation(&self) -> Result<Option<serde_json::Value>, SourceError> {
-        self.inner.generation().await
-    }
-
-    fn describe(&self) -> String {
-        "panicking".into()
+        "scripted".into()
     }
 }
 
@@ -592,28 +582,17 @@ async fn a_read_that_panics_fails_the_tick_after_committing_what_was_delivered()
     let fixture = fixture(250, AppRoot::orders_poller(100)).await;
     let store = Arc::new(MemoryStore::new());
     let recording = Arc::new(RecordingSink::new());
-    let source = Arc::new(PanicsOnSecondRead {
-        inner: dbtrigger::source::open(&fixture.config.source).unwrap(),
-        reads: Default::default(),
-    });
-    let poller = Poller::new(
-        fixture.config.clone(),
-        source,
-        recording.clone(),
-        store.clone(),
-        Arc::new(SystemClock),
-        "a".into(),
-    );
-    let error = poller.tick().await.unwrap_err();
+    let source = ScriptedSource::over(&fixture, Duration::ZERO, Some(2));
+    let error = poller_over(&fixture, source, recording.clone(), store.clone(), "a").tick().await.unwrap_err();
     assert!(matches!(error, TickError::Source(SourceError::Query { .. })), "{error:?}");
-    assert!(error.to_string().contains("panicked: a bug in the source's second read"), "{error}");
+    assert!(error.to_string().contains("panicked: a bug in the source's read 2"), "{error}");
     assert_eq!(ids(&recording), (1..=100).collect::<Vec<i64>>());
     let document = StateDocument::parse(&store.raw(&key()).unwrap()).unwrap();
     assert_eq!(document.checkpoint.unwrap().cursor.tiebreaker["id"], json!(100));
     assert_eq!(document.lease.unwrap().owner_id, None, "the lease was given back");
 
     let next = Arc::new(RecordingSink::new());
-    let outcome = self::poller(&fixture, next.clone(), store.clone(), "b").tick().await.unwrap();
+    let outcome = poller(&fixture, next.clone(), store.clone(), "b").tick().await.unwrap();
     assert!(matches!(outcome, TickOutcome::Delivered { rows: 150, .. }), "{outcome:?}");
     assert_eq!(ids(&next), (101..=250).collect::<Vec<i64>>());
 }
@@ -626,21 +605,9 @@ async fn heartbeats_keep_the_lease_while_a_slow_fetch_runs() {
     let fixture = fixture(250, short_lease(100)).await;
     let store = Arc::new(MemoryStore::new());
     let recording = Arc::new(RecordingSink::new());
-    let source = Arc::new(SlowSource {
-        inner: dbtrigger::source::open(&fixture.config.source).unwrap(),
-        // Longer than the 3 s lease.
-        delay: Duration::from_millis(3500),
-        fetches: Default::default(),
-    });
-    let poller = Poller::new(
-        fixture.config.clone(),
-        source,
-        recording.clone(),
-        store.clone(),
-        Arc::new(SystemClock),
-        "a".into(),
-    );
-    let outcome = poller.tick().await.unwrap();
+    // Longer than the 3 s lease.
+    let source = ScriptedSource::over(&fixture, Duration::from_millis(3500), None);
+    let outcome = poller_over(&fixture, source, recording.clone(), store.clone(), "a").tick().await.unwrap();
     assert!(matches!(outcome, TickOutcome::Delivered { rows: 250, batches: 3, .. }), "{outcome:?}");
     assert_eq!(ids(&recording), (1..=250).collect::<Vec<i64>>());
 }
