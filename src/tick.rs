@@ -605,7 +605,6 @@ impl Poller {
         let after_first = if first.full { first.rows.last().map(|row| row.position.clone()) } else { None };
         let mut reader = Reader::new(self.source.clone(), limit, maker.clone(), after_first);
         let mut ready: VecDeque<Prepared> = VecDeque::from([maker.prepare(first.rows)]);
-        let mut fetch_error: Option<SourceError> = None;
         let mut budget_exhausted = false;
         // Acknowledged, contiguous batches not committed yet.
         let mut pending: Vec<Sent> = Vec::new();
@@ -640,8 +639,8 @@ impl Poller {
             // whether this commit is the last one, and a tick keeps to 1 GET and k + 1 PUTs.
             if !pending.is_empty() {
                 let drained = in_flight.is_empty() && window.is_empty();
-                let nothing_more = (ready.is_empty() && reader.done()) || fetch_error.is_some();
-                let more_is_known = !ready.is_empty() || reader.done() || fetch_error.is_some();
+                let nothing_more = ready.is_empty() && reader.done();
+                let more_is_known = !ready.is_empty() || reader.done();
                 let release = drained && nothing_more;
                 let interval_over = commit_due || self.clock.now() - last_commit_at >= commit_interval;
                 if release || heartbeat_due || ((!drained || more_is_known) && interval_over) {
@@ -666,7 +665,7 @@ impl Poller {
                                         other => parked.push(other),
                                     }
                                 }
-                                read = reader.next(), if reader.reading() => on_read(read, &mut ready, &mut fetch_error),
+                                read = reader.next(), if reader.reading() => ready.extend(read),
                             }
                             if parked.is_empty()
                                 && lease::holder_may_act(&lease_before, &self.owner_id, self.clock.now(), &terms)
@@ -743,7 +742,7 @@ impl Poller {
                 }
             }
 
-            if in_flight.is_empty() && pending.is_empty() && (reader.done() || fetch_error.is_some()) {
+            if in_flight.is_empty() && pending.is_empty() && reader.done() {
                 break;
             }
 
@@ -779,13 +778,13 @@ impl Poller {
                         return Ok(ended);
                     }
                 }
-                read = reader.next(), if reader.reading() => on_read(read, &mut ready, &mut fetch_error),
+                read = reader.next(), if reader.reading() => ready.extend(read),
                 _ = heartbeat_timer.wait() => heartbeat_due = true,
                 _ = commit_timer.wait(), if commit_waits => commit_due = true,
             }
         }
 
-        if let Some(error) = fetch_error {
+        if let Some(error) = reader.failed {
             return Err(error.into());
         }
         let stop = if budget_exhausted { StopReason::BudgetExhausted } else { StopReason::CaughtUp };
@@ -1344,20 +1343,6 @@ impl Timer {
     }
 }
 
-/// What a read brought: a batch to send, nothing (the source had no more rows), or the error that
-/// ends the tick's reading.
-fn on_read(
-    read: Result<Option<Prepared>, SourceError>,
-    ready: &mut VecDeque<Prepared>,
-    fetch_error: &mut Option<SourceError>,
-) {
-    match read {
-        Ok(Some(batch)) => ready.push_back(batch),
-        Ok(None) => {}
-        Err(error) => *fetch_error = Some(error),
-    }
-}
-
 /// The batches after a tick's first one, read in order, one at a time, by the tick's own task: a
 /// read is polled where the tick waits for its deliveries, so a batch reaches the window without a
 /// hand-off between tasks. The next read starts once no batch waits to be sent (see `start`), and
@@ -1371,6 +1356,8 @@ struct Reader {
     /// of its limits (the end of the source for now), failed, or the reader was stopped.
     from: Option<Position>,
     reading: Option<BoxFuture<'static, Result<Read, SourceError>>>,
+    /// Why reading stopped, if a read failed: the tick ends with this error.
+    failed: Option<SourceError>,
 }
 
 /// What one read of the reader found: a batch (none if the source had no more rows), and where the
@@ -1383,10 +1370,11 @@ struct Read {
 impl Reader {
     /// Reads after `from`; `None` means there is nothing more to read this tick.
     fn new(source: Arc<dyn Source>, limit: FetchLimit, maker: Arc<BatchMaker>, from: Option<Position>) -> Reader {
-        Reader { source, limit, maker, from, reading: None }
+        Reader { source, limit, maker, from, reading: None, failed: None }
     }
 
-    /// No read runs and none will: the source has nothing more this tick (or the reader stopped).
+    /// No read runs and none will: the source has nothing more this tick, a read failed, or the
+    /// reader stopped.
     fn done(&self) -> bool {
         self.from.is_none() && self.reading.is_none()
     }
@@ -1433,17 +1421,25 @@ impl Reader {
     }
 
     /// Waits for the read in progress to end (pending for ever if none runs: guard a wait on
-    /// `reading`), and returns its batch, if the source had more rows. Cancel-safe: dropped before
-    /// the read ends, the read goes on and is waited for next time.
-    async fn next(&mut self) -> Result<Option<Prepared>, SourceError> {
+    /// `reading`), and returns its batch, if the source had more rows (a failed read keeps its
+    /// error in `failed` and reads nothing more). Cancel-safe: dropped before the read ends, the
+    /// read goes on and is waited for next time.
+    async fn next(&mut self) -> Option<Prepared> {
         let Some(reading) = self.reading.as_mut() else {
             return std::future::pending().await;
         };
         let read = reading.await;
         self.reading = None;
-        let read = read?;
-        self.from = read.next;
-        Ok(read.batch)
+        match read {
+            Ok(read) => {
+                self.from = read.next;
+                read.batch
+            }
+            Err(error) => {
+                self.failed = Some(error);
+                None
+            }
+        }
     }
 }
 
