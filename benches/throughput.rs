@@ -15,12 +15,16 @@
 //! through `/proc/self/clear_refs`). The receiver counts body bytes too: the table shows them per
 //! row, equal for the raw path and dbtrigger's.
 //!
+//! Last, the memory case: a catch-up of 10 KB rows (batch 1,000, four in flight) by dbtrigger and
+//! by the raw limit, each run in a process of its own (this program again) so that its peak RSS is
+//! its own (`DBTRIGGER_BENCH_WIDE_ROWS` rows, default 36,000: a 366 MB table).
+//!
 //! Run: `cargo bench --bench throughput` (starts PostgreSQL and Azurite like the tests). Each engine
 //! and batch size runs one round to warm up, then `DBTRIGGER_BENCH_ROUNDS` rounds (default 3); the
 //! table shows medians, and the ratio's range. `DBTRIGGER_BENCH_ROWS` changes the table size
 //! (default 200,000); `DBTRIGGER_BENCH_ONLY=text` runs only the engines, batch sizes and paths whose
 //! description contains `text` (and the raw limits they are compared with), e.g.
-//! `Sqlite 1000 dbtrigger, file state, maxInFlight 1` for a profile.
+//! `Sqlite 1000 dbtrigger, file state, maxInFlight 1` for a profile, or `10 KB` for the memory case.
 
 #[path = "../tests/it/services.rs"]
 mod services;
@@ -100,11 +104,7 @@ fn cpu_micros() -> u64 {
     micros(usage.ru_utime) + micros(usage.ru_stime)
 }
 
-/// Resets the peak RSS, then reads it back later (`VmHWM`, in MB).
-fn reset_peak_rss() {
-    let _ = std::fs::write("/proc/self/clear_refs", "5");
-}
-
+/// This process's peak RSS (`VmHWM`), in MB.
 fn peak_rss_mb() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let kb: f64 = status
@@ -115,13 +115,41 @@ fn peak_rss_mb() -> f64 {
     kb / 1024.0
 }
 
+/// What a run is measured from: its start and the process's CPU time then (the peak RSS is reset
+/// to the resident memory then).
+struct Meter {
+    started: Instant,
+    cpu_before: u64,
+}
+
+impl Meter {
+    fn start() -> Meter {
+        let _ = std::fs::write("/proc/self/clear_refs", "5");
+        Meter { started: Instant::now(), cpu_before: cpu_micros() }
+    }
+
+    fn finish(self, rows: i64) -> Measured {
+        Measured {
+            rows_per_second: rows as f64 / self.started.elapsed().as_secs_f64(),
+            cpu_micros_per_row: (cpu_micros() - self.cpu_before) as f64 / rows as f64,
+            peak_rss_mb: peak_rss_mb(),
+            blob_writes: 0,
+            body_bytes_per_row: 0.0,
+        }
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Engine {
     Sqlite,
     Postgres,
 }
 
-async fn table(engine: Engine, directory: &std::path::Path, rows: i64) -> String {
+/// The rows' `note` column: a short text, as most tables have.
+const SHORT_NOTE: &str = "'order number ' || x";
+
+/// A table of `rows` orders whose `note` is the SQL expression `note` of the row number `x`.
+async fn table(engine: Engine, directory: &std::path::Path, rows: i64, note: &str) -> String {
     match engine {
         Engine::Sqlite => {
             std::fs::create_dir_all(directory).unwrap();
@@ -131,7 +159,7 @@ async fn table(engine: Engine, directory: &std::path::Path, rows: i64) -> String
             sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
                 "CREATE TABLE orders (id INTEGER PRIMARY KEY, version INTEGER NOT NULL, status TEXT, total REAL, note TEXT);
                  WITH RECURSIVE g(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM g WHERE x < {rows})
-                 INSERT INTO orders SELECT x, x / 3, 'paid', x * 1.5, 'order number ' || x FROM g;
+                 INSERT INTO orders SELECT x, x / 3, 'paid', x * 1.5, {note} FROM g;
                  CREATE INDEX orders_seek ON orders (version, id);"
             )))
             .execute(&pool)
@@ -145,7 +173,7 @@ async fn table(engine: Engine, directory: &std::path::Path, rows: i64) -> String
             let pool = sqlx::PgPool::connect(&url).await.unwrap();
             sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
                 "CREATE TABLE orders (id BIGINT PRIMARY KEY, version BIGINT NOT NULL, status TEXT, total DOUBLE PRECISION, note TEXT);
-                 INSERT INTO orders SELECT x, x / 3, 'paid', x * 1.5, 'order number ' || x FROM generate_series(1, {rows}) AS x;
+                 INSERT INTO orders SELECT x, x / 3, 'paid', x * 1.5, {note} FROM generate_series(1, {rows}) AS x;
                  CREATE INDEX orders_seek ON orders (version, id);
                  ANALYZE orders;"
             )))
@@ -332,9 +360,7 @@ async fn raw_pipelined(engine: Engine, url: &str, hook: &str, batch: i64, window
     let pool = RawPool::open(engine, url).await;
     let client = reqwest::Client::new();
     let mut ids = RawIds::new();
-    reset_peak_rss();
-    let cpu = cpu_micros();
-    let started = Instant::now();
+    let meter = Meter::start();
     let mut total = 0i64;
     let mut page = pool.page((-1, -1), batch).await;
     let mut posting = std::collections::VecDeque::new();
@@ -357,7 +383,7 @@ async fn raw_pipelined(engine: Engine, url: &str, hook: &str, batch: i64, window
         post.await.unwrap();
     }
     assert_eq!(total, rows);
-    Measured::new(rows, started, cpu)
+    meter.finish(rows)
 }
 
 struct Measured {
@@ -370,18 +396,6 @@ struct Measured {
     body_bytes_per_row: f64,
 }
 
-impl Measured {
-    fn new(rows: i64, started: Instant, cpu_before: u64) -> Measured {
-        Measured {
-            rows_per_second: rows as f64 / started.elapsed().as_secs_f64(),
-            cpu_micros_per_row: (cpu_micros() - cpu_before) as f64 / rows as f64,
-            peak_rss_mb: peak_rss_mb(),
-            blob_writes: 0,
-            body_bytes_per_row: 0.0,
-        }
-    }
-}
-
 /// Runs one path and adds what the receiver got from it: body bytes per row.
 async fn at_receiver(receiver: &ReceiverProcess, rows: i64, run: impl Future<Output = Measured>) -> Measured {
     let (_, before) = receiver.count().await;
@@ -390,11 +404,21 @@ async fn at_receiver(receiver: &ReceiverProcess, rows: i64, run: impl Future<Out
     Measured { body_bytes_per_row: (after - before) as f64 / rows as f64, ..measured }
 }
 
-async fn dbtrigger(url: &str, hook: &str, state: &str, batch: i64, max_in_flight: usize, rows: i64) -> Measured {
+/// dbtrigger's catch-up of the table, tick after tick, at its defaults but for the batch size,
+/// `maxInFlight` and, where `max_bytes` is given, the batch's and the body's byte limits.
+async fn dbtrigger(
+    url: &str,
+    hook: &str,
+    state: &str,
+    batch: i64,
+    max_in_flight: usize,
+    rows: i64,
+    max_bytes: Option<usize>,
+) -> Measured {
     let directory = tempfile::tempdir().unwrap();
     let root = directory.path().join("app");
     std::fs::create_dir_all(root.join("orders")).unwrap();
-    let function = json!({
+    let mut function = json!({
         "bindings": [{"type": "timerTrigger", "direction": "in", "name": "timer", "schedule": "0 * * * * *"}],
         "poller": {
             "source": {"connection": "DB", "table": "orders", "cursor": "version", "pk": ["id"]},
@@ -403,6 +427,10 @@ async fn dbtrigger(url: &str, hook: &str, state: &str, batch: i64, max_in_flight
             "state": {"connection": "STATE", "container": format!("b{}", uuid::Uuid::new_v4().simple())}
         }
     });
+    if let Some(max_bytes) = max_bytes {
+        function["poller"]["batch"]["maxBytes"] = json!(max_bytes);
+        function["poller"]["sink"]["maxBodyBytes"] = json!(max_bytes);
+    }
     std::fs::write(root.join("orders/function.json"), function.to_string()).unwrap();
     let state =
         if state == "file" { format!("file:{}", directory.path().join("state").display()) } else { state.to_string() };
@@ -412,9 +440,7 @@ async fn dbtrigger(url: &str, hook: &str, state: &str, batch: i64, max_in_flight
     let sink = dbtrigger::sink::open(&config.sink).unwrap();
     let (store, _) = dbtrigger::store::open(&config.state).unwrap();
     let poller = Poller::new(config, source, sink, store, Arc::new(SystemClock), "bench".into());
-    reset_peak_rss();
-    let cpu = cpu_micros();
-    let started = Instant::now();
+    let meter = Meter::start();
     let mut total = 0;
     let mut writes = 0;
     loop {
@@ -430,7 +456,7 @@ async fn dbtrigger(url: &str, hook: &str, state: &str, batch: i64, max_in_flight
         }
     }
     assert_eq!(total as i64, rows);
-    Measured { blob_writes: writes, ..Measured::new(rows, started, cpu) }
+    Measured { blob_writes: writes, ..meter.finish(rows) }
 }
 
 fn main() {
@@ -444,7 +470,12 @@ fn main() {
             .block_on(serve_receiver());
         return;
     }
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(run());
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    if std::env::var_os("DBTRIGGER_BENCH_CHILD").is_some() {
+        runtime.block_on(run_as_child());
+        return;
+    }
+    runtime.block_on(run());
 }
 
 /// One line of the table: a path's runs (one per round) and their ratios to the limit of the
@@ -499,7 +530,7 @@ async fn run() {
         "engine", "batch", "path", "rows/s", "ratio (min–max)", "cpu µs/row", "peak MB", "PUTs", "B/row"
     );
     for engine in [Engine::Sqlite, Engine::Postgres] {
-        let url = table(engine, &directory.path().join(format!("{engine:?}")), rows).await;
+        let url = table(engine, &directory.path().join(format!("{engine:?}")), rows, SHORT_NOTE).await;
         for batch in [100i64, 1000] {
             let paths: Vec<(String, &str, usize)> = [("file", "file"), ("azurite", azurite.as_str())]
                 .into_iter()
@@ -541,7 +572,7 @@ async fn run() {
                         at_receiver(&receiver, rows, raw_pipelined(engine, &url, &hook, batch, *max_in_flight, rows))
                     };
                     let before = raw().await;
-                    let run = dbtrigger(&url, &hook, state, batch, *max_in_flight, rows);
+                    let run = dbtrigger(&url, &hook, state, batch, *max_in_flight, rows, None);
                     let run = at_receiver(&receiver, rows, run).await;
                     let after = raw().await;
                     expected += 3 * rows as u64;
@@ -563,5 +594,96 @@ async fn run() {
             }
         }
     }
+    expected += wide_rows(&receiver, directory.path(), rounds, only.as_deref()).await;
     assert_eq!(receiver.count().await.0, expected, "every row reached the receiver");
+}
+
+/// Memory on wide rows: a catch-up of 10 KB rows at batch 1,000 with four batches in flight
+/// (about 40 MB of bodies), dbtrigger with file state between two runs of the raw limit with the
+/// same window, as above, each run in a process of its own (this program again), so that its peak
+/// RSS is its own: in one process, the allocator keeps what an earlier run freed and the next run
+/// reuses it. The peak RSS column is the point; the line after the table says what was in flight.
+/// `tests/it/memory.rs` asserts a bound on it, through the real binary. Returns the events sent.
+async fn wide_rows(receiver: &ReceiverProcess, directory: &std::path::Path, rounds: usize, only: Option<&str>) -> u64 {
+    const BATCH: i64 = 1000;
+    const WINDOW: usize = 4;
+    let path = format!("10 KB rows: file state, maxInFlight {WINDOW}");
+    if only.is_some_and(|only| !format!("{:?} {BATCH} {path}", Engine::Sqlite).contains(only)) {
+        return 0;
+    }
+    let rows: i64 =
+        std::env::var("DBTRIGGER_BENCH_WIDE_ROWS").ok().and_then(|text| text.parse().ok()).unwrap_or(36_000);
+    // Hex digits: 10,000 bytes of text a row, nothing to escape.
+    let url = table(Engine::Sqlite, &directory.join("wide"), rows, "hex(randomblob(5000))").await;
+    let hook = receiver.hook();
+    let arguments = |path: &str| {
+        [path.to_string(), url.clone(), hook.clone(), BATCH.to_string(), WINDOW.to_string(), rows.to_string()]
+    };
+    let mut limit =
+        Line { path: format!("10 KB rows: raw, window {WINDOW} (limit)"), runs: Vec::new(), ratios: Vec::new() };
+    let mut line = Line { path, runs: Vec::new(), ratios: Vec::new() };
+    for round in 0..=rounds {
+        let before = at_receiver(receiver, rows, in_child(arguments("raw"))).await;
+        let run = at_receiver(receiver, rows, in_child(arguments("dbtrigger"))).await;
+        let after = at_receiver(receiver, rows, in_child(arguments("raw"))).await;
+        if round == 0 {
+            continue;
+        }
+        line.ratios.push(2.0 * run.rows_per_second / (before.rows_per_second + after.rows_per_second));
+        line.runs.push(run);
+        limit.runs.extend([before, after]);
+        limit.ratios.extend([1.0, 1.0]);
+    }
+    limit.print(Engine::Sqlite, BATCH);
+    line.print(Engine::Sqlite, BATCH);
+    let body_bytes = median(line.runs.iter().map(|run| run.body_bytes_per_row).collect());
+    println!(
+        "10 KB rows: {:.0} MB of bodies in flight at maxInFlight {WINDOW}, a table of {:.0} MB; each run in a process of its own",
+        body_bytes * (BATCH as usize * WINDOW) as f64 / 1e6,
+        body_bytes * rows as f64 / 1e6,
+    );
+    3 * (rounds as u64 + 1) * rows as u64
+}
+
+/// Runs one path of `wide_rows` in a child process (`arguments`: raw or dbtrigger, the database,
+/// the hook, batch, window, rows) and reads back what it measured.
+async fn in_child(arguments: [String; 6]) -> Measured {
+    let output = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .env("DBTRIGGER_BENCH_CHILD", "1")
+        .args(arguments)
+        .stderr(Stdio::inherit())
+        .output()
+        .await
+        .unwrap();
+    assert!(output.status.success(), "a child run failed: {}", output.status);
+    let text = String::from_utf8(output.stdout).unwrap();
+    let numbers: Vec<f64> = text.split_whitespace().map(|number| number.parse().unwrap()).collect();
+    let [rows_per_second, cpu_micros_per_row, peak_rss_mb, blob_writes] = numbers[..] else {
+        panic!("a child run printed {text:?}");
+    };
+    Measured {
+        rows_per_second,
+        cpu_micros_per_row,
+        peak_rss_mb,
+        blob_writes: blob_writes as u64,
+        body_bytes_per_row: 0.0,
+    }
+}
+
+/// A child process of `in_child`: one run, its measures printed on one line.
+async fn run_as_child() {
+    let arguments: Vec<String> = std::env::args().skip(1).collect();
+    let [path, url, hook, batch, window, rows] = &arguments[..] else {
+        panic!("a child run takes raw|dbtrigger, a database, a hook, batch, window and rows: {arguments:?}");
+    };
+    let (batch, window, rows) = (batch.parse().unwrap(), window.parse().unwrap(), rows.parse().unwrap());
+    let measured = match path.as_str() {
+        "raw" => raw_pipelined(Engine::Sqlite, url, hook, batch, window, rows).await,
+        "dbtrigger" => dbtrigger(url, hook, "file", batch, window, rows, Some(64 * 1024 * 1024)).await,
+        other => panic!("a child run is raw or dbtrigger, not {other:?}"),
+    };
+    println!(
+        "{} {} {} {}",
+        measured.rows_per_second, measured.cpu_micros_per_row, measured.peak_rss_mb, measured.blob_writes
+    );
 }
