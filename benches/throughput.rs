@@ -492,6 +492,18 @@ fn median(mut values: Vec<f64>) -> f64 {
 }
 
 impl Line {
+    fn new(path: String) -> Line {
+        Line { path, runs: Vec::new(), ratios: Vec::new() }
+    }
+
+    /// One A-B-A round: this path's run between two runs of `limit`, compared with their mean.
+    fn add_round(&mut self, limit: &mut Line, before: Measured, run: Measured, after: Measured) {
+        self.ratios.push(2.0 * run.rows_per_second / (before.rows_per_second + after.rows_per_second));
+        self.runs.push(run);
+        limit.runs.extend([before, after]);
+        limit.ratios.extend([1.0, 1.0]);
+    }
+
     fn print(&self, engine: Engine, batch: i64) {
         let of = |field: fn(&Measured) -> f64| median(self.runs.iter().map(field).collect());
         let low = self.ratios.iter().copied().fold(f64::INFINITY, f64::min);
@@ -549,18 +561,9 @@ async fn run() {
                 .collect::<std::collections::BTreeSet<_>>()
                 .into_iter()
                 .collect();
-            let mut limits: Vec<Line> = windows
-                .iter()
-                .map(|window| Line {
-                    path: format!("raw, pipelined, window {window} (limit)"),
-                    runs: Vec::new(),
-                    ratios: Vec::new(),
-                })
-                .collect();
-            let mut lines: Vec<Line> = paths
-                .iter()
-                .map(|(path, ..)| Line { path: path.clone(), runs: Vec::new(), ratios: Vec::new() })
-                .collect();
+            let mut limits: Vec<Line> =
+                windows.iter().map(|window| Line::new(format!("raw, pipelined, window {window} (limit)"))).collect();
+            let mut lines: Vec<Line> = paths.iter().map(|(path, ..)| Line::new(path.clone())).collect();
             // Round 0 warms up (Azurite's JavaScript is compiled as it is first used, the
             // database's pages come into memory) and is not counted.
             for round in 0..=rounds {
@@ -579,11 +582,8 @@ async fn run() {
                     if round == 0 {
                         continue;
                     }
-                    line.ratios.push(2.0 * run.rows_per_second / (before.rows_per_second + after.rows_per_second));
-                    line.runs.push(run);
                     let limit = &mut limits[windows.iter().position(|window| window == max_in_flight).unwrap()];
-                    limit.runs.extend([before, after]);
-                    limit.ratios.extend([1.0, 1.0]);
+                    line.add_round(limit, before, run, after);
                 }
             }
             for line in &limits {
@@ -619,9 +619,8 @@ async fn wide_rows(receiver: &ReceiverProcess, directory: &std::path::Path, roun
     let arguments = |path: &str| {
         [path.to_string(), url.clone(), hook.clone(), BATCH.to_string(), WINDOW.to_string(), rows.to_string()]
     };
-    let mut limit =
-        Line { path: format!("10 KB rows: raw, window {WINDOW} (limit)"), runs: Vec::new(), ratios: Vec::new() };
-    let mut line = Line { path, runs: Vec::new(), ratios: Vec::new() };
+    let mut limit = Line::new(format!("10 KB rows: raw, window {WINDOW} (limit)"));
+    let mut line = Line::new(path);
     for round in 0..=rounds {
         let before = at_receiver(receiver, rows, in_child(arguments("raw"))).await;
         let run = at_receiver(receiver, rows, in_child(arguments("dbtrigger"))).await;
@@ -629,10 +628,7 @@ async fn wide_rows(receiver: &ReceiverProcess, directory: &std::path::Path, roun
         if round == 0 {
             continue;
         }
-        line.ratios.push(2.0 * run.rows_per_second / (before.rows_per_second + after.rows_per_second));
-        line.runs.push(run);
-        limit.runs.extend([before, after]);
-        limit.ratios.extend([1.0, 1.0]);
+        line.add_round(&mut limit, before, run, after);
     }
     limit.print(Engine::Sqlite, BATCH);
     line.print(Engine::Sqlite, BATCH);
