@@ -16,26 +16,6 @@ use crate::app::App;
 use crate::config::Settings;
 use crate::domain::schedule::Schedule;
 
-/// Environment settings, completed by local.settings.json `Values`.
-pub fn settings_for(app_root: &Path) -> anyhow::Result<Settings> {
-    let mut settings = Settings::from_env();
-    let path = app_root.join("local.settings.json");
-    let Ok(text) = std::fs::read_to_string(&path) else {
-        return Ok(settings);
-    };
-    let document: Value = serde_json::from_str(&text).with_context(|| format!("{}: invalid JSON", path.display()))?;
-    if let Some(values) = document.get("Values").and_then(Value::as_object) {
-        for (name, value) in values {
-            if settings.get(name).is_none()
-                && let Some(text) = value.as_str()
-            {
-                settings = settings.with(name, text);
-            }
-        }
-    }
-    Ok(settings)
-}
-
 fn timestamp(at: DateTime<Utc>) -> String {
     at.to_rfc3339_opts(SecondsFormat::Micros, false)
 }
@@ -112,7 +92,7 @@ async fn run_timer(base_url: String, function: String, schedule: Schedule, run_o
 }
 
 pub async fn run(app_root: &Path, port: Option<u16>) -> anyhow::Result<ExitCode> {
-    let settings = settings_for(app_root)?;
+    let settings = Settings::for_app_root(app_root)?;
     let app = Arc::new(App::load(app_root, &settings)?);
     let listener =
         tokio::net::TcpListener::bind(("127.0.0.1", port.unwrap_or(0))).await.context("cannot listen on 127.0.0.1")?;

@@ -284,7 +284,7 @@ impl Command {
 fn selection(ids: Vec<String>, all: bool) -> anyhow::Result<quarantine::Selection> {
     match (all, ids.is_empty()) {
         (true, _) => Ok(quarantine::Selection::All),
-        (false, false) => Ok(quarantine::Selection::Ids(ids)),
+        (false, false) => Ok(quarantine::Selection::Names(ids)),
         (false, true) => bail!("name the entries to act on, or pass --all"),
     }
 }

@@ -158,7 +158,7 @@ fn example_for(name: &str) -> &'static str {
 /// Every function.json of the app against the app settings (environment, then
 /// local.settings.json): one line per problem (file: field: reason), exit 1 when there is one.
 pub fn check(app_root: &Path) -> anyhow::Result<ExitCode> {
-    let settings = super::dev::settings_for(app_root)?;
+    let settings = crate::config::Settings::for_app_root(app_root)?;
     let mut problems = Vec::new();
     let host_json = app_root.join("host.json");
     match std::fs::read_to_string(&host_json) {

@@ -12,7 +12,7 @@ use crate::domain::health::{FingerprintState, PollerHealth};
 use crate::status::lag_text;
 
 pub async fn run(app_root: &Path, json: bool, only: Option<&str>) -> anyhow::Result<ExitCode> {
-    let settings = super::dev::settings_for(app_root)?;
+    let settings = crate::config::Settings::for_app_root(app_root)?;
     let app = App::load(app_root, &settings)?;
     let Some(healths) = app.status(only).await else {
         bail!(

@@ -76,6 +76,9 @@ pub struct HistoryEntry {
     pub at: DateTime<Utc>,
     /// Who asked: `user@host` of the operator's shell.
     pub who: String,
+    /// What was done, for programs (`reset`, `clone`, …); absent in entries older builds wrote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<HistoryAction>,
     /// What was done, in words: `reset to the beginning`, `cloned from orders`…
     pub what: String,
     /// The checkpoint before the change (`None`: there was none).
@@ -89,6 +92,23 @@ pub struct HistoryEntry {
     /// Why, in the operator's words (`--reason`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+}
+
+/// What a history entry records, for programs that read the history (`what` says it for people).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HistoryAction {
+    Reset,
+    Clone,
+    FingerprintAccept,
+    QuarantineReplay,
+    QuarantinePurge,
+    /// The tick restarted from the beginning of a new source load (`onChange: restart`).
+    GenerationRestart,
+    /// An action a newer build wrote: kept as it is, so that this build never fails to read the
+    /// document (which would stop the poller) nor rewrites the entry.
+    #[serde(untagged)]
+    Other(String),
 }
 
 /// Running totals, for `status` and for people reading the blob.
@@ -259,6 +279,26 @@ pub fn describe(position: &Position) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 24, item 15: history entries carry a machine-readable `action`; entries written
+    /// before it (no `action`) and actions of a newer build still read, and the latter are kept.
+    #[test]
+    fn history_actions_read_old_new_and_unknown_entries() {
+        let entry = |action: &str| {
+            format!(
+                r#"{{"version": 1, "poller_name": "p", "source_fingerprint": "f", "checkpoint": null, "lease": null,
+                "history": [{{"at": "2026-01-01T00:00:00Z", "who": "a@b", {action} "what": "x", "previous_checkpoint": null}}]}}"#
+            )
+        };
+        let old = StateDocument::parse(entry("").as_bytes()).unwrap();
+        assert_eq!(old.history[0].action, None);
+        let known = StateDocument::parse(entry(r#""action": "quarantine_purge","#).as_bytes()).unwrap();
+        assert_eq!(known.history[0].action, Some(HistoryAction::QuarantinePurge));
+        let newer = StateDocument::parse(entry(r#""action": "time_travel","#).as_bytes()).unwrap();
+        assert_eq!(newer.history[0].action, Some(HistoryAction::Other("time_travel".into())));
+        let rewritten: Value = serde_json::from_slice(&newer.to_bytes()).unwrap();
+        assert_eq!(rewritten["history"][0]["action"], "time_travel");
+    }
 
     /// A fixed instant: the domain never reads the clock, its tests neither.
     fn fixed_time() -> DateTime<Utc> {

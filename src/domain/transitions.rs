@@ -23,8 +23,8 @@ use chrono::{DateTime, Utc};
 use super::cursor::{CursorJson, Position};
 use super::lease::{self, HeldElsewhere, LeaseStatus, LeaseTerms};
 use super::poison::PoisonRecord;
-pub use super::state::HistoryEntry;
 use super::state::{Checkpoint, CheckpointRegression, GenerationRecord, StateDocument, advance_checkpoint, describe};
+pub use super::state::{HistoryAction, HistoryEntry};
 
 /// How many operator entries a document keeps.
 pub const HISTORY_LIMIT: usize = 50;
@@ -171,8 +171,14 @@ pub fn record_failure(
 
 /// The document with an operator's action on something beside it (the quarantine) written into its
 /// history; nothing else changes. Never refused: it records what was done.
-pub fn audit(document: &StateDocument, operator: Operator<'_>, what: String, now: DateTime<Utc>) -> StateDocument {
-    operator_write(document, operator, false, what, None, now)
+pub fn audit(
+    document: &StateDocument,
+    operator: Operator<'_>,
+    action: HistoryAction,
+    what: String,
+    now: DateTime<Utc>,
+) -> StateDocument {
+    operator_write(document, operator, false, (action, what), None, now)
 }
 
 /// The document with its checkpoint moved where an operator says (backwards, forwards, or to
@@ -198,7 +204,7 @@ pub fn reset(
             format!("reset to after {}", describe(position)),
         ),
     };
-    let mut next = operator_write(document, operator, forced, what, None, now);
+    let mut next = operator_write(document, operator, forced, (HistoryAction::Reset, what), None, now);
     next.checkpoint = checkpoint;
     // A new fencing token: deliveries of a tick still running on the old checkpoint are then
     // recognisably stale to receivers (the next tick acquires above it again).
@@ -257,7 +263,7 @@ pub fn check_generation(
                 document,
                 Operator { who: "dbtrigger", force: false, reason: None },
                 false,
-                what,
+                (HistoryAction::GenerationRestart, what),
                 None,
                 now,
             );
@@ -287,14 +293,15 @@ pub fn accept_fingerprint(
     let forced = operator_may_write(document, operator, now, terms)?;
     let what = format!("accepted fingerprint {fingerprint}");
     let previous = Some(document.source_fingerprint.clone());
-    let mut next = operator_write(document, operator, forced, what, previous, now);
+    let mut next = operator_write(document, operator, forced, (HistoryAction::FingerprintAccept, what), previous, now);
     next.source_fingerprint = fingerprint.to_string();
     Ok(next)
 }
 
 /// A new document for `poller_name` that starts where `source` is (or from the beginning): a
 /// backfill or a migration on a separate name. No lease, fresh stats, the history of the copy
-/// beginning with where it came from.
+/// beginning with where it came from. A copy of the checkpoint keeps the source generation it
+/// belongs to, so that a copy made after a reload is not taken for the new load's position.
 pub fn clone_to(
     source: &StateDocument,
     poller_name: &str,
@@ -304,6 +311,8 @@ pub fn clone_to(
 ) -> StateDocument {
     let mut next = StateDocument::new(poller_name, &source.source_fingerprint);
     next.checkpoint = if from_beginning { None } else { source.checkpoint.clone() };
+    // From the beginning, the next tick records the generation of the load it starts on.
+    next.generation = if from_beginning { None } else { source.generation.clone() };
     let what = if from_beginning {
         format!("cloned from {} (from the beginning)", source.poller_name)
     } else {
@@ -312,6 +321,7 @@ pub fn clone_to(
     next.history.push(HistoryEntry {
         at: now,
         who: operator.who.to_string(),
+        action: Some(HistoryAction::Clone),
         what,
         previous_checkpoint: None,
         previous_fingerprint: None,
@@ -349,7 +359,7 @@ fn operator_write(
     document: &StateDocument,
     operator: Operator<'_>,
     forced: bool,
-    what: String,
+    (action, what): (HistoryAction, String),
     previous_fingerprint: Option<String>,
     now: DateTime<Utc>,
 ) -> StateDocument {
@@ -357,6 +367,7 @@ fn operator_write(
     next.history.push(HistoryEntry {
         at: now,
         who: operator.who.to_string(),
+        action: Some(action),
         what,
         previous_checkpoint: document.checkpoint.as_ref().map(|checkpoint| checkpoint.cursor.clone()),
         previous_fingerprint,
@@ -609,6 +620,27 @@ mod tests {
         assert_eq!(at_checkpoint.history.last().unwrap().what, "cloned from orders at its checkpoint");
         let from_start = clone_to(&committed, "orders_backfill", true, ALICE, at(20));
         assert_eq!(from_start.checkpoint, None);
+    }
+
+    /// Regression (issue 24, item 11): a clone at the checkpoint keeps the generation record, so
+    /// that after a reload its tick stops or restarts instead of adopting the new load with the
+    /// old load's checkpoint; a clone from the beginning records the load it starts on.
+    #[test]
+    fn clone_keeps_the_generation_its_checkpoint_belongs_to() {
+        let a_holds = held_by("a", 0);
+        let committed = commit(&a_holds, "a", &delivered(&position(5, 1)), true, at(10), &terms()).unwrap();
+        let GenerationCheck::Adopted(loaded) = check_generation(&committed, Some(&serde_json::json!(7)), false, at(11))
+        else {
+            panic!("adopted");
+        };
+        let clone = clone_to(&loaded, "orders_backfill", false, ALICE, at(20));
+        assert_eq!(clone.generation, loaded.generation);
+        assert!(matches!(
+            check_generation(&clone, Some(&serde_json::json!(8)), false, at(21)),
+            GenerationCheck::Stopped { .. }
+        ));
+        assert_eq!(clone.history.last().unwrap().action, Some(HistoryAction::Clone));
+        assert_eq!(clone_to(&loaded, "orders_backfill", true, ALICE, at(20)).generation, None);
     }
 
     /// fingerprint accept: records the new one, keeps the checkpoint, audited; refused when it

@@ -7,6 +7,7 @@
 //! when no index starts with (cursor, pk...), since the seek's cost then grows with the table.
 
 pub mod mysql;
+pub mod position;
 pub mod postgres;
 pub mod query;
 pub mod sqlite;
@@ -24,8 +25,9 @@ use sqlx::{Database, Encode, Type};
 use crate::config::redact::Redaction;
 use crate::config::{Engine, OpRule, SourceConfig};
 use crate::domain::{CursorValue, PkValue, Position};
+use position::bind_position;
 pub use query::Probe;
-use query::{SeekQuery, Slot};
+use query::SeekQuery;
 
 use crate::domain::event::Op;
 pub use crate::domain::event::{RowJson, SourceRow};
@@ -59,6 +61,9 @@ pub enum SourceError {
     Position(String),
     #[error("the query on {location} took longer than {seconds} s (source.queryTimeoutSeconds) and was cancelled")]
     Timeout { location: String, seconds: u64 },
+    /// A stored position that does not fit the configured key: never bound.
+    #[error(transparent)]
+    KeyMismatch(#[from] crate::domain::cursor::KeyMismatch),
     /// A row that cannot be delivered, named by its primary key.
     #[error("{error} (in the row with {row})")]
     InRow { row: String, error: Box<SourceError> },
@@ -195,6 +200,9 @@ macro_rules! sql_source {
                 cap: u64,
             ) -> Result<u64, $crate::source::SourceError> {
                 let count = async {
+                    if let Some(position) = after {
+                        $crate::source::position::check_key(&self.config, position)?;
+                    }
                     let seek = self.seek().await?;
                     $crate::source::count_rows(&self.pool, seek, after, cap, &self.redaction).await
                 };
@@ -631,7 +639,8 @@ where
     let query = match after {
         None => sqlx::query(sqlx::AssertSqlSafe(seek.sql(probe, false))),
         Some(position) => {
-            bind_position(sqlx::query(sqlx::AssertSqlSafe(seek.sql(probe, true))), &seek.after_slots, position)
+            position::check_key(config, position)?;
+            bind_position(sqlx::query(sqlx::AssertSqlSafe(seek.sql(probe, true))), &seek.after_slots, position)?
         }
     };
     let mut stream = query.bind(limit.rows as i64).fetch(pool);
@@ -784,44 +793,13 @@ where
     let query = match after {
         None => sqlx::query(sqlx::AssertSqlSafe(seek.count_sql(false))),
         Some(position) => {
-            bind_position(sqlx::query(sqlx::AssertSqlSafe(seek.count_sql(true))), &seek.after_slots, position)
+            bind_position(sqlx::query(sqlx::AssertSqlSafe(seek.count_sql(true))), &seek.after_slots, position)?
         }
     };
     let cap = i64::try_from(cap).unwrap_or(i64::MAX);
     let row = query.bind(cap).fetch_one(pool).await.map_err(|error| classify(redaction, error))?;
     let count: i64 = sqlx::Row::try_get_unchecked(&row, 0usize).map_err(|error| classify(redaction, error))?;
     Ok(count.max(0) as u64)
-}
-
-/// Binds a position's values to the seek's placeholders, each as its native type.
-pub(crate) fn bind_position<'q, DB>(
-    mut query: sqlx::query::Query<'q, DB, <DB as Database>::Arguments>,
-    slots: &[Slot],
-    position: &Position,
-) -> sqlx::query::Query<'q, DB, <DB as Database>::Arguments>
-where
-    DB: Database,
-    i64: for<'t> Encode<'t, DB> + Type<DB>,
-    String: for<'t> Encode<'t, DB> + Type<DB>,
-    DateTime<Utc>: for<'t> Encode<'t, DB> + Type<DB>,
-    NaiveDateTime: for<'t> Encode<'t, DB> + Type<DB>,
-{
-    for slot in slots {
-        query = match slot {
-            Slot::Cursor => match &position.cursor {
-                CursorValue::Integer(number) => query.bind(*number),
-                // SQLite: the exact stored text, so the seek agrees with its ORDER BY.
-                CursorValue::Timestamp { source_text: Some(text), .. } => query.bind(text.clone()),
-                CursorValue::Timestamp { at, source_text: None } => query.bind(*at),
-                CursorValue::NaiveTimestamp(at) => query.bind(*at),
-            },
-            Slot::Key(index) => match &position.pk[*index].1 {
-                PkValue::Integer(number) => query.bind(*number),
-                PkValue::Text(text) => query.bind(text.clone()),
-            },
-        };
-    }
-    query
 }
 
 /// Maps a driver error to what it means for the poller, scrubbed of the URL's secrets (a driver
