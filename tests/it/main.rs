@@ -22,3 +22,4 @@ mod store;
 mod tick;
 mod watchdog;
 mod webhook;
+mod wide_rows;
