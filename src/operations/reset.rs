@@ -60,7 +60,13 @@ async fn target(parts: Parts<'_>, to: &ResetTo) -> Result<ResetTarget, Operation
         ResetTo::Checkpoint(json) => {
             let position = Position::try_from(json)
                 .map_err(|reason| OperationError::Invalid(format!("not a checkpoint position: {reason}")))?;
-            position.fits_key(&source_config.pk).map_err(|mismatch| OperationError::Invalid(mismatch.to_string()))?;
+            if let Err(mismatch) = position.fits_key(&source_config.pk) {
+                return Err(OperationError::Invalid(format!(
+                    "the checkpoint's key columns ({}) are not this poller's ({})",
+                    mismatch.stored.join(", "),
+                    mismatch.configured.join(", ")
+                )));
+            }
             Ok(ResetTarget::After(position))
         }
     }
