@@ -276,8 +276,14 @@ impl Poller {
                 writer.lost = true;
                 return totals.lease_lost("the lease came within the clock-skew margin of expiry without a heartbeat");
             }
-            let due = lease::next_heartbeat_due(&current, &terms).unwrap_or(now);
-            let wait = (heartbeat_retry_at.unwrap_or(due) - now).to_std().unwrap_or(Duration::ZERO);
+            let due = heartbeat_retry_at.or(lease::next_heartbeat_due(&current, &terms)).unwrap_or(now);
+            if now >= due {
+                // Due by the clock: decided here rather than by the timer, which the biased
+                // select below serves after the deliveries.
+                heartbeat_due = true;
+                continue;
+            }
+            let wait = (due - now).to_std().unwrap_or(Duration::ZERO);
             // Acknowledged batches wait for the commit interval to pass (unless something else
             // comes first and decides for them).
             let commit_wait = (last_commit_at + commit_interval - now).to_std().unwrap_or(Duration::ZERO);
