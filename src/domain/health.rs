@@ -192,6 +192,17 @@ pub fn assess(observed: Observed<'_>, now: DateTime<Utc>) -> PollerHealth {
                     ));
                 }
             }
+            // Ticks failing for another reason than the sink count as attempts too; the error
+            // shown is the later one.
+            if let Some(failure) = &document.failure {
+                health
+                    .problems
+                    .push(format!("the last {} ticks failed, last: {}", failure.attempts, failure.last_error));
+                health.attempts = health.attempts.max(failure.attempts);
+                if document.poison.as_ref().is_none_or(|poison| failure.last_failure_at >= poison.last_failure_at) {
+                    health.last_error = Some(failure.last_error.clone());
+                }
+            }
         }
     }
     match &observed.generation {
@@ -312,6 +323,7 @@ mod tests {
             last_error: "HTTP 503".into(),
             first_failure_at: at(1),
             last_failure_at: at(2),
+            isolating: None,
         });
         let failing = assess(observed(Ok(Some(&document)), Ok(lag(3, None))), at(10));
         assert!(!failing.healthy);
@@ -329,6 +341,20 @@ mod tests {
         assert_eq!(unreadable.error.as_deref(), Some("not JSON"));
         assert_eq!(unreadable.problems.len(), 2);
         assert_eq!(unreadable.lag_rows, None);
+    }
+
+    /// Regression (issue 24, item 9): ticks failing for another reason than the sink (here a
+    /// source error) make the poller unhealthy, with their count and error.
+    #[test]
+    fn ticks_failing_for_another_reason_than_the_sink_are_unhealthy() {
+        let mut document = committed("a", at(0), true);
+        let error = "opColumn \"note\" holds \"order 3\"";
+        document.failure = Some(crate::domain::state::FailureRecord::after(None, error, at(1)));
+        document.failure = Some(crate::domain::state::FailureRecord::after(document.failure.as_ref(), error, at(2)));
+        let failing = assess(observed(Ok(Some(&document)), Ok(lag(3, None))), at(10));
+        assert!(!failing.healthy);
+        assert_eq!((failing.attempts, failing.last_error.as_deref()), (2, Some(error)));
+        assert!(failing.problems[0].contains("the last 2 ticks failed"), "{:?}", failing.problems);
     }
 
     #[test]

@@ -37,6 +37,11 @@ pub struct StateDocument {
     /// The failures of the batch at the checkpoint; cleared by the next commit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub poison: Option<PoisonRecord>,
+    /// Ticks failing in a row for another reason than the sink (a source error, a checkpoint
+    /// refused, a store error): `status` and the watchdog show them as they show `poison`. Cleared
+    /// by the next tick that ends well.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<FailureRecord>,
     /// The source generation (seed 003) the checkpoint belongs to, when one is configured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<GenerationRecord>,
@@ -60,6 +65,38 @@ pub struct Checkpoint {
     /// Unknown checkpoint fields, kept (see [`StateDocument::extra`]).
     #[serde(flatten)]
     pub extra: Map<String, Value>,
+}
+
+/// Ticks that failed in a row for a reason other than the sink, in the state document's `failure`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailureRecord {
+    pub attempts: u32,
+    pub first_error: String,
+    pub last_error: String,
+    pub first_failure_at: DateTime<Utc>,
+    pub last_failure_at: DateTime<Utc>,
+}
+
+impl FailureRecord {
+    /// The record after one more failed tick.
+    pub fn after(previous: Option<&FailureRecord>, error: &str, now: DateTime<Utc>) -> FailureRecord {
+        match previous {
+            Some(previous) => FailureRecord {
+                attempts: previous.attempts.saturating_add(1),
+                first_error: previous.first_error.clone(),
+                last_error: error.to_string(),
+                first_failure_at: previous.first_failure_at,
+                last_failure_at: now,
+            },
+            None => FailureRecord {
+                attempts: 1,
+                first_error: error.to_string(),
+                last_error: error.to_string(),
+                first_failure_at: now,
+                last_failure_at: now,
+            },
+        }
+    }
 }
 
 /// The source generation a checkpoint belongs to, and since when.
@@ -159,6 +196,7 @@ impl StateDocument {
             stats: Stats::default(),
             write_id: None,
             poison: None,
+            failure: None,
             generation: None,
             history: Vec::new(),
             extra: Map::new(),

@@ -9,6 +9,10 @@
 //! | [`heartbeat`]         | the lease is not ours                                               |
 //! | [`commit`]            | the lease is not ours; the checkpoint would not move forward        |
 //! | [`release`]           | the lease is not ours                                               |
+//! | [`commit_isolating`]  | as [`commit`]; the poison record kept, for an isolation under way    |
+//! | [`record_failure`]    | the lease is not ours                                               |
+//! | [`record_tick_failure`]| another owner's lease is live                                      |
+//! | [`clear_failures`]    | never (`None`: nothing to clear)                                    |
 //! | [`reset`]             | another owner's lease is live, unless forced                        |
 //! | [`accept_fingerprint`]| another owner's lease is live, unless forced; nothing would change   |
 //! | [`clone_to`]          | never (a new document for another poller name)                      |
@@ -23,7 +27,9 @@ use chrono::{DateTime, Utc};
 use super::cursor::{CursorJson, Position};
 use super::lease::{self, HeldElsewhere, LeaseStatus, LeaseTerms};
 use super::poison::PoisonRecord;
-use super::state::{Checkpoint, CheckpointRegression, GenerationRecord, StateDocument, advance_checkpoint, describe};
+use super::state::{
+    Checkpoint, CheckpointRegression, FailureRecord, GenerationRecord, StateDocument, advance_checkpoint, describe,
+};
 pub use super::state::{HistoryAction, HistoryEntry};
 
 /// How many operator entries a document keeps.
@@ -130,7 +136,8 @@ pub struct Delivered<'a> {
 }
 
 /// The document with the checkpoint moved past `delivered` and our lease renewed, or released when
-/// `release` (the last commit of a tick). A commit is a heartbeat.
+/// `release` (the last commit of a tick, which ended well: a failure record of earlier ticks is
+/// cleared). A commit is a heartbeat.
 pub fn commit(
     document: &StateDocument,
     me: &str,
@@ -153,6 +160,28 @@ pub fn commit(
     next.stats.rows_delivered += delivered.rows as u64;
     next.stats.batches_delivered += delivered.batches as u64;
     next.stats.last_tick_at = Some(now);
+    if release {
+        next.failure = None;
+    }
+    Ok(next)
+}
+
+/// A commit of the rows of a poison batch settled so far (delivered, or quarantined): the
+/// checkpoint moves past them as in [`commit`], and `still_isolating` stays in the document, so
+/// that the next tick goes on with the rest of the batch.
+pub fn commit_isolating(
+    document: &StateDocument,
+    me: &str,
+    delivered: &Delivered<'_>,
+    still_isolating: PoisonRecord,
+    release: bool,
+    now: DateTime<Utc>,
+    terms: &LeaseTerms,
+) -> Result<StateDocument, Refusal> {
+    let mut next = commit(document, me, delivered, release, now, terms)?;
+    next.poison = Some(still_isolating);
+    // The tick has not ended well: the batch is not past yet.
+    next.failure = document.failure.clone();
     Ok(next)
 }
 
@@ -167,6 +196,49 @@ pub fn record_failure(
     let mut next = release(document, me, now)?;
     next.poison = Some(poison);
     Ok(next)
+}
+
+/// The document after a tick that failed for another reason than the sink (a source error, a
+/// checkpoint refused, a store error): one more failed tick in `failure`, and our lease released if
+/// we hold it. A tick that failed before taking the lease records it too, unless another owner's
+/// lease is live (that owner's ticks say how things are).
+pub fn record_tick_failure(
+    document: &StateDocument,
+    me: &str,
+    error: &str,
+    now: DateTime<Utc>,
+    terms: &LeaseTerms,
+) -> Result<StateDocument, Refusal> {
+    let mut next = match lease::status(document.lease.as_ref(), me, now, terms) {
+        LeaseStatus::HeldByOther { owner_id, expires_at } => {
+            return Err(Refusal::HeldElsewhere { owner_id, expires_at });
+        }
+        LeaseStatus::Mine => release(document, me, now)?,
+        LeaseStatus::Free => document.clone(),
+    };
+    next.failure = Some(FailureRecord::after(document.failure.as_ref(), error, now));
+    Ok(next)
+}
+
+/// Our lease given back at the end of a tick that ended well: a failure record of earlier ticks is
+/// cleared with it.
+pub fn release_after_success(document: &StateDocument, me: &str, now: DateTime<Utc>) -> Result<StateDocument, Refusal> {
+    let mut next = release(document, me, now)?;
+    next.failure = None;
+    Ok(next)
+}
+
+/// The document an idle tick writes when it finds failures recorded: nothing waits after the
+/// checkpoint, so whatever failed is fixed or gone. `None` when there is nothing to clear (an idle
+/// tick writes nothing).
+pub fn clear_failures(document: &StateDocument) -> Option<StateDocument> {
+    if document.failure.is_none() && document.poison.is_none() {
+        return None;
+    }
+    let mut next = document.clone();
+    next.failure = None;
+    next.poison = None;
+    Some(next)
 }
 
 /// The document with an operator's action on something beside it (the quarantine) written into its
@@ -513,6 +585,71 @@ mod tests {
         let committed = commit(&again, "b", &isolated, true, at(8), &terms()).unwrap();
         assert_eq!(committed.poison, None);
         assert_eq!((committed.stats.rows_delivered, committed.stats.quarantined), (8, 2));
+    }
+
+    /// Regression (issue 24, item 9): a tick failing for a reason other than the sink is recorded
+    /// (attempts counting, the lease given back if ours, nothing written through a live lease of
+    /// another), kept by the commits of a tick still running, and cleared by a tick that ends well
+    /// or by an idle one.
+    #[test]
+    fn tick_failure_truth_table() {
+        let free = StateDocument::new("orders", "sha256:a");
+        let once = record_tick_failure(&free, "a", "opColumn \"note\" holds \"x\"", at(1), &terms()).unwrap();
+        let failure = once.failure.clone().unwrap();
+        assert_eq!((failure.attempts, failure.first_failure_at), (1, at(1)));
+        assert_eq!(once.lease, None, "no lease taken");
+        let twice = record_tick_failure(&once, "a", "HTTP 500", at(2), &terms()).unwrap();
+        let failure = twice.failure.clone().unwrap();
+        assert_eq!(
+            (failure.attempts, failure.first_error.as_str(), failure.last_error.as_str()),
+            (2, "opColumn \"note\" holds \"x\"", "HTTP 500")
+        );
+
+        let a_holds = acquire(&twice, "a", at(3), &terms()).unwrap();
+        let released = record_tick_failure(&a_holds, "a", "HTTP 500", at(4), &terms()).unwrap();
+        assert_eq!(released.lease.as_ref().unwrap().owner_id, None, "our lease given back with it");
+        assert_eq!(released.failure.as_ref().unwrap().attempts, 3);
+        assert!(matches!(
+            record_tick_failure(&a_holds, "b", "HTTP 500", at(4), &terms()),
+            Err(Refusal::HeldElsewhere { .. })
+        ));
+        // Expired past the skew margin: free, so recorded.
+        assert!(record_tick_failure(&a_holds, "b", "HTTP 500", at(100), &terms()).is_ok());
+
+        // A tick in progress keeps the record; its releasing commit, or a release after it ended
+        // well, clears it; so does an idle tick, with the poison record.
+        let again = acquire(&released, "a", at(5), &terms()).unwrap();
+        let progress = commit(&again, "a", &delivered(&position(5, 5)), false, at(6), &terms()).unwrap();
+        assert!(progress.failure.is_some());
+        assert_eq!(commit(&progress, "a", &delivered(&position(6, 6)), true, at(7), &terms()).unwrap().failure, None);
+        assert_eq!(release_after_success(&progress, "a", at(7)).unwrap().failure, None);
+        assert_eq!(release(&progress, "a", at(7)).unwrap().failure, progress.failure, "a plain release keeps it");
+        let cleared = clear_failures(&released).unwrap();
+        assert_eq!((cleared.failure, cleared.poison), (None, None));
+        assert_eq!(clear_failures(&held_by("a", 0)), None, "nothing to clear: no write");
+    }
+
+    /// An isolation under way commits its settled rows and keeps its record; the failure record of
+    /// earlier ticks stays until the tick ends well.
+    #[test]
+    fn an_isolating_commit_keeps_the_poison_record() {
+        let failed = record_tick_failure(&held_by("a", 0), "a", "HTTP 500", at(1), &terms()).unwrap();
+        let holding = acquire(&failed, "a", at(2), &terms()).unwrap();
+        let record =
+            crate::domain::poison::record_failure(None, "bat_1", &position(1, 1), &position(9, 9), "HTTP 422", at(2));
+        let settled = Delivered { last: &position(4, 4), last_batch_id: "bat_1", rows: 3, batches: 0, quarantined: 1 };
+        for release in [false, true] {
+            let next = commit_isolating(&holding, "a", &settled, record.clone(), release, at(3), &terms()).unwrap();
+            assert_eq!(next.poison.as_ref(), Some(&record));
+            assert!(next.failure.is_some());
+            assert_eq!(next.checkpoint.as_ref().unwrap().cursor.tiebreaker["id"], 4);
+            assert_eq!((next.stats.rows_delivered, next.stats.quarantined, next.stats.batches_delivered), (3, 1, 0));
+            assert_eq!(next.lease.as_ref().unwrap().owner_id.is_none(), release);
+        }
+        assert!(matches!(
+            commit_isolating(&holding, "b", &settled, record, false, at(3), &terms()),
+            Err(Refusal::NotOwner { .. })
+        ));
     }
 
     /// reset: any direction, refused through a live lease unless forced, always audited.

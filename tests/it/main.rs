@@ -4,6 +4,7 @@
 mod azure;
 mod chaos;
 mod dev;
+mod failing;
 mod generations;
 mod harness;
 mod host;
