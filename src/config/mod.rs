@@ -11,6 +11,7 @@
 
 pub mod batch;
 pub mod connection;
+mod disabled;
 mod function_json;
 pub mod plan;
 pub mod redact;
@@ -63,6 +64,9 @@ pub struct AppConfig {
     pub app_root: PathBuf,
     pub app_name: String,
     pub functions: BTreeMap<String, Result<FunctionConfig, ConfigError>>,
+    /// The functions the host does not run (function name → why): `AzureWebJobs.<name>.Disabled`,
+    /// host.json `functions`.
+    pub disabled: BTreeMap<String, String>,
     /// How long the host lets an invocation run: host.json's `functionTimeout` or the plan's default.
     pub function_timeout: plan::FunctionTimeout,
 }
@@ -149,7 +153,15 @@ impl AppConfig {
             functions.insert(function_name, parsed);
         }
         refuse_shared_poller_names(&mut functions);
-        Ok(AppConfig { app_root: app_root.to_path_buf(), app_name: settings.app_name(), functions, function_timeout: timeout })
+        let names: Vec<String> = functions.keys().cloned().collect();
+        let disabled = disabled::disabled_functions(app_root, settings, &names)?;
+        Ok(AppConfig {
+            app_root: app_root.to_path_buf(),
+            app_name: settings.app_name(),
+            functions,
+            disabled,
+            function_timeout: timeout,
+        })
     }
 }
 
