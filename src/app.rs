@@ -550,3 +550,24 @@ fn owner_id(settings: &Settings) -> String {
     let random = uuid::Uuid::new_v4().simple().to_string();
     format!("{instance}/{}-{}", std::process::id(), &random[..8])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(text: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(text).unwrap().with_timezone(&Utc)
+    }
+
+    /// Regression (issue 24, item 12): a kick starts only when its tick's budget and the margin
+    /// fit before functionTimeout; unbounded, every kick fits.
+    #[test]
+    fn a_kick_starts_only_within_the_time_the_invocation_has_left() {
+        let deadline = Some(at("2024-01-01T00:10:00Z"));
+        let budget = std::time::Duration::from_secs(240);
+        assert_eq!(kick_fits(deadline, at("2024-01-01T00:05:30Z"), budget), Ok(()));
+        assert_eq!(kick_fits(deadline, at("2024-01-01T00:05:31Z"), budget), Err(std::time::Duration::from_secs(269)));
+        assert_eq!(kick_fits(deadline, at("2024-01-01T00:11:00Z"), budget), Err(std::time::Duration::ZERO));
+        assert_eq!(kick_fits(None, at("2024-01-01T00:11:00Z"), budget), Ok(()));
+    }
+}

@@ -272,8 +272,8 @@ pub struct GuardArgs {
 }
 
 impl Command {
-    /// Operator commands log to stderr, so that what they print stays clean; the rest to stdout,
-    /// as the Functions host expects.
+    /// Operator commands log to stderr, so that what they print stays clean; the rest by
+    /// severity (warnings and errors to stderr), as the Functions host expects (see `logging`).
     pub fn log_stream(&self) -> crate::logging::LogStream {
         match self {
             Command::Quarantine { .. }
@@ -285,7 +285,7 @@ impl Command {
             | Command::Reset { .. }
             | Command::Clone { .. }
             | Command::Fingerprint { .. } => crate::logging::LogStream::Stderr,
-            _ => crate::logging::LogStream::Stdout,
+            _ => crate::logging::LogStream::BySeverity,
         }
     }
 }
