@@ -43,10 +43,10 @@ pub struct Report {
 impl Report {
     /// The lines for the host's `Logs`: a summary, then one line per finding, then the notes.
     pub fn lines(&self) -> Vec<String> {
+        let disabled = if self.disabled > 0 { format!(" disabled={}", self.disabled) } else { String::new() };
         let mut lines = vec![format!(
-            "watchdog checked={} disabled={} findings={}{}",
+            "watchdog checked={} findings={}{disabled}{}",
             self.checked,
-            self.disabled,
             self.findings.len(),
             if self.findings.is_empty() { " all well" } else { "" }
         )];

@@ -406,6 +406,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
-async fn shutdown_signal() {
-    serve::stop_signal().await;
+/// Completes at SIGINT or SIGTERM (the handlers are installed at once, see `serve::stop_signal`).
+fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send {
+    let stop = serve::stop_signal();
+    async move {
+        stop.await;
+    }
 }

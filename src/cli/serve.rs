@@ -57,26 +57,39 @@ impl Stop {
     }
 }
 
-/// Waits for SIGINT (Ctrl-C) or SIGTERM.
-pub async fn stop_signal() -> Stop {
+/// Waits for SIGINT (Ctrl-C) or SIGTERM. The handlers are installed when this is called, not
+/// when the future is first polled: a signal that comes between the two must not kill the process.
+pub fn stop_signal() -> impl std::future::Future<Output = Stop> + Send {
     #[cfg(unix)]
     {
-        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(signal) => signal,
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-                return Stop::Interrupt;
+        use tokio::signal::unix::{SignalKind, signal};
+        let terminate = signal(SignalKind::terminate()).ok();
+        let interrupt = signal(SignalKind::interrupt()).ok();
+        async move {
+            let (mut terminate, mut interrupt) = (terminate, interrupt);
+            tokio::select! {
+                () = received(terminate.as_mut()) => Stop::Terminate,
+                () = received(interrupt.as_mut()) => Stop::Interrupt,
             }
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => Stop::Interrupt,
-            _ = terminate.recv() => Stop::Terminate,
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
-        Stop::Interrupt
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+            Stop::Interrupt
+        }
+    }
+}
+
+/// Completes when `signal` arrives; never, when its handler could not be installed.
+#[cfg(unix)]
+async fn received(signal: Option<&mut tokio::signal::unix::Signal>) {
+    match signal {
+        Some(signal) => {
+            signal.recv().await;
+        }
+        None => std::future::pending::<()>().await,
     }
 }
 
@@ -89,8 +102,9 @@ pub async fn run(
     under_host: bool,
 ) -> anyhow::Result<ExitCode> {
     let (stopped_sender, stopped) = tokio::sync::watch::channel(None::<Stop>);
+    let signalled = stop_signal();
     tokio::spawn(async move {
-        let stop = stop_signal().await;
+        let stop = signalled.await;
         stopped_sender.send_replace(Some(stop));
     });
     let mut graceful = stopped.clone();
@@ -99,13 +113,19 @@ pub async fn run(
     });
     let mut server = std::pin::pin!(server);
     let mut waiting = stopped.clone();
+    // The signal first: once it came the server may end too, and the exit code is the signal's.
     let stop = tokio::select! {
-        served = &mut server => {
-            // The server ended without a signal: only an error ends it.
-            served?;
-            return Ok(ExitCode::FAILURE);
-        }
+        biased;
         stop = wait_for_stop(&mut waiting) => stop,
+        served = &mut server => {
+            served?;
+            let stop = *stopped.borrow();
+            return Ok(match stop {
+                Some(stop) => ExitCode::from(stop.exit_code(under_host)),
+                // Only an error ends the server without a signal.
+                None => ExitCode::FAILURE,
+            });
+        }
     };
     let code = stop.exit_code(under_host);
     info!(

@@ -7,6 +7,7 @@ mod dev;
 mod generations;
 mod harness;
 mod host;
+mod host_rules;
 mod matrix;
 mod memory;
 mod ops;
