@@ -221,10 +221,7 @@ impl App {
 
     /// Why the host does not run `function`, when it does not (function names without regard to case).
     pub fn disabled(&self, function: &str) -> Option<&str> {
-        self.disabled
-            .iter()
-            .find(|(name, _)| name.eq_ignore_ascii_case(function))
-            .map(|(_, reason)| reason.as_str())
+        self.disabled.iter().find(|(name, _)| name.eq_ignore_ascii_case(function)).map(|(_, reason)| reason.as_str())
     }
 
     /// Stops every tick in flight at its next await and gives back its lease; no tick starts

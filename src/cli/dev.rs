@@ -124,8 +124,13 @@ async fn run_timer(base_url: String, timer: Timer) {
     let mut status = TimerStatus { last: None, next: first };
     if timer.run_on_startup {
         let invoked = Utc::now();
-        fire(&client, &base_url, &timer.function, &timer_payload(&timer.function, timer.monitor.then_some(status), invoked))
-            .await;
+        fire(
+            &client,
+            &base_url,
+            &timer.function,
+            &timer_payload(&timer.function, timer.monitor.then_some(status), invoked),
+        )
+        .await;
         // A startup run's occurrence is when it started.
         let Some(next) = timer.schedule.next_after_in(invoked, &timer.zone) else {
             return;
@@ -157,7 +162,8 @@ fn use_monitor(app_root: &Path, function: &str) -> bool {
         return true;
     };
     for binding in bindings {
-        let is_timer = binding.get("type").and_then(Value::as_str).is_some_and(|kind| kind.eq_ignore_ascii_case("timerTrigger"));
+        let is_timer =
+            binding.get("type").and_then(Value::as_str).is_some_and(|kind| kind.eq_ignore_ascii_case("timerTrigger"));
         if is_timer {
             return binding.get("useMonitor").and_then(Value::as_bool).unwrap_or(true);
         }
@@ -229,6 +235,9 @@ mod tests {
         let request = InvocationRequest::parse(payload.to_string().as_bytes()).unwrap();
         assert!(!request.timer_is_past_due());
         assert_eq!(request.timer_fired_late(at("2024-11-30T14:57:03Z")).unwrap().num_seconds(), 123);
-        assert_eq!(payload["Data"]["timer"]["ScheduleStatus"]["LastUpdated"], payload["Data"]["timer"]["ScheduleStatus"]["Last"]);
+        assert_eq!(
+            payload["Data"]["timer"]["ScheduleStatus"]["LastUpdated"],
+            payload["Data"]["timer"]["ScheduleStatus"]["Last"]
+        );
     }
 }

@@ -31,10 +31,8 @@ pub(super) fn disabled_functions(
         for setting in [format!("AzureWebJobs.{name}.Disabled"), format!("AzureWebJobs_{name}_Disabled")] {
             let value = settings.get_ignoring_case(&setting).unwrap_or_default().trim();
             if value == "1" || value.eq_ignore_ascii_case("true") {
-                disabled.insert(
-                    name.clone(),
-                    format!("app setting {setting} is {value}: the host starts no timer for it"),
-                );
+                disabled
+                    .insert(name.clone(), format!("app setting {setting} is {value}: the host starts no timer for it"));
                 break;
             }
         }
@@ -55,8 +53,8 @@ fn allow_list(app_root: &Path) -> Result<Option<Vec<String>>, ConfigError> {
         return Ok(None);
     };
     let error = |field: &str, reason: String| ConfigError { file: path.clone(), field: field.to_string(), reason };
-    let document: Value =
-        serde_json::from_str(&text).map_err(|parse_error| error("(document)", format!("invalid JSON: {parse_error}")))?;
+    let document: Value = serde_json::from_str(&text)
+        .map_err(|parse_error| error("(document)", format!("invalid JSON: {parse_error}")))?;
     let listed = match document.get("functions") {
         None | Some(Value::Null) => return Ok(None),
         Some(Value::Array(listed)) => listed,
@@ -79,9 +77,13 @@ mod tests {
     #[test]
     fn the_portal_setting_and_the_host_json_list_both_disable() {
         let root = tempfile::tempdir().unwrap();
-        std::fs::write(root.path().join("host.json"), br#"{"version": "2.0", "functions": ["Orders", "invoices", "audit"]}"#)
-            .unwrap();
-        let names: Vec<String> = ["orders", "invoices", "audit", "legacy"].iter().map(|name| name.to_string()).collect();
+        std::fs::write(
+            root.path().join("host.json"),
+            br#"{"version": "2.0", "functions": ["Orders", "invoices", "audit"]}"#,
+        )
+        .unwrap();
+        let names: Vec<String> =
+            ["orders", "invoices", "audit", "legacy"].iter().map(|name| name.to_string()).collect();
         let settings = Settings::from_pairs([
             ("AzureWebJobs.orders.Disabled", "True"),
             ("azurewebjobs_invoices_disabled", "1"),

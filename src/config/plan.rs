@@ -43,11 +43,14 @@ impl HostingPlan {
         let legion = set("LEGION_SERVICE_HOST");
         // `IsFlexConsumptionSku`: the SKU, or a Legion container (the SKU is not yet set there
         // while the instance is a placeholder).
-        if sku.eq_ignore_ascii_case("FlexConsumption") || (!app_service && (container || set("WEBSITE_POD_NAME")) && legion) {
+        if sku.eq_ignore_ascii_case("FlexConsumption")
+            || (!app_service && (container || set("WEBSITE_POD_NAME")) && legion)
+        {
             return HostingPlan::FlexConsumption;
         }
         // `IsWindowsConsumption`, and `IsLinuxConsumptionOnAtlas` outside Container Apps.
-        if sku.eq_ignore_ascii_case("Dynamic") || (!app_service && container && !legion && !set("MANAGED_ENVIRONMENT")) {
+        if sku.eq_ignore_ascii_case("Dynamic") || (!app_service && container && !legion && !set("MANAGED_ENVIRONMENT"))
+        {
             return HostingPlan::Consumption;
         }
         // Any other sign of a host: an App Service plan, Container Apps, or a host that started
@@ -140,7 +143,8 @@ pub(super) fn read_function_timeout(app_root: &Path, settings: &Settings) -> Res
         }
         return Ok(FunctionTimeout { limit: None, source: TimeoutSource::HostJson });
     }
-    let limit = super::parse_timespan(text).ok_or_else(|| error(format!("{text:?} is not a time span like \"00:10:00\"")))?;
+    let limit =
+        super::parse_timespan(text).ok_or_else(|| error(format!("{text:?} is not a time span like \"00:10:00\"")))?;
     if plan == HostingPlan::Consumption && limit > Duration::from_secs(600) {
         return Err(consumption_refuses(&format!("{text:?}")));
     }

@@ -320,10 +320,9 @@ impl ScheduleZone {
     fn offset_at(&self, instant: DateTime<Utc>) -> i64 {
         match self {
             ScheduleZone::Utc => 0,
-            ScheduleZone::Named { zone, .. } => zone
-                .find_local_time_type(instant.timestamp())
-                .map(|local| i64::from(local.ut_offset()))
-                .unwrap_or(0),
+            ScheduleZone::Named { zone, .. } => {
+                zone.find_local_time_type(instant.timestamp()).map(|local| i64::from(local.ut_offset())).unwrap_or(0)
+            }
         }
     }
 

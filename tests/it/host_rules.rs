@@ -128,7 +128,8 @@ async fn a_tick_past_the_grace_period_is_abandoned_and_its_lease_released() {
     let mut poller = AppRoot::orders_poller(100);
     poller["batch"]["maxInFlight"] = json!(1);
     let app = AppRoot::write(directory.path(), poller);
-    let mut handler = Handler::start_with_arguments(&app, &app.settings(&orders, &receiver), &["--grace-seconds", "1"]).await;
+    let mut handler =
+        Handler::start_with_arguments(&app, &app.settings(&orders, &receiver), &["--grace-seconds", "1"]).await;
 
     let base_url = handler.base_url.clone();
     let invocation = tokio::spawn(async move {

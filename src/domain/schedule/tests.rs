@@ -51,7 +51,8 @@ fn day_of_month_and_day_of_week_must_both_match() {
 
 #[test]
 fn time_spans_are_read_as_the_host_reads_them() {
-    let every = |text: &str| Schedule::parse(text).unwrap().next_after(at("2024-01-01T00:00:00Z")).unwrap().to_rfc3339();
+    let every =
+        |text: &str| Schedule::parse(text).unwrap().next_after(at("2024-01-01T00:00:00Z")).unwrap().to_rfc3339();
     assert_eq!(every("00:05"), "2024-01-01T00:05:00+00:00");
     assert_eq!(every("1.02:00:00"), "2024-01-02T02:00:00+00:00");
     assert_eq!(every("2"), "2024-01-03T00:00:00+00:00");
