@@ -4,7 +4,7 @@
 //! turns on for custom handlers): every stdout line is logged at Information, every stderr line at
 //! Error, except a stderr line containing "warn" (any case), which is logged at Warning. So:
 //! - the handler (`serve`, `dev`, `tick`) writes warnings and errors to stderr, the rest to stdout;
-//!   a warning's line starts with its level, `WARN`, which is what makes the host log it at
+//!   a warning's line carries its level, `WARN`, which is what makes the host log it at
 //!   Warning; an error's line says `ERROR` (and is logged at Warning if its text says "warn");
 //! - operator commands write every log line to stderr, so that what they print on stdout (JSON,
 //!   tables) stays clean.
