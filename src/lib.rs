@@ -22,7 +22,7 @@
 //! | [`protocol`] | what the Functions host posts: the invocation envelope, timer and HTTP data.   |
 //! | [`handler`]  | the custom-handler HTTP server the Functions host calls.                       |
 //! | [`cli`]      | `serve`, `tick`, `dev`, `demo`, `package`, `new`, `check`, operator commands. |
-//! | [`logging`]  | logs to stdout, as the Functions host expects.                                 |
+//! | [`logging`]  | logs by severity: warnings and errors to stderr, the rest to stdout (the host).|
 //!
 //! Dependencies point one way: `domain` and `settings` import nothing of the crate; `config`
 //! imports them; the adapters (`store`, `azure`, `source`, `sink`) read config's plain types; `tick`

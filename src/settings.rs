@@ -65,6 +65,15 @@ impl Settings {
         Ok(settings)
     }
 
+    /// A setting's value, its name matched without regard to case (as .NET configuration keys are,
+    /// which is how the host reads `AzureWebJobs.<function>.Disabled`).
+    pub fn get_ignoring_case(&self, name: &str) -> Option<&str> {
+        if let Some(value) = self.get(name) {
+            return Some(value);
+        }
+        self.values.iter().find(|(key, _)| key.eq_ignore_ascii_case(name)).map(|(_, value)| value.as_str())
+    }
+
     /// The app's name in state paths: `WEBSITE_SITE_NAME`, else `DBTRIGGER_APP_NAME`, else `local`.
     pub fn app_name(&self) -> String {
         self.get("WEBSITE_SITE_NAME")

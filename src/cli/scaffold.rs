@@ -18,7 +18,9 @@ const TEMPLATES: [(&str, &str); 4] = [
     ("watchdog", include_str!("../../function_templates/watchdog/function.json")),
 ];
 
-/// The host.json `new` writes into an app root that has none.
+/// The host.json `new` writes into an app root that has none. No `extensionBundle`: timer and HTTP
+/// triggers are built into the host (azure-functions-host `Binding/CoreExtensionsScriptBindingProvider.cs`,
+/// `Binding/WebJobsCoreScriptBindingProvider.cs`), and a bundle makes `func start` download it for nothing.
 fn host_json() -> Value {
     json!({
         "version": "2.0",
@@ -27,8 +29,7 @@ fn host_json() -> Value {
         "customHandler": {
             "description": {"defaultExecutablePath": "dbtrigger", "workingDirectory": "", "arguments": ["serve"]},
             "enableForwardingHttpRequest": false
-        },
-        "extensionBundle": {"id": "Microsoft.Azure.Functions.ExtensionBundle", "version": "[4.*, 5.0.0)"}
+        }
     })
 }
 

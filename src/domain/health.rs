@@ -83,6 +83,9 @@ pub struct PollerHealth {
     pub generation_changed: bool,
     /// The function's configuration error, or why its state or source could not be read.
     pub error: Option<String>,
+    /// Why the host does not run this function (`AzureWebJobs.<function>.Disabled`, or host.json
+    /// `functions`): a disabled poller is healthy, and nothing more is read about it.
+    pub disabled: Option<String>,
 }
 
 impl PollerHealth {
@@ -91,6 +94,14 @@ impl PollerHealth {
         let mut health = PollerHealth::empty(function, function);
         health.problems.push(format!("configuration error: {reason}"));
         health.error = Some(reason);
+        health
+    }
+
+    /// A function the host does not run (see `disabled`): healthy, nothing read.
+    pub fn disabled(function: &str, poller: &str, reason: String) -> PollerHealth {
+        let mut health = PollerHealth::empty(function, poller);
+        health.healthy = true;
+        health.disabled = Some(reason);
         health
     }
 
@@ -115,6 +126,7 @@ impl PollerHealth {
             generation: None,
             generation_changed: false,
             error: None,
+            disabled: None,
         }
     }
 }

@@ -8,6 +8,7 @@ mod failing;
 mod generations;
 mod harness;
 mod host;
+mod host_rules;
 mod matrix;
 mod memory;
 mod operations;
