@@ -306,11 +306,22 @@ impl AppRoot {
     }
 }
 
+/// A warning at start-up for every poller whose database connection does not verify its server
+/// (the same that `check` prints).
+fn warn_unverified_connections(app: &App) {
+    for (function, poller) in app.pollers() {
+        if let Some(warning) = crate::config::tls::tls_warning(&poller.config.source) {
+            tracing::warn!(function = %function, "{warning}");
+        }
+    }
+}
+
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Serve { app_root, port, bind } => {
             let root = app_root.resolve()?;
             let app = Arc::new(App::load(&root, &Settings::from_env())?);
+            warn_unverified_connections(&app);
             let address = SocketAddr::new(bind, port);
             let listener =
                 tokio::net::TcpListener::bind(address).await.with_context(|| format!("cannot listen on {address}"))?;

@@ -11,6 +11,33 @@ const SECRET_PARAMETER_NAMES: [&str; 2] = ["code", "auth"];
 /// What replaces a secret.
 pub const MASK: &str = "***";
 
+/// Text a peer sent (a receiver's answer, a database's or a storage service's error message),
+/// made safe for one log line or one stored error: every control character (newlines, carriage
+/// returns, escape sequences, C1 controls) and every character that reorders or separates lines
+/// (Unicode line and paragraph separators, bidirectional overrides) is written as an escape
+/// (`\n`, `\u{1b}`). A peer can then never start a line of its own in the log, such as a forged
+/// `tick … outcome=caught_up` that an alert rule would match. Applied where the text enters.
+pub fn escape_peer_text(text: &str) -> String {
+    let needs_escaping = |character: char| {
+        character.is_control()
+            || matches!(character, '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}')
+            || ('\u{202a}'..='\u{202e}').contains(&character)
+            || ('\u{2066}'..='\u{2069}').contains(&character)
+    };
+    if !text.chars().any(needs_escaping) {
+        return text.to_string();
+    }
+    let mut escaped = String::with_capacity(text.len() + 8);
+    for character in text.chars() {
+        if needs_escaping(character) {
+            escaped.extend(character.escape_default());
+        } else {
+            escaped.push(character);
+        }
+    }
+    escaped
+}
+
 /// Whether a query parameter of this name carries a credential.
 pub fn is_secret_parameter(name: &str) -> bool {
     let lowered = name.to_ascii_lowercase();
@@ -114,9 +141,10 @@ impl Redaction {
         Redaction { location: redacted_url(url), secrets: url_secrets(url) }
     }
 
-    /// `text` with every secret of the URL replaced by `***`.
+    /// `text` with every secret of the URL replaced by `***`, and escaped as text from a peer
+    /// ([`escape_peer_text`]): what is scrubbed is a driver's or a server's message.
     pub fn scrub(&self, text: &str) -> String {
-        let mut scrubbed = text.to_string();
+        let mut scrubbed = escape_peer_text(text);
         for secret in &self.secrets {
             if scrubbed.contains(secret.as_str()) {
                 scrubbed = scrubbed.replace(secret.as_str(), MASK);
