@@ -232,7 +232,7 @@ impl App {
         for (name, function) in &self.functions {
             match function {
                 Function::Poller(poller) if wanted(name, Some(poller)) => {
-                    reports.push(crate::status::of_poller(name, poller, now));
+                    reports.push(crate::status::of_poller_cached(name, poller, now));
                 }
                 _ => {}
             }
