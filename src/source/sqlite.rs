@@ -61,7 +61,8 @@ impl Connections {
         if let Some(connection) = self.idle.lock().unwrap_or_else(|poison| poison.into_inner()).pop() {
             return Ok(connection);
         }
-        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_URI | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        // Read-only: a poller only reads, so no statement (nor a mistake in `where`) can write.
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let connection = Connection::open_with_flags(&self.uri, flags)?;
         connection.busy_timeout(BUSY_TIMEOUT)?;
         // The query planner stability guarantee: a statement keeps the plan it was prepared with.
