@@ -604,6 +604,27 @@ mod tests {
         );
     }
 
+    /// Regression (issue 30, item 9): the poller's connections are read-only, even on a database
+    /// file it could write: no statement through them can change the database.
+    #[test]
+    fn connections_are_opened_read_only() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("items.db");
+        Connection::open(&path).unwrap().execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY)").unwrap();
+        let connections = Connections {
+            uri: sqlite_uri(&format!("sqlite://{}", path.display())).unwrap(),
+            idle: Mutex::new(Vec::new()),
+        };
+        let connection = connections.take().unwrap();
+        let count: i64 = connection.query_row("SELECT count(*) FROM t", [], |row| row.get(0)).unwrap();
+        assert_eq!(count, 0, "it reads");
+        let write = connection.execute("INSERT INTO t (id) VALUES (1)", []);
+        assert!(
+            matches!(&write, Err(rusqlite::Error::SqliteFailure(error, _)) if error.code == ErrorCode::ReadOnly),
+            "{write:?}"
+        );
+    }
+
     #[test]
     fn sqlite_timestamp_layouts_parse_as_utc() {
         let expected = DateTime::parse_from_rfc3339("2024-03-01T10:20:30.5Z").unwrap().with_timezone(&Utc);

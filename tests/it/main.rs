@@ -13,6 +13,7 @@ mod ops;
 mod package;
 mod poison;
 mod queue;
+mod security;
 mod services;
 mod sources;
 mod status;
