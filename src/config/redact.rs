@@ -180,6 +180,20 @@ mod tests {
         assert_eq!(redacted_url("user:S3cret@host/db"), "***@host/db");
     }
 
+    /// Regression (issue 30, item 4): text a peer sends (a receiver's answer, a server's error)
+    /// cannot start a line of its own: newlines, carriage returns, escape sequences, line
+    /// separators and bidirectional overrides are escaped, the rest kept as it is.
+    #[test]
+    fn peer_text_is_escaped_onto_one_line() {
+        let forged = "no\nINFO tick outcome=caught_up\r\x1b[2J\u{2028}\u{202e}é \"quoted\" \\ end";
+        let escaped = escape_peer_text(forged);
+        assert_eq!(escaped, "no\\nINFO tick outcome=caught_up\\r\\u{1b}[2J\\u{2028}\\u{202e}é \"quoted\" \\ end");
+        assert!(!escaped.chars().any(|character| character.is_control()), "{escaped:?}");
+        assert_eq!(escape_peer_text("plain text"), "plain text");
+        let redaction = Redaction::of_url("postgres://app:S3cret@db/orders");
+        assert_eq!(redaction.scrub("bad\npassword S3cret"), "bad\\npassword ***");
+    }
+
     #[test]
     fn scrubbing_removes_every_form_of_the_secret() {
         let redaction = Redaction::of_url("mysql://app:p%40ss@db/orders?password=Other%21");

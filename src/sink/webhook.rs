@@ -235,3 +235,16 @@ impl Sink for WebhookSink {
         redacted_url(&self.config.url)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// Regression (issue 30, item 4): a webhook URL is shown as scheme, host and port: a chat
+    /// hook's token in the path, user info and the query never are.
+    #[test]
+    fn a_webhook_url_shows_scheme_host_and_port_only() {
+        let url = url::Url::parse("https://user:pw@hooks.example.com:8443/services/T0KEN/x?code=K3y").unwrap();
+        assert_eq!(super::redacted_url(&url), "https://hooks.example.com:8443");
+        let url = url::Url::parse("http://127.0.0.1/hook/secret-path").unwrap();
+        assert_eq!(super::redacted_url(&url), "http://127.0.0.1");
+    }
+}
