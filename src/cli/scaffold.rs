@@ -164,8 +164,8 @@ fn example_for(name: &str) -> &'static str {
     match name {
         "AzureWebJobsStorage" => "UseDevelopmentStorage=true (Azurite), or a Storage connection string",
         _ if name.ends_with("_DB") => {
-            "postgres://user:password@host:5432/db?sslmode=verify-full&sslrootcert=/path/ca.pem \
-             (or mysql://…?ssl-mode=VERIFY_IDENTITY&ssl-ca=/path/ca.pem, sqlite://…)"
+            "postgres://user:password@host:5432/db?sslmode=verify-full \
+             (or mysql://…?ssl-mode=VERIFY_IDENTITY, sqlite://…)"
         }
         _ if name.ends_with("_SCHEDULE") => "0 */1 * * * * (NCRONTAB: every minute)",
         _ if name.ends_with("_SECRET") => "a long random string, shared with the receiver",

@@ -74,9 +74,10 @@ pub fn tls_warning(source: &SourceConfig) -> Option<String> {
     let TransportSecurity::Unverified { host, mode } = transport_security(source) else {
         return None;
     };
+    // The public roots (Azure's among them) are built in: a private CA is added with a file.
     let fix = match source.engine {
-        Engine::MySql => "add ssl-mode=VERIFY_IDENTITY&ssl-ca=<the server's CA bundle>",
-        _ => "add sslmode=verify-full&sslrootcert=<the server's CA bundle>",
+        Engine::MySql => "add ssl-mode=VERIFY_IDENTITY (and ssl-ca=<file> for a private CA)",
+        _ => "add sslmode=verify-full (and sslrootcert=<file> for a private CA)",
     };
     let plaintext = matches!(mode.as_str(), "sslmode=disable" | "sslmode=allow" | "sslmode=prefer")
         || matches!(mode.as_str(), "ssl-mode=DISABLED" | "ssl-mode=PREFERRED");

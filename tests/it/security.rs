@@ -352,3 +352,33 @@ async fn database_sessions_are_read_only() {
         assert_eq!(source.count_after(None, 100).await.unwrap(), 0, "{url}: it still reads");
     }
 }
+
+/// Regression (issue 30, item 5): a remote database whose server is not verified (no `sslmode`:
+/// plaintext may be used) is warned about by `check` (which still passes: a private network may
+/// be trusted) and in the start-up log of `serve`, naming the fix and never the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unverified_database_connection_is_warned_about_by_check_and_at_start_up() {
+    let directory = tempfile::tempdir().unwrap();
+    let orders = Orders::create(directory.path()).await;
+    let receiver = Receiver::start().await;
+    let app = AppRoot::write(directory.path(), AppRoot::orders_poller(10));
+    let mut settings = app.settings(&orders, &receiver);
+    for (name, value) in &mut settings {
+        if name == "ORDERS_DB" {
+            *value = format!("postgres://app:{PASSWORD}@db.example.com:5432/orders");
+        }
+    }
+    let (ok, stdout, stderr) = run_dbtrigger(&app, &settings, &["check"]);
+    assert!(ok, "a warning does not fail the check: {stdout}{stderr}");
+    let warning = stdout.lines().find(|line| line.starts_with("warning: ")).unwrap_or_else(|| panic!("{stdout}"));
+    assert!(warning.contains("orders/function.json: poller.source.connection"), "{warning}");
+    assert!(warning.contains("db.example.com") && warning.contains("sslmode=prefer"), "{warning}");
+    assert!(warning.contains("plaintext") && warning.contains("sslmode=verify-full"), "{warning}");
+    assert_no_secret("check", &format!("{stdout}{stderr}"));
+
+    let handler = Handler::start(&app, &settings).await;
+    let log = handler.log();
+    drop(handler);
+    assert!(log.contains("WARN") && log.contains("sslmode=prefer") && log.contains("db.example.com"), "{log}");
+    assert_no_secret("the start-up log", &log);
+}
