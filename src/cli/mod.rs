@@ -169,6 +169,12 @@ pub enum Command {
         #[command(subcommand)]
         action: QuarantineAction,
     },
+    /// Prints the JSON Schema of function.json, for editors (`new` writes it next to the functions).
+    Schema {
+        /// Print the configuration reference (docs/configuration.md) instead, as Markdown.
+        #[arg(long)]
+        markdown: bool,
+    },
     /// The quickstart: a SQLite table, a file state store and a built-in receiver, no setup at all.
     Demo {
         /// Rows in the sample table.
@@ -282,6 +288,7 @@ impl Command {
             | Command::Status { .. }
             | Command::New { .. }
             | Command::Check { .. }
+            | Command::Schema { .. }
             | Command::Reset { .. }
             | Command::Clone { .. }
             | Command::Fingerprint { .. } => crate::logging::LogStream::Stderr,
@@ -378,6 +385,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             scaffold::new(&app_root.resolve()?, &function, &template, &sets)
         }
         Command::Check { app_root } => scaffold::check(&app_root.resolve()?),
+        Command::Schema { markdown } => {
+            if markdown {
+                print!("{}", crate::config::reference::configuration_markdown());
+            } else {
+                println!("{}", serde_json::to_string_pretty(&crate::config::schema::function_json_schema())?);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Status { json, poller, app_root } => status::run(&app_root.resolve()?, json, poller.as_deref()).await,
         Command::Inspect { poller, app_root } => ops::inspect(&app_root.resolve()?, &poller).await,
         Command::Reset { poller, to_beginning, to_end, to_cursor, pk, from_file, guard, app_root } => {
