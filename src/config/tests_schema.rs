@@ -389,6 +389,9 @@ fn every_template_validates_against_the_schema() {
     assert_eq!(seen, 4, "the four templates");
 }
 
+/// A mistake, and how to make it in a good document.
+type Mutation = (&'static str, fn(&mut Value));
+
 /// The schema refuses the mistakes it can see: without this, a schema that takes anything passes.
 #[test]
 fn the_schema_refuses_what_a_single_file_shows_is_wrong() {
@@ -398,7 +401,7 @@ fn the_schema_refuses_what_a_single_file_shows_is_wrong() {
     });
     let good = json!({"$schema": SCHEMA_REFERENCE, "bindings": timer(), "poller": poller});
     assert_eq!(schema_refusal(&good), None);
-    let mutations: [(&str, fn(&mut Value)); 14] = [
+    let mutations: [Mutation; 14] = [
         ("an unknown field", |document| document["poller"]["source"]["cursr"] = json!("x")),
         ("%NAME% in a field that names a setting", |document| {
             document["poller"]["source"]["connection"] = json!("%ORDERS_DB%")
