@@ -229,11 +229,18 @@ fn source_rules() -> Vec<Rule> {
     vec![
         Rule {
             says: "give `table` or `query`, not both",
-            schema: json!({"oneOf": [{"required": ["table"]}, {"required": ["query"]}]}),
+            // `null` is "left out" to the loader: a field counts only when it holds text.
+            schema: json!({"oneOf": [
+                {"required": ["table"], "properties": {"table": {"type": "string"}}},
+                {"required": ["query"], "properties": {"query": {"type": "string"}}}
+            ]}),
         },
         Rule {
             says: "not both `softDelete` and `opColumn`",
-            schema: json!({"not": {"required": ["softDelete", "opColumn"]}}),
+            schema: json!({"not": {
+                "required": ["softDelete", "opColumn"],
+                "properties": {"softDelete": {"type": "string"}, "opColumn": {"type": "string"}}
+            }}),
         },
     ]
 }
@@ -351,23 +358,29 @@ fn sink() -> Vec<Field> {
 pub(crate) const WEBHOOK_ONLY: [&str; 5] = ["url", "secret", "timeoutSeconds", "maxRetries", "maxBodyBytes"];
 pub(crate) const QUEUE_ONLY: [&str; 4] = ["connection", "queueName", "messageEncoding", "messagePer"];
 
+/// A sink of one type: its needed field holds text, and the other type's fields are left out
+/// (`null` is "left out" to the loader).
+fn sink_of(needed: &str, foreign: &[&str]) -> Value {
+    let mut properties: serde_json::Map<String, Value> =
+        foreign.iter().map(|name| (name.to_string(), json!({"type": "null"}))).collect();
+    properties.insert(needed.to_string(), json!({"type": "string"}));
+    json!({"required": [needed], "properties": properties})
+}
+
 fn sink_rules() -> Vec<Rule> {
-    let forbidden = |names: &[&str]| -> Value {
-        Value::Object(names.iter().map(|name| (name.to_string(), Value::Bool(false))).collect())
-    };
     vec![
         Rule {
             says: "a webhook sink needs `url` and takes none of the queue's fields",
             schema: json!({
                 "if": {"properties": {"type": {"const": "webhook"}}, "required": ["type"]},
-                "then": {"required": ["url"], "properties": forbidden(&QUEUE_ONLY)}
+                "then": sink_of("url", &QUEUE_ONLY)
             }),
         },
         Rule {
             says: "a queue sink needs `queueName` and takes none of the webhook's fields",
             schema: json!({
                 "if": {"properties": {"type": {"const": "queue"}}, "required": ["type"]},
-                "then": {"required": ["queueName"], "properties": forbidden(&WEBHOOK_ONLY)}
+                "then": sink_of("queueName", &WEBHOOK_ONLY)
             }),
         },
     ]
