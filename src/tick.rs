@@ -764,7 +764,10 @@ impl Poller {
             if commit_waits {
                 commit_timer.set(commit_wait);
             }
+            // Biased: when several branches are ready at once they are taken in this order, not
+            // in a random one, so that a run can be replayed exactly (the simulation test's seeds).
             tokio::select! {
+                biased;
                 joined = in_flight.join_next(), if !in_flight.is_empty() => {
                     // Take every delivery that has finished by now, so that one commit covers them all.
                     let mut finished = vec![joined.expect("the set is not empty")];
