@@ -14,6 +14,7 @@ mod package;
 mod poison;
 mod queue;
 mod services;
+mod simulation;
 mod sources;
 mod status;
 mod store;
