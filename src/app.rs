@@ -5,11 +5,14 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
 use serde_json::Value;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
+use crate::config::plan::{FunctionTimeout, HostingPlan};
 use crate::config::{AppConfig, ConfigError, FunctionConfig, PollerConfig, Settings, StatusConfig};
 use crate::domain::health::PollerHealth;
+use crate::domain::schedule::ScheduleZone;
 use crate::protocol::InvocationRequest;
 use crate::tick::{Clock, Poller, SystemClock, TickError, TickOutcome, TickReport};
 
@@ -70,6 +73,13 @@ pub enum Invocation {
         lines: Vec<String>,
         findings: usize,
     },
+    /// The process is shutting down and its grace period is over: the tick was stopped at its
+    /// next await (what it had delivered but not committed is sent again by the next tick), and
+    /// its lease given back when that could be done (else it expires).
+    Abandoned {
+        poller: String,
+        lease_released: bool,
+    },
 }
 
 impl Invocation {
@@ -102,6 +112,14 @@ impl Invocation {
             }
             Invocation::Answered { function, summary, .. } => format!("{function}: {summary}"),
             Invocation::Watched { lines, .. } => lines.join("\n"),
+            Invocation::Abandoned { poller, lease_released } => format!(
+                "tick poller={poller} outcome=abandoned message={:?}",
+                if *lease_released {
+                    "the handler is shutting down: tick stopped, lease released; the next tick sends again what was not committed"
+                } else {
+                    "the handler is shutting down: tick stopped; its lease expires; the next tick sends again what was not committed"
+                }
+            ),
         }
     }
 
@@ -128,6 +146,14 @@ pub struct App {
     pub app_name: String,
     functions: BTreeMap<String, Function>,
     clock: Arc<dyn Clock>,
+    /// Functions the host does not run (function name → why).
+    disabled: BTreeMap<String, String>,
+    /// How long the host lets one invocation run (the watchdog kicks only within it).
+    pub function_timeout: FunctionTimeout,
+    /// The zone cron schedules are evaluated in (`WEBSITE_TIME_ZONE`).
+    pub schedule_zone: ScheduleZone,
+    /// Set when in-flight ticks must stop (a shutdown whose grace period is over).
+    abandon: tokio::sync::watch::Sender<bool>,
 }
 
 impl App {
@@ -140,6 +166,7 @@ impl App {
     /// Opens every function of `config`; `clock` is the one every tick decides time by.
     pub fn open(config: AppConfig, settings: &Settings, clock: Arc<dyn Clock>) -> App {
         let owner_id = owner_id(settings);
+        let schedule_zone = schedule_zone(settings);
         let mut functions = BTreeMap::new();
         for (name, parsed) in config.functions {
             let function = match parsed.map_err(Unusable::Config) {
@@ -171,9 +198,36 @@ impl App {
                 Function::Watchdog(_) => info!(function = %name, "watchdog ready"),
                 Function::Unusable(reason) => error!(function = %name, "poller not usable: {reason}"),
             }
+            if let Some(reason) = config.disabled.get(&name) {
+                info!(function = %name, "function disabled: {reason}");
+            }
             functions.insert(name, function);
         }
-        App { app_name: config.app_name, functions, clock }
+        info!(
+            function_timeout = %config.function_timeout.describe(),
+            schedule_zone = schedule_zone.name(),
+            "app opened"
+        );
+        App {
+            app_name: config.app_name,
+            functions,
+            clock,
+            disabled: config.disabled,
+            function_timeout: config.function_timeout,
+            schedule_zone,
+            abandon: tokio::sync::watch::channel(false).0,
+        }
+    }
+
+    /// Why the host does not run `function`, when it does not (function names without regard to case).
+    pub fn disabled(&self, function: &str) -> Option<&str> {
+        self.disabled.iter().find(|(name, _)| name.eq_ignore_ascii_case(function)).map(|(_, reason)| reason.as_str())
+    }
+
+    /// Stops every tick in flight at its next await and gives back its lease; no tick starts
+    /// after this. For the end of a shutdown's grace period.
+    pub fn abandon_ticks(&self) {
+        self.abandon.send_replace(true);
     }
 
     /// The function the host names (function names are case-insensitive, as in Azure Functions).
@@ -190,7 +244,7 @@ impl App {
         self.functions.keys().cloned().collect()
     }
 
-    /// Every poller of the app, by function name.
+    /// Every poller of the app, by function name, disabled ones included.
     pub fn pollers(&self) -> impl Iterator<Item = (&String, &Arc<Poller>)> {
         self.functions.iter().filter_map(|(name, function)| match function {
             Function::Poller(poller) => Some((name, poller)),
@@ -198,10 +252,20 @@ impl App {
         })
     }
 
-    /// Every timer of the app: (function name, schedule, runOnStartup), for `dbtrigger dev`.
+    /// The pollers the host runs (not disabled).
+    fn enabled_pollers(&self) -> Vec<(String, Arc<Poller>)> {
+        self.pollers()
+            .filter(|(name, _)| !self.disabled.contains_key(*name))
+            .map(|(name, poller)| (name.clone(), poller.clone()))
+            .collect()
+    }
+
+    /// Every timer the host would start: (function name, schedule, runOnStartup), for
+    /// `dbtrigger dev` (a disabled function's timer never fires).
     pub fn timers(&self) -> Vec<(String, crate::domain::schedule::Schedule, bool)> {
         self.functions
             .iter()
+            .filter(|(name, _)| !self.disabled.contains_key(*name))
             .filter_map(|(name, function)| match function {
                 Function::Poller(poller) => poller
                     .config
@@ -229,22 +293,28 @@ impl App {
             }
         };
         let mut reports = Vec::new();
+        let mut healths = Vec::new();
         for (name, function) in &self.functions {
+            let poller = match function {
+                Function::Poller(poller) => Some(poller.as_ref()),
+                _ => None,
+            };
+            if !matches!(function, Function::Poller(_) | Function::Unusable(_)) || !wanted(name, poller) {
+                continue;
+            }
+            // A disabled function is healthy whatever its state: nothing more is read.
+            if let Some(reason) = self.disabled.get(name) {
+                let poller_name = poller.map(|poller| poller.config.poller_name.as_str()).unwrap_or(name);
+                healths.push(PollerHealth::disabled(name, poller_name, reason.clone()));
+                continue;
+            }
             match function {
-                Function::Poller(poller) if wanted(name, Some(poller)) => {
-                    reports.push(crate::status::of_poller(name, poller, now));
-                }
+                Function::Poller(poller) => reports.push(crate::status::of_poller(name, poller, now)),
+                Function::Unusable(reason) => healths.push(PollerHealth::unusable(name, reason.to_string())),
                 _ => {}
             }
         }
-        let mut healths = futures::future::join_all(reports).await;
-        for (name, function) in &self.functions {
-            if let Function::Unusable(reason) = function
-                && wanted(name, None)
-            {
-                healths.push(PollerHealth::unusable(name, reason.to_string()));
-            }
-        }
+        healths.extend(futures::future::join_all(reports).await);
         healths.sort_by(|left, right| left.function.cmp(&right.function));
         if only.is_some() && healths.is_empty() { None } else { Some(healths) }
     }
@@ -286,40 +356,162 @@ impl App {
                     }
                 }
             }
-            Some(Function::Poller(poller)) => tick(poller).await,
-            Some(Function::Watchdog(watchdog)) => {
-                let pollers: Vec<(String, Arc<Poller>)> =
-                    self.pollers().map(|(name, poller)| (name.clone(), poller.clone())).collect();
-                let unusable: Vec<(String, String)> = self
-                    .functions
-                    .iter()
-                    .filter_map(|(name, function)| match function {
-                        Function::Unusable(reason) => Some((name.clone(), reason.to_string())),
-                        _ => None,
-                    })
-                    .collect();
-                let report = watchdog.run(&pollers, &unusable, self.clock.now()).await;
-                let mut lines = report.lines();
-                if watchdog.config.kick {
-                    for name in &report.to_kick {
-                        if let Some((_, poller)) = pollers.iter().find(|(function, _)| function == name) {
-                            let kicked = tick(poller).await;
-                            lines.push(format!("watchdog kicked {name}: {}", kicked.line()));
-                        }
+            Some(Function::Poller(poller)) => {
+                // The host starts no timer for a disabled function; what reaches the handler is
+                // a run through the admin API (the portal's Test/Run, with the master key), which
+                // the host allows for a disabled function: it runs, and says so.
+                if let Some(reason) = self.disabled(function) {
+                    warn!(function = %function, "running a disabled function (a run through the admin API): {reason}");
+                }
+                self.tick(poller).await
+            }
+            Some(Function::Watchdog(watchdog)) => self.watch(function, watchdog).await,
+        }
+    }
+
+    /// One watchdog run: judge the pollers the host runs, then kick, within the time the
+    /// invocation has left, the ones a tick may fix.
+    async fn watch(&self, function: &str, watchdog: &crate::watchdog::Watchdog) -> Invocation {
+        let started = self.clock.now();
+        let pollers = self.enabled_pollers();
+        let mut unusable = Vec::new();
+        let mut disabled = Vec::new();
+        for (name, function) in &self.functions {
+            match (self.disabled.contains_key(name), function) {
+                (true, Function::Poller(poller)) => disabled.push(poller.config.poller_name.clone()),
+                (true, _) => disabled.push(name.clone()),
+                (false, Function::Unusable(reason)) => unusable.push((name.clone(), reason.to_string())),
+                (false, _) => {}
+            }
+        }
+        let report = watchdog.run(&pollers, &unusable, &disabled, started, &self.schedule_zone).await;
+        let mut lines = report.lines();
+        if watchdog.config.kick {
+            // Regression (issue 24, item 12): kicks ran one after another with no overall
+            // budget, so a few slow ones outlasted functionTimeout and the host restarted the
+            // whole process, every tick in flight with it.
+            let deadline = self.function_timeout.limit.and_then(|limit| {
+                chrono::Duration::from_std(limit).ok().and_then(|limit| started.checked_add_signed(limit))
+            });
+            for name in &report.to_kick {
+                let Some((_, poller)) = pollers.iter().find(|(candidate, _)| candidate == name) else {
+                    continue;
+                };
+                let budget = poller.config.batch.tick_budget;
+                match kick_fits(deadline, self.clock.now(), budget) {
+                    Ok(()) => {
+                        let kicked = self.tick(poller).await;
+                        lines.push(format!("watchdog kicked {name}: {}", kicked.line()));
+                    }
+                    Err(left) => {
+                        let reason = format!(
+                            "a tick may take its budget ({} s) plus {} s, and {} s are left before {}: a later run kicks it",
+                            budget.as_secs(),
+                            KICK_MARGIN.as_secs(),
+                            left.as_secs(),
+                            self.function_timeout.describe()
+                        );
+                        let line = format!("watchdog kick skipped function={name} message={reason:?}");
+                        warn!("{line}");
+                        lines.push(line);
                     }
                 }
-                Invocation::Watched { function: function.to_string(), lines, findings: report.findings.len() }
+            }
+        }
+        Invocation::Watched { function: function.to_string(), lines, findings: report.findings.len() }
+    }
+
+    /// One tick of `poller`, with its summary; stopped (and its lease given back) when the
+    /// process abandons its ticks.
+    async fn tick(&self, poller: &Poller) -> Invocation {
+        let poller_name = poller.config.poller_name.clone();
+        let mut abandon = self.abandon.subscribe();
+        if *abandon.borrow_and_update() {
+            return Invocation::Abandoned { poller: poller_name, lease_released: false };
+        }
+        tokio::select! {
+            ticked = poller.tick_reported() => match ticked {
+                (Ok(outcome), report) => Invocation::Ticked { poller: poller_name, outcome, report },
+                (Err(error), report) => Invocation::Failed { poller: poller_name, error, report },
+            },
+            () = abandoned(&mut abandon) => {
+                // The tick's future is dropped here, at whatever await it was: nothing it
+                // delivered after its last commit is committed, so nothing is lost.
+                let lease_released = release_abandoned_lease(poller).await;
+                Invocation::Abandoned { poller: poller_name, lease_released }
             }
         }
     }
 }
 
-/// One tick of `poller`, with its summary.
-async fn tick(poller: &Poller) -> Invocation {
-    let poller_name = poller.config.poller_name.clone();
-    match poller.tick_reported().await {
-        (Ok(outcome), report) => Invocation::Ticked { poller: poller_name, outcome, report },
-        (Err(error), report) => Invocation::Failed { poller: poller_name, error, report },
+/// Completes once the app abandons its ticks (never, if the app is dropped first).
+async fn abandoned(abandon: &mut tokio::sync::watch::Receiver<bool>) {
+    // The borrowed value is not held across an await: the handler's future must stay `Send`.
+    if abandon.wait_for(|abandoned| *abandoned).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Time a kicked tick may need beyond its budget (its last commit, the release): the margin a
+/// tick budget must leave before functionTimeout.
+const KICK_MARGIN: std::time::Duration =
+    std::time::Duration::from_secs(crate::config::defaults::TIMEOUT_MARGIN_SECONDS);
+
+/// Whether a tick with `budget` fits before `deadline` (the invocation's functionTimeout) with
+/// the margin; `Err` says how long is left.
+fn kick_fits(
+    deadline: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+    budget: std::time::Duration,
+) -> Result<(), std::time::Duration> {
+    let Some(deadline) = deadline else {
+        return Ok(());
+    };
+    let left = (deadline - now).to_std().unwrap_or_default();
+    if budget.saturating_add(KICK_MARGIN) <= left { Ok(()) } else { Err(left) }
+}
+
+/// After a tick was dropped: read its document again and give the lease back by compare-and-swap
+/// if this process still holds it. `false` when it could not (the lease then expires by itself).
+async fn release_abandoned_lease(poller: &Poller) -> bool {
+    let key = poller.key();
+    let Ok(Some(versioned)) = poller.store.read(&key).await else {
+        return false;
+    };
+    let now = poller.clock.now();
+    let Ok(released) = crate::domain::transitions::release(&versioned.document, &poller.owner_id, now) else {
+        return false;
+    };
+    poller.store.write(&key, &released, crate::store::WriteCondition::Matches(versioned.etag)).await.is_ok()
+}
+
+/// The zone the host evaluates cron schedules in: `WEBSITE_TIME_ZONE`, else `TZ` (what .NET's
+/// `TimeZoneInfo.Local` follows on Linux), else UTC. Linux Consumption and Flex Consumption
+/// ignore both (azure-functions-host `WebJobsScriptHostService.cs` `ValidateLinuxSKUConfiguration`
+/// warns that they are not supported there). A zone that cannot be read is UTC, with an error.
+fn schedule_zone(settings: &Settings) -> ScheduleZone {
+    let mut chosen = None;
+    for setting in ["WEBSITE_TIME_ZONE", "TZ"] {
+        if let Some(name) = settings.get(setting).map(str::trim).filter(|name| !name.is_empty()) {
+            chosen = Some((setting, name));
+            break;
+        }
+    }
+    let Some((setting, name)) = chosen else {
+        return ScheduleZone::Utc;
+    };
+    let plan = HostingPlan::detect(settings);
+    let linux_container = settings.get("CONTAINER_NAME").is_some() || settings.get("LEGION_SERVICE_HOST").is_some();
+    if linux_container && matches!(plan, HostingPlan::Consumption | HostingPlan::FlexConsumption) {
+        warn!("{setting}={name} is ignored: {} does not support it, schedules run in UTC", plan.describe());
+        return ScheduleZone::Utc;
+    }
+    match tz::TimeZone::from_posix_tz(name) {
+        Ok(zone) => ScheduleZone::named(name, zone),
+        Err(reason) => {
+            error!("{setting}={name} is not a time zone this machine knows ({reason}): schedules are read in UTC");
+            ScheduleZone::Utc
+        }
     }
 }
 
@@ -354,4 +546,25 @@ fn owner_id(settings: &Settings) -> String {
         .unwrap_or_else(|| "local".to_string());
     let random = uuid::Uuid::new_v4().simple().to_string();
     format!("{instance}/{}-{}", std::process::id(), &random[..8])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(text: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(text).unwrap().with_timezone(&Utc)
+    }
+
+    /// Regression (issue 24, item 12): a kick starts only when its tick's budget and the margin
+    /// fit before functionTimeout; unbounded, every kick fits.
+    #[test]
+    fn a_kick_starts_only_within_the_time_the_invocation_has_left() {
+        let deadline = Some(at("2024-01-01T00:10:00Z"));
+        let budget = std::time::Duration::from_secs(240);
+        assert_eq!(kick_fits(deadline, at("2024-01-01T00:05:30Z"), budget), Ok(()));
+        assert_eq!(kick_fits(deadline, at("2024-01-01T00:05:31Z"), budget), Err(std::time::Duration::from_secs(269)));
+        assert_eq!(kick_fits(deadline, at("2024-01-01T00:11:00Z"), budget), Err(std::time::Duration::ZERO));
+        assert_eq!(kick_fits(None, at("2024-01-01T00:11:00Z"), budget), Ok(()));
+    }
 }

@@ -17,15 +17,17 @@
 //! | [`status`]   | what `status` reads of each poller (state, lag), for the CLI and the app.     |
 //! | [`tick`]     | one tick: the orchestrator that carries out the domain's decisions.            |
 //! | [`watchdog`] | the watchdog function's run: judge every poller, remember, report, alert.    |
+//! | [`operations`]| operator commands as library code: plan (pure), apply by CAS; quarantine.   |
 //! | [`app`]      | every function of the app, and `App::invoke`, the one way to run one.          |
 //! | [`protocol`] | what the Functions host posts: the invocation envelope, timer and HTTP data.   |
 //! | [`handler`]  | the custom-handler HTTP server the Functions host calls.                       |
 //! | [`cli`]      | `serve`, `tick`, `dev`, `demo`, `package`, `new`, `check`, operator commands. |
-//! | [`logging`]  | logs to stdout, as the Functions host expects.                                 |
+//! | [`logging`]  | logs by severity: warnings and errors to stderr, the rest to stdout (the host).|
 //!
 //! Dependencies point one way: `domain` and `settings` import nothing of the crate; `config`
 //! imports them; the adapters (`store`, `azure`, `source`, `sink`) read config's plain types; `tick`
-//! drives the adapters; `app`, `handler` and `cli` sit on top. No two modules import each other.
+//! drives the adapters; `operations` drives them for an operator; `app`, `handler` and `cli` sit on
+//! top. No two modules import each other.
 //!
 //! The invariant everything serves: the checkpoint moves only after the sink acknowledged every row
 //! up to it, and only by a compare-and-swap that also proves the lease is still ours. So a row is
@@ -38,6 +40,7 @@ pub mod config;
 pub mod domain;
 pub mod handler;
 pub mod logging;
+pub mod operations;
 pub mod protocol;
 pub mod settings;
 pub mod sink;

@@ -21,7 +21,7 @@ async fn main() -> ExitCode {
     match dbtrigger::cli::run(cli).await {
         Ok(code) => code,
         Err(error) => {
-            // Fatal: the only thing that goes to stderr (the host logs stderr as errors).
+            // Fatal: stderr, which the host logs at Error (the exit code 1 makes it restart us).
             eprintln!("dbtrigger: {error:#}");
             ExitCode::FAILURE
         }

@@ -26,6 +26,14 @@ pub async fn of_poller(function: &str, poller: &Poller, now: DateTime<Utc>) -> P
                 Some(Err(error)) => Err(error.to_string()),
                 None => Ok(None),
             };
+            // A checkpoint of another key (the key changed) cannot be counted from: say so.
+            let position = match position {
+                Ok(Some(position)) => match position.fits_key(&config.source.pk) {
+                    Ok(()) => Ok(Some(position)),
+                    Err(mismatch) => Err(mismatch.to_string()),
+                },
+                other => other,
+            };
             match position {
                 Ok(position) => Some(
                     crate::source::backlog(poller.source.as_ref(), position.as_ref(), LAG_CAP)
@@ -54,12 +62,29 @@ pub async fn of_poller(function: &str, poller: &Poller, now: DateTime<Utc>) -> P
             fingerprint: &config.fingerprint,
             earlier_fingerprint: config.legacy_fingerprint.as_deref(),
             terms: &config.lease,
-            naive_cursors_are_utc: config.source.cursor_time_zone == "UTC",
+            naive_cursors_are_utc: zone_is_utc(&config.source.cursor_time_zone),
             generation,
             generation_stops,
         },
         now,
     )
+}
+
+/// Whether a `cursorTimeZone` names UTC, however it is spelled (`UTC`, `Etc/UTC`, `+00:00`, …):
+/// the age of the oldest pending naive timestamp is then known.
+pub fn zone_is_utc(zone: &str) -> bool {
+    let zone = zone.trim();
+    const NAMES: [&str; 10] =
+        ["UTC", "Etc/UTC", "Z", "Zulu", "Etc/Zulu", "UCT", "Etc/UCT", "Universal", "Etc/Universal", "GMT"];
+    if NAMES.iter().any(|name| name.eq_ignore_ascii_case(zone)) || zone.eq_ignore_ascii_case("Etc/GMT") {
+        return true;
+    }
+    // An offset of zero: +00:00, -00:00, +0000, +00.
+    let digits = match zone.strip_prefix('+').or_else(|| zone.strip_prefix('-')) {
+        Some(rest) => rest.replace(':', ""),
+        None => return false,
+    };
+    !digits.is_empty() && digits.len() <= 4 && digits.chars().all(|digit| digit == '0')
 }
 
 /// A lag for people: `1,234` or `≥ 1,000,000`, `?` when unknown.
@@ -91,5 +116,17 @@ mod tests {
         assert_eq!(super::thousands(999), "999");
         assert_eq!(super::thousands(1_000_000), "1,000,000");
         assert_eq!(super::thousands(12_345), "12,345");
+    }
+
+    /// Regression (issue 24, item 15): the age of the oldest pending naive timestamp is known for
+    /// every spelling of UTC, not only `UTC`.
+    #[test]
+    fn every_spelling_of_utc_is_utc() {
+        for zone in ["UTC", "utc", "Etc/UTC", "+00:00", "-00:00", "+0000", "+00", "Z", "Etc/GMT", "GMT"] {
+            assert!(super::zone_is_utc(zone), "{zone}");
+        }
+        for zone in ["Europe/Paris", "+01:00", "-05:00", "+00:30", "", "+", "Etc/GMT+1"] {
+            assert!(!super::zone_is_utc(zone), "{zone}");
+        }
     }
 }

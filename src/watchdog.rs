@@ -1,9 +1,10 @@
 //! The watchdog function's run: reads every poller's status (the same as `dbtrigger status`), lists
 //! the app's state documents, judges each poller against what it saw at its previous run
 //! ([`crate::domain::watchdog`]), remembers what it saw (`watchdog/{app}/{function}.json` beside the
-//! state), and reports: error-level lines on stdout and in the invocation's `Logs` (for
-//! Application Insights alert rules), and the findings posted to an alert webhook if one is
-//! configured, signed like the sink. Which pollers to kick it leaves to the app.
+//! state), and reports: error-level lines on stderr, which the host logs at Error (for
+//! Application Insights alert rules), the summary and findings in the invocation's `Logs`, and the
+//! findings posted to an alert webhook if one is configured, signed like the sink. Disabled
+//! functions are not judged. Which pollers to kick it leaves to the app.
 
 use std::sync::Arc;
 
@@ -13,6 +14,7 @@ use tracing::{error, info, warn};
 
 use crate::config::WatchdogConfig;
 use crate::domain::health::PollerHealth;
+use crate::domain::schedule::ScheduleZone;
 use crate::domain::watchdog::{Finding, FindingKind, Memory, judge};
 use crate::sink::signing::sign;
 use crate::store::{BlobStore, PutMode, StoreError};
@@ -29,6 +31,8 @@ pub struct Watchdog {
 #[derive(Debug, Default)]
 pub struct Report {
     pub checked: usize,
+    /// Functions the host does not run, left alone.
+    pub disabled: usize,
     pub findings: Vec<Finding>,
     /// Lines about the run itself (orphan documents, a memory or alert that failed).
     pub notes: Vec<String>,
@@ -39,8 +43,9 @@ pub struct Report {
 impl Report {
     /// The lines for the host's `Logs`: a summary, then one line per finding, then the notes.
     pub fn lines(&self) -> Vec<String> {
+        let disabled = if self.disabled > 0 { format!(" disabled={}", self.disabled) } else { String::new() };
         let mut lines = vec![format!(
-            "watchdog checked={} findings={}{}",
+            "watchdog checked={} findings={}{disabled}{}",
             self.checked,
             self.findings.len(),
             if self.findings.is_empty() { " all well" } else { "" }
@@ -84,14 +89,17 @@ impl Watchdog {
     }
 
     /// Checks `pollers` (function name, poller) and the functions that cannot run (`unusable`:
-    /// function name, reason) at `now`.
+    /// function name, reason) at `now`, schedules read in `zone`. `disabled` names the pollers
+    /// the host does not run: not judged, and their state documents are not orphans.
     pub async fn run(
         &self,
         pollers: &[(String, Arc<Poller>)],
         unusable: &[(String, String)],
+        disabled: &[String],
         now: DateTime<Utc>,
+        zone: &ScheduleZone,
     ) -> Report {
-        let mut report = Report::default();
+        let mut report = Report { disabled: disabled.len(), ..Report::default() };
         let memory_path = self.memory_path();
         let remembered = match self.blobs.get(&memory_path).await {
             Ok(found) => found.map(|blob| blob.bytes),
@@ -125,8 +133,8 @@ impl Watchdog {
         report.checked = pollers.len() + unusable.len();
         for ((function, poller), health) in pollers.iter().zip(&healths) {
             let interval = poller.config.schedule.as_ref().and_then(|schedule| {
-                let first = schedule.next_after(now)?;
-                let second = schedule.next_after(first)?;
+                let first = schedule.next_after_in(now, zone)?;
+                let second = schedule.next_after_in(first, zone)?;
                 Some(second - first)
             });
             let seen = memory.pollers.get(&health.poller);
@@ -137,12 +145,18 @@ impl Watchdog {
             report.findings.extend(findings);
             memory.pollers.insert(health.poller.clone(), remembered);
         }
+        // A disabled poller starts afresh when it is enabled again, not judged against what it
+        // was before it stopped.
+        for poller in disabled {
+            memory.pollers.remove(poller);
+        }
         // State documents of the app that no function polls (a removed function, a clone waiting
         // for its function): worth knowing, not an alert.
         match crate::store::state::list(self.blobs.as_ref(), &self.config.app_name).await {
             Ok(keys) => {
                 for key in keys {
-                    if !pollers.iter().any(|(_, poller)| poller.config.poller_name == key.poller) {
+                    let polled = pollers.iter().any(|(_, poller)| poller.config.poller_name == key.poller);
+                    if !polled && !disabled.contains(&key.poller) {
                         report.notes.push(format!(
                             "watchdog note: state document {} has no function in this app (removed, or a clone waiting for its function)",
                             key.blob_path()

@@ -73,12 +73,8 @@ async fn tick_until_idle(client: &reqwest::Client, handler_url: &str) -> anyhow:
     for tick in 1..=100 {
         // What the host posts for a timer that fires every minute.
         let now = chrono::Utc::now();
-        let payload = super::dev::timer_payload(
-            "orders",
-            Some(now - chrono::Duration::minutes(1)),
-            Some(now + chrono::Duration::minutes(1)),
-            now,
-        );
+        let status = super::dev::TimerStatus { last: Some(now - chrono::Duration::minutes(1)), next: now };
+        let payload = super::dev::timer_payload("orders", Some(status), now);
         let response = client
             .post(format!("{handler_url}/orders"))
             .header("content-type", "application/json")

@@ -9,6 +9,7 @@ mod package;
 mod progress;
 mod quarantine;
 mod scaffold;
+mod serve;
 mod status;
 
 use std::io::IsTerminal;
@@ -46,12 +47,20 @@ pub enum Command {
         /// Address to bind; the host dials 127.0.0.1.
         #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::LOCALHOST))]
         bind: IpAddr,
+        /// After SIGTERM or SIGINT: how long ticks in flight may go on before they are stopped and
+        /// their leases given back.
+        #[arg(long, default_value_t = 8)]
+        grace_seconds: u64,
     },
     /// Run one tick of one poller (or one run of a watchdog) from the shell, through the same code
     /// as the handler.
     Tick {
         /// The function (folder) name of the poller.
         poller: String,
+        /// Tick it even though it is disabled (`AzureWebJobs.<function>.Disabled`, host.json
+        /// `functions`).
+        #[arg(long)]
+        force: bool,
         #[command(flatten)]
         app_root: AppRoot,
     },
@@ -263,8 +272,8 @@ pub struct GuardArgs {
 }
 
 impl Command {
-    /// Operator commands log to stderr, so that what they print stays clean; the rest to stdout,
-    /// as the Functions host expects.
+    /// Operator commands log to stderr, so that what they print stays clean; the rest by
+    /// severity (warnings and errors to stderr), as the Functions host expects (see `logging`).
     pub fn log_stream(&self) -> crate::logging::LogStream {
         match self {
             Command::Quarantine { .. }
@@ -276,7 +285,7 @@ impl Command {
             | Command::Reset { .. }
             | Command::Clone { .. }
             | Command::Fingerprint { .. } => crate::logging::LogStream::Stderr,
-            _ => crate::logging::LogStream::Stdout,
+            _ => crate::logging::LogStream::BySeverity,
         }
     }
 }
@@ -284,7 +293,7 @@ impl Command {
 fn selection(ids: Vec<String>, all: bool) -> anyhow::Result<quarantine::Selection> {
     match (all, ids.is_empty()) {
         (true, _) => Ok(quarantine::Selection::All),
-        (false, false) => Ok(quarantine::Selection::Ids(ids)),
+        (false, false) => Ok(quarantine::Selection::Names(ids)),
         (false, true) => bail!("name the entries to act on, or pass --all"),
     }
 }
@@ -308,19 +317,25 @@ impl AppRoot {
 
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Serve { app_root, port, bind } => {
+        Command::Serve { app_root, port, bind, grace_seconds } => {
             let root = app_root.resolve()?;
-            let app = Arc::new(App::load(&root, &Settings::from_env())?);
+            let settings = Settings::from_env();
+            let app = Arc::new(App::load(&root, &settings)?);
             let address = SocketAddr::new(bind, port);
             let listener =
                 tokio::net::TcpListener::bind(address).await.with_context(|| format!("cannot listen on {address}"))?;
             tracing::info!(%address, app_root = %root.display(), functions = ?app.function_names(), "dbtrigger handler listening");
-            crate::handler::serve(listener, app, shutdown_signal()).await?;
-            Ok(ExitCode::SUCCESS)
+            let under_host = settings.get("FUNCTIONS_CUSTOMHANDLER_WORKER_ID").is_some();
+            serve::run(listener, app, std::time::Duration::from_secs(grace_seconds), under_host).await
         }
-        Command::Tick { poller, app_root } => {
+        Command::Tick { poller, force, app_root } => {
             let root = app_root.resolve()?;
             let app = App::load(&root, &Settings::from_env())?;
+            if let Some(reason) = app.disabled(&poller)
+                && !force
+            {
+                bail!("{poller} is disabled ({reason}); pass --force to tick it anyway");
+            }
             if let Some(crate::app::Function::Status(_)) = app.function(&poller) {
                 bail!("{poller} is a status function, not a poller: run `dbtrigger status`");
             }
@@ -334,7 +349,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Invocation::Unknown { .. } | Invocation::Unusable { .. } | Invocation::Answered { .. } => {
                     bail!("{} (app root {})", invocation.line(), root.display())
                 }
-                Invocation::Ticked { .. } | Invocation::Failed { .. } => {
+                Invocation::Ticked { .. } | Invocation::Failed { .. } | Invocation::Abandoned { .. } => {
                     println!("{}", invocation.line());
                     Ok(if invocation.succeeded() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
                 }
@@ -391,24 +406,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
-async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(signal) => signal,
-            Err(_) => {
-                let _ = interrupt.await;
-                return;
-            }
-        };
-        tokio::select! {
-            _ = interrupt => {}
-            _ = terminate.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = interrupt.await;
+/// Completes at SIGINT or SIGTERM (the handlers are installed at once, see `serve::stop_signal`).
+fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send {
+    let stop = serve::stop_signal();
+    async move {
+        stop.await;
     }
 }

@@ -45,7 +45,7 @@ impl Guard {
 /// The poller of `app_root` named `name` (its function or poller name), settings resolved as
 /// `dev` resolves them.
 pub fn find_poller(app_root: &Path, name: &str) -> anyhow::Result<Arc<Poller>> {
-    let settings = super::dev::settings_for(app_root)?;
+    let settings = crate::config::Settings::for_app_root(app_root)?;
     let app = App::load(app_root, &settings)?;
     let found = app
         .pollers()

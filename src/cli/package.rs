@@ -26,7 +26,7 @@ struct Entry {
 }
 
 pub fn run(app_root: &Path, out: &Path, binary: Option<&Path>) -> anyhow::Result<ExitCode> {
-    let settings = super::dev::settings_for(app_root)?;
+    let settings = crate::config::Settings::for_app_root(app_root)?;
     let config = AppConfig::load(app_root, &settings)?;
     let mut errors = Vec::new();
     for parsed in config.functions.values() {

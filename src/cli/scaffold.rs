@@ -18,7 +18,9 @@ const TEMPLATES: [(&str, &str); 4] = [
     ("watchdog", include_str!("../../function_templates/watchdog/function.json")),
 ];
 
-/// The host.json `new` writes into an app root that has none.
+/// The host.json `new` writes into an app root that has none. No `extensionBundle`: timer and HTTP
+/// triggers are built into the host (azure-functions-host `Binding/CoreExtensionsScriptBindingProvider.cs`,
+/// `Binding/WebJobsCoreScriptBindingProvider.cs`), and a bundle makes `func start` download it for nothing.
 fn host_json() -> Value {
     json!({
         "version": "2.0",
@@ -27,8 +29,7 @@ fn host_json() -> Value {
         "customHandler": {
             "description": {"defaultExecutablePath": "dbtrigger", "workingDirectory": "", "arguments": ["serve"]},
             "enableForwardingHttpRequest": false
-        },
-        "extensionBundle": {"id": "Microsoft.Azure.Functions.ExtensionBundle", "version": "[4.*, 5.0.0)"}
+        }
     })
 }
 
@@ -158,7 +159,7 @@ fn example_for(name: &str) -> &'static str {
 /// Every function.json of the app against the app settings (environment, then
 /// local.settings.json): one line per problem (file: field: reason), exit 1 when there is one.
 pub fn check(app_root: &Path) -> anyhow::Result<ExitCode> {
-    let settings = super::dev::settings_for(app_root)?;
+    let settings = crate::config::Settings::for_app_root(app_root)?;
     let mut problems = Vec::new();
     let host_json = app_root.join("host.json");
     match std::fs::read_to_string(&host_json) {

@@ -12,7 +12,7 @@ use crate::domain::health::{FingerprintState, PollerHealth};
 use crate::status::lag_text;
 
 pub async fn run(app_root: &Path, json: bool, only: Option<&str>) -> anyhow::Result<ExitCode> {
-    let settings = super::dev::settings_for(app_root)?;
+    let settings = crate::config::Settings::for_app_root(app_root)?;
     let app = App::load(app_root, &settings)?;
     let Some(healths) = app.status(only).await else {
         bail!(
@@ -75,7 +75,13 @@ pub fn table(healths: &[PollerHealth], now: chrono::DateTime<chrono::Utc>) -> St
             } else {
                 format!("{} ({})", health.poller, health.function)
             },
-            if health.healthy { "ok".to_string() } else { "UNHEALTHY".to_string() },
+            if health.disabled.is_some() {
+                "disabled".to_string()
+            } else if health.healthy {
+                "ok".to_string()
+            } else {
+                "UNHEALTHY".to_string()
+            },
             lag_text(health),
             health.oldest_pending_age_seconds.map(|seconds| age(seconds as i64)).unwrap_or_else(|| "-".to_string()),
             checkpoint,
@@ -101,6 +107,9 @@ pub fn table(healths: &[PollerHealth], now: chrono::DateTime<chrono::Utc>) -> St
     for health in healths {
         for problem in &health.problems {
             out.push_str(&format!("{}: {problem}\n", health.function));
+        }
+        if let Some(reason) = &health.disabled {
+            out.push_str(&format!("{}: disabled: {reason}\n", health.function));
         }
     }
     out

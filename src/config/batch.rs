@@ -63,7 +63,7 @@ pub(super) fn build_batch(
             return Err(at.error(
                 "poller.batch.tickBudgetSeconds",
                 format!(
-                    "{} s leaves less than {} s before host.json functionTimeout ({} s): the host would kill the tick mid-batch",
+                    "{} s leaves less than {} s before functionTimeout ({} s: host.json's, or the plan's default when host.json sets none): the host would kill the tick mid-batch",
                     tick_budget.as_secs(),
                     margin.as_secs(),
                     timeout.as_secs()

@@ -115,7 +115,7 @@ pub(crate) fn timer_schedule(
         return Err(at.error("bindings", "expected an array"));
     };
     for (index, binding) in bindings.iter().enumerate() {
-        if binding.get("type").and_then(Value::as_str) != Some("timerTrigger") {
+        if !binding_is(binding, "timerTrigger", "in") {
             continue;
         }
         if binding.get("functionName").is_some() {
@@ -135,6 +135,20 @@ pub(crate) fn timer_schedule(
         return Ok((schedule, run_on_startup));
     }
     Err(at.error("bindings", "no timerTrigger binding: a poller runs on a timer"))
+}
+
+/// Whether `binding` is of type `kind` in direction `direction`, matched without regard to case as
+/// the host matches them (azure-functions-host `Binding/CoreExtensionsScriptBindingProvider.cs` and
+/// `Binding/WebJobsCoreScriptBindingProvider.cs` compare the type `OrdinalIgnoreCase`;
+/// `BindingMetadata.Direction` is an enum read case-insensitively). A trigger with no direction
+/// is taken as `in`, the only direction a trigger has.
+pub(crate) fn binding_is(binding: &Value, kind: &str, direction: &str) -> bool {
+    let type_matches = binding.get("type").and_then(Value::as_str).is_some_and(|text| text.eq_ignore_ascii_case(kind));
+    let direction_matches = match binding.get("direction").and_then(Value::as_str) {
+        Some(text) => text.eq_ignore_ascii_case(direction),
+        None => kind.to_ascii_lowercase().ends_with("trigger") && direction == "in",
+    };
+    type_matches && direction_matches
 }
 
 /// Replaces every `%NAME%` in string values by app setting NAME (the Functions convention).

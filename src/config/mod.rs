@@ -11,7 +11,9 @@
 
 pub mod batch;
 pub mod connection;
+mod disabled;
 mod function_json;
+pub mod plan;
 pub mod redact;
 pub mod sink;
 pub mod source;
@@ -62,6 +64,11 @@ pub struct AppConfig {
     pub app_root: PathBuf,
     pub app_name: String,
     pub functions: BTreeMap<String, Result<FunctionConfig, ConfigError>>,
+    /// The functions the host does not run (function name → why): `AzureWebJobs.<name>.Disabled`,
+    /// host.json `functions`.
+    pub disabled: BTreeMap<String, String>,
+    /// How long the host lets an invocation run: host.json's `functionTimeout` or the plan's default.
+    pub function_timeout: plan::FunctionTimeout,
 }
 
 /// What a function of the app is, by the section its function.json has.
@@ -130,7 +137,8 @@ impl AppConfig {
             field: "(app root)".to_string(),
             reason: format!("cannot read the app root directory: {error}"),
         })?;
-        let function_timeout = read_function_timeout(app_root)?;
+        let timeout = plan::read_function_timeout(app_root, settings)?;
+        let function_timeout = timeout.limit;
         let mut functions = BTreeMap::new();
         for entry in entries.flatten() {
             let folder = entry.path();
@@ -145,7 +153,15 @@ impl AppConfig {
             functions.insert(function_name, parsed);
         }
         refuse_shared_poller_names(&mut functions);
-        Ok(AppConfig { app_root: app_root.to_path_buf(), app_name: settings.app_name(), functions })
+        let names: Vec<String> = functions.keys().cloned().collect();
+        let disabled = disabled::disabled_functions(app_root, settings, &names)?;
+        Ok(AppConfig {
+            app_root: app_root.to_path_buf(),
+            app_name: settings.app_name(),
+            functions,
+            disabled,
+            function_timeout: timeout,
+        })
     }
 }
 
@@ -178,28 +194,6 @@ fn refuse_shared_poller_names(functions: &mut BTreeMap<String, Result<FunctionCo
             functions.insert(function_name.clone(), Err(error));
         }
     }
-}
-
-/// host.json `functionTimeout`, when given: each tick must end well before it.
-fn read_function_timeout(app_root: &Path) -> Result<Option<Duration>, ConfigError> {
-    let path = app_root.join("host.json");
-    let Ok(text) = std::fs::read_to_string(&path) else {
-        return Ok(None);
-    };
-    let error = |reason: String| ConfigError { file: path.clone(), field: "functionTimeout".to_string(), reason };
-    let value: Value = serde_json::from_str(&text).map_err(|parse_error| ConfigError {
-        file: path.clone(),
-        field: "(document)".to_string(),
-        reason: format!("invalid JSON: {parse_error}"),
-    })?;
-    let Some(timeout) = value.get("functionTimeout") else {
-        return Ok(None);
-    };
-    let text = timeout.as_str().ok_or_else(|| error("expected a string like \"00:10:00\"".to_string()))?;
-    if text == "-1" {
-        return Ok(None);
-    }
-    parse_timespan(text).map(Some).ok_or_else(|| error(format!("{text:?} is not a time span like \"00:10:00\"")))
 }
 
 /// `[d.]hh:mm:ss[.fff]`, the .NET TimeSpan form host.json uses.

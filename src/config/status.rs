@@ -5,6 +5,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::function_json::binding_is;
 use super::{ConfigError, Located};
 
 /// A validated status function.
@@ -39,11 +40,10 @@ pub(super) fn build_status(
     let mut request = None;
     let mut response = None;
     for (index, binding) in bindings.iter().enumerate() {
-        let kind = binding.get("type").and_then(Value::as_str);
-        let direction = binding.get("direction").and_then(Value::as_str);
         let name = binding.get("name").and_then(Value::as_str).map(str::to_string);
-        match (kind, direction) {
-            (Some("httpTrigger"), Some("in")) => {
+        // Types and directions without regard to case, as the host matches them.
+        match (binding_is(binding, "httpTrigger", "in"), binding_is(binding, "http", "out")) {
+            (true, _) => {
                 let level = binding.get("authLevel").and_then(Value::as_str).unwrap_or("function");
                 if level.eq_ignore_ascii_case("anonymous") {
                     return Err(at.error(
@@ -53,7 +53,7 @@ pub(super) fn build_status(
                 }
                 request = Some(name.ok_or_else(|| at.error(&format!("bindings[{index}].name"), "missing"))?);
             }
-            (Some("http"), Some("out")) => {
+            (false, true) => {
                 response = Some(name.ok_or_else(|| at.error(&format!("bindings[{index}].name"), "missing"))?);
             }
             _ => {}

@@ -141,6 +141,21 @@ impl Position {
         Ok(PositionOrder::Same)
     }
 
+    /// Whether this position can be bound to a seek on `configured` (the poller's key columns, in
+    /// order): the same columns, as many, in the same order. A stored checkpoint may not fit after
+    /// the key was changed; binding it anyway would index past its end or seek on the wrong column.
+    pub fn fits_key(&self, configured: &[String]) -> Result<(), KeyMismatch> {
+        let fits = self.pk.len() == configured.len()
+            && self.pk.iter().zip(configured).all(|((stored, _), configured)| stored == configured);
+        if fits {
+            return Ok(());
+        }
+        Err(KeyMismatch {
+            stored: self.pk.iter().map(|(name, _)| name.clone()).collect(),
+            configured: configured.to_vec(),
+        })
+    }
+
     /// The tiebreaker object of the state document: `{"id": 42}`.
     pub fn tiebreaker_json(&self) -> Map<String, Value> {
         let mut map = Map::new();
@@ -149,6 +164,18 @@ impl Position {
         }
         map
     }
+}
+
+/// A position whose key columns are not the configured ones.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the checkpoint's key ({}) does not fit the configured key ({}): the key changed; reset the poller (`dbtrigger reset`)",
+    stored.join(", "),
+    configured.join(", ")
+)]
+pub struct KeyMismatch {
+    pub stored: Vec<String>,
+    pub configured: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -244,6 +271,26 @@ mod tests {
 
     fn int_position(cursor: i64, id: i64) -> Position {
         Position { cursor: CursorValue::Integer(cursor), pk: vec![("id".to_string(), PkValue::Integer(id))] }
+    }
+
+    /// Regression (issue 24, item 7): a key of other columns, another count or another order does
+    /// not fit, and the refusal names both keys.
+    #[test]
+    fn a_position_fits_only_the_key_it_was_made_for() {
+        let key = |columns: &[&str]| columns.iter().map(|column| column.to_string()).collect::<Vec<_>>();
+        let position = Position {
+            cursor: CursorValue::Integer(1),
+            pk: vec![("tenant".into(), PkValue::Integer(1)), ("id".into(), PkValue::Integer(2))],
+        };
+        assert_eq!(position.fits_key(&key(&["tenant", "id"])), Ok(()));
+        let reordered = position.fits_key(&key(&["id", "tenant"])).unwrap_err();
+        assert_eq!(
+            reordered.to_string(),
+            "the checkpoint's key (tenant, id) does not fit the configured key (id, tenant): the key changed; reset the poller (`dbtrigger reset`)"
+        );
+        assert!(int_position(1, 2).fits_key(&key(&["tenant", "id"])).is_err());
+        assert!(position.fits_key(&key(&["id"])).is_err());
+        assert!(position.fits_key(&key(&["tenant", "code"])).is_err());
     }
 
     #[test]

@@ -83,6 +83,9 @@ pub struct PollerHealth {
     pub generation_changed: bool,
     /// The function's configuration error, or why its state or source could not be read.
     pub error: Option<String>,
+    /// Why the host does not run this function (`AzureWebJobs.<function>.Disabled`, or host.json
+    /// `functions`): a disabled poller is healthy, and nothing more is read about it.
+    pub disabled: Option<String>,
 }
 
 impl PollerHealth {
@@ -91,6 +94,14 @@ impl PollerHealth {
         let mut health = PollerHealth::empty(function, function);
         health.problems.push(format!("configuration error: {reason}"));
         health.error = Some(reason);
+        health
+    }
+
+    /// A function the host does not run (see `disabled`): healthy, nothing read.
+    pub fn disabled(function: &str, poller: &str, reason: String) -> PollerHealth {
+        let mut health = PollerHealth::empty(function, poller);
+        health.healthy = true;
+        health.disabled = Some(reason);
         health
     }
 
@@ -115,6 +126,7 @@ impl PollerHealth {
             generation: None,
             generation_changed: false,
             error: None,
+            disabled: None,
         }
     }
 }
@@ -190,6 +202,17 @@ pub fn assess(observed: Observed<'_>, now: DateTime<Utc>) -> PollerHealth {
                         "the batch at the checkpoint failed {} times, last: {}",
                         poison.attempts, poison.last_error
                     ));
+                }
+            }
+            // Ticks failing for another reason than the sink count as attempts too; the error
+            // shown is the later one.
+            if let Some(failure) = &document.failure {
+                health
+                    .problems
+                    .push(format!("the last {} ticks failed, last: {}", failure.attempts, failure.last_error));
+                health.attempts = health.attempts.max(failure.attempts);
+                if document.poison.as_ref().is_none_or(|poison| failure.last_failure_at >= poison.last_failure_at) {
+                    health.last_error = Some(failure.last_error.clone());
                 }
             }
         }
@@ -312,6 +335,7 @@ mod tests {
             last_error: "HTTP 503".into(),
             first_failure_at: at(1),
             last_failure_at: at(2),
+            isolating: None,
         });
         let failing = assess(observed(Ok(Some(&document)), Ok(lag(3, None))), at(10));
         assert!(!failing.healthy);
@@ -329,6 +353,20 @@ mod tests {
         assert_eq!(unreadable.error.as_deref(), Some("not JSON"));
         assert_eq!(unreadable.problems.len(), 2);
         assert_eq!(unreadable.lag_rows, None);
+    }
+
+    /// Regression (issue 24, item 9): ticks failing for another reason than the sink (here a
+    /// source error) make the poller unhealthy, with their count and error.
+    #[test]
+    fn ticks_failing_for_another_reason_than_the_sink_are_unhealthy() {
+        let mut document = committed("a", at(0), true);
+        let error = "opColumn \"note\" holds \"order 3\"";
+        document.failure = Some(crate::domain::state::FailureRecord::after(None, error, at(1)));
+        document.failure = Some(crate::domain::state::FailureRecord::after(document.failure.as_ref(), error, at(2)));
+        let failing = assess(observed(Ok(Some(&document)), Ok(lag(3, None))), at(10));
+        assert!(!failing.healthy);
+        assert_eq!((failing.attempts, failing.last_error.as_deref()), (2, Some(error)));
+        assert!(failing.problems[0].contains("the last 2 ticks failed"), "{:?}", failing.problems);
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //!   heartbeat, release; reset, clone, fingerprint accept with their audit trail).
 //! - [`health`]: what `status` says of a poller (lag, lease, attempts, fingerprint), and whether
 //!   it is healthy.
-//! - [`poison`]: counting a batch's failed attempts, and when to isolate it (seed 001 case I).
+//! - [`poison`]: counting a batch's failed attempts, when to isolate it, and the isolation's plan
+//!   (parts in row order, what halts it, what the next tick goes on with) (seed 001 case I).
 //! - [`lease`]: lease decisions (acquire, renew, release) with the fencing token and skew margin.
 //! - [`ids`]: deterministic event and batch ids, and the source fingerprint.
 //! - [`watchdog`]: what the watchdog concludes about a poller (stalled, abandoned lease, failing,

@@ -37,6 +37,11 @@ pub struct StateDocument {
     /// The failures of the batch at the checkpoint; cleared by the next commit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub poison: Option<PoisonRecord>,
+    /// Ticks failing in a row for another reason than the sink (a source error, a checkpoint
+    /// refused, a store error): `status` and the watchdog show them as they show `poison`. Cleared
+    /// by the next tick that ends well.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<FailureRecord>,
     /// The source generation (seed 003) the checkpoint belongs to, when one is configured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<GenerationRecord>,
@@ -62,6 +67,38 @@ pub struct Checkpoint {
     pub extra: Map<String, Value>,
 }
 
+/// Ticks that failed in a row for a reason other than the sink, in the state document's `failure`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailureRecord {
+    pub attempts: u32,
+    pub first_error: String,
+    pub last_error: String,
+    pub first_failure_at: DateTime<Utc>,
+    pub last_failure_at: DateTime<Utc>,
+}
+
+impl FailureRecord {
+    /// The record after one more failed tick.
+    pub fn after(previous: Option<&FailureRecord>, error: &str, now: DateTime<Utc>) -> FailureRecord {
+        match previous {
+            Some(previous) => FailureRecord {
+                attempts: previous.attempts.saturating_add(1),
+                first_error: previous.first_error.clone(),
+                last_error: error.to_string(),
+                first_failure_at: previous.first_failure_at,
+                last_failure_at: now,
+            },
+            None => FailureRecord {
+                attempts: 1,
+                first_error: error.to_string(),
+                last_error: error.to_string(),
+                first_failure_at: now,
+                last_failure_at: now,
+            },
+        }
+    }
+}
+
 /// The source generation a checkpoint belongs to, and since when.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GenerationRecord {
@@ -76,6 +113,9 @@ pub struct HistoryEntry {
     pub at: DateTime<Utc>,
     /// Who asked: `user@host` of the operator's shell.
     pub who: String,
+    /// What was done, for programs (`reset`, `clone`, …); absent in entries older builds wrote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<HistoryAction>,
     /// What was done, in words: `reset to the beginning`, `cloned from orders`…
     pub what: String,
     /// The checkpoint before the change (`None`: there was none).
@@ -89,6 +129,23 @@ pub struct HistoryEntry {
     /// Why, in the operator's words (`--reason`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+}
+
+/// What a history entry records, for programs that read the history (`what` says it for people).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HistoryAction {
+    Reset,
+    Clone,
+    FingerprintAccept,
+    QuarantineReplay,
+    QuarantinePurge,
+    /// The tick restarted from the beginning of a new source load (`onChange: restart`).
+    GenerationRestart,
+    /// An action a newer build wrote: kept as it is, so that this build never fails to read the
+    /// document (which would stop the poller) nor rewrites the entry.
+    #[serde(untagged)]
+    Other(String),
 }
 
 /// Running totals, for `status` and for people reading the blob.
@@ -139,6 +196,7 @@ impl StateDocument {
             stats: Stats::default(),
             write_id: None,
             poison: None,
+            failure: None,
             generation: None,
             history: Vec::new(),
             extra: Map::new(),
@@ -259,6 +317,26 @@ pub fn describe(position: &Position) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 24, item 15: history entries carry a machine-readable `action`; entries written
+    /// before it (no `action`) and actions of a newer build still read, and the latter are kept.
+    #[test]
+    fn history_actions_read_old_new_and_unknown_entries() {
+        let entry = |action: &str| {
+            format!(
+                r#"{{"version": 1, "poller_name": "p", "source_fingerprint": "f", "checkpoint": null, "lease": null,
+                "history": [{{"at": "2026-01-01T00:00:00Z", "who": "a@b", {action} "what": "x", "previous_checkpoint": null}}]}}"#
+            )
+        };
+        let old = StateDocument::parse(entry("").as_bytes()).unwrap();
+        assert_eq!(old.history[0].action, None);
+        let known = StateDocument::parse(entry(r#""action": "quarantine_purge","#).as_bytes()).unwrap();
+        assert_eq!(known.history[0].action, Some(HistoryAction::QuarantinePurge));
+        let newer = StateDocument::parse(entry(r#""action": "time_travel","#).as_bytes()).unwrap();
+        assert_eq!(newer.history[0].action, Some(HistoryAction::Other("time_travel".into())));
+        let rewritten: Value = serde_json::from_slice(&newer.to_bytes()).unwrap();
+        assert_eq!(rewritten["history"][0]["action"], "time_travel");
+    }
 
     /// A fixed instant: the domain never reads the clock, its tests neither.
     fn fixed_time() -> DateTime<Utc> {

@@ -9,6 +9,10 @@
 //! | [`heartbeat`]         | the lease is not ours                                               |
 //! | [`commit`]            | the lease is not ours; the checkpoint would not move forward        |
 //! | [`release`]           | the lease is not ours                                               |
+//! | [`commit_isolating`]  | as [`commit`]; the poison record kept, for an isolation under way    |
+//! | [`record_failure`]    | the lease is not ours                                               |
+//! | [`record_tick_failure`]| another owner's lease is live                                      |
+//! | [`clear_failures`]    | never (`None`: nothing to clear)                                    |
 //! | [`reset`]             | another owner's lease is live, unless forced                        |
 //! | [`accept_fingerprint`]| another owner's lease is live, unless forced; nothing would change   |
 //! | [`clone_to`]          | never (a new document for another poller name)                      |
@@ -23,8 +27,10 @@ use chrono::{DateTime, Utc};
 use super::cursor::{CursorJson, Position};
 use super::lease::{self, HeldElsewhere, LeaseStatus, LeaseTerms};
 use super::poison::PoisonRecord;
-pub use super::state::HistoryEntry;
-use super::state::{Checkpoint, CheckpointRegression, GenerationRecord, StateDocument, advance_checkpoint, describe};
+use super::state::{
+    Checkpoint, CheckpointRegression, FailureRecord, GenerationRecord, StateDocument, advance_checkpoint, describe,
+};
+pub use super::state::{HistoryAction, HistoryEntry};
 
 /// How many operator entries a document keeps.
 pub const HISTORY_LIMIT: usize = 50;
@@ -130,7 +136,8 @@ pub struct Delivered<'a> {
 }
 
 /// The document with the checkpoint moved past `delivered` and our lease renewed, or released when
-/// `release` (the last commit of a tick). A commit is a heartbeat.
+/// `release` (the last commit of a tick, which ended well: a failure record of earlier ticks is
+/// cleared). A commit is a heartbeat.
 pub fn commit(
     document: &StateDocument,
     me: &str,
@@ -153,6 +160,28 @@ pub fn commit(
     next.stats.rows_delivered += delivered.rows as u64;
     next.stats.batches_delivered += delivered.batches as u64;
     next.stats.last_tick_at = Some(now);
+    if release {
+        next.failure = None;
+    }
+    Ok(next)
+}
+
+/// A commit of the rows of a poison batch settled so far (delivered, or quarantined): the
+/// checkpoint moves past them as in [`commit`], and `still_isolating` stays in the document, so
+/// that the next tick goes on with the rest of the batch.
+pub fn commit_isolating(
+    document: &StateDocument,
+    me: &str,
+    delivered: &Delivered<'_>,
+    still_isolating: PoisonRecord,
+    release: bool,
+    now: DateTime<Utc>,
+    terms: &LeaseTerms,
+) -> Result<StateDocument, Refusal> {
+    let mut next = commit(document, me, delivered, release, now, terms)?;
+    next.poison = Some(still_isolating);
+    // The tick has not ended well: the batch is not past yet.
+    next.failure = document.failure.clone();
     Ok(next)
 }
 
@@ -169,10 +198,59 @@ pub fn record_failure(
     Ok(next)
 }
 
+/// The document after a tick that failed for another reason than the sink (a source error, a
+/// checkpoint refused, a store error): one more failed tick in `failure`, and our lease released if
+/// we hold it. A tick that failed before taking the lease records it too, unless another owner's
+/// lease is live (that owner's ticks say how things are).
+pub fn record_tick_failure(
+    document: &StateDocument,
+    me: &str,
+    error: &str,
+    now: DateTime<Utc>,
+    terms: &LeaseTerms,
+) -> Result<StateDocument, Refusal> {
+    let mut next = match lease::status(document.lease.as_ref(), me, now, terms) {
+        LeaseStatus::HeldByOther { owner_id, expires_at } => {
+            return Err(Refusal::HeldElsewhere { owner_id, expires_at });
+        }
+        LeaseStatus::Mine => release(document, me, now)?,
+        LeaseStatus::Free => document.clone(),
+    };
+    next.failure = Some(FailureRecord::after(document.failure.as_ref(), error, now));
+    Ok(next)
+}
+
+/// Our lease given back at the end of a tick that ended well: a failure record of earlier ticks is
+/// cleared with it.
+pub fn release_after_success(document: &StateDocument, me: &str, now: DateTime<Utc>) -> Result<StateDocument, Refusal> {
+    let mut next = release(document, me, now)?;
+    next.failure = None;
+    Ok(next)
+}
+
+/// The document an idle tick writes when it finds failures recorded: nothing waits after the
+/// checkpoint, so whatever failed is fixed or gone. `None` when there is nothing to clear (an idle
+/// tick writes nothing).
+pub fn clear_failures(document: &StateDocument) -> Option<StateDocument> {
+    if document.failure.is_none() && document.poison.is_none() {
+        return None;
+    }
+    let mut next = document.clone();
+    next.failure = None;
+    next.poison = None;
+    Some(next)
+}
+
 /// The document with an operator's action on something beside it (the quarantine) written into its
 /// history; nothing else changes. Never refused: it records what was done.
-pub fn audit(document: &StateDocument, operator: Operator<'_>, what: String, now: DateTime<Utc>) -> StateDocument {
-    operator_write(document, operator, false, what, None, now)
+pub fn audit(
+    document: &StateDocument,
+    operator: Operator<'_>,
+    action: HistoryAction,
+    what: String,
+    now: DateTime<Utc>,
+) -> StateDocument {
+    operator_write(document, operator, false, (action, what), None, now)
 }
 
 /// The document with its checkpoint moved where an operator says (backwards, forwards, or to
@@ -198,7 +276,7 @@ pub fn reset(
             format!("reset to after {}", describe(position)),
         ),
     };
-    let mut next = operator_write(document, operator, forced, what, None, now);
+    let mut next = operator_write(document, operator, forced, (HistoryAction::Reset, what), None, now);
     next.checkpoint = checkpoint;
     // A new fencing token: deliveries of a tick still running on the old checkpoint are then
     // recognisably stale to receivers (the next tick acquires above it again).
@@ -257,7 +335,7 @@ pub fn check_generation(
                 document,
                 Operator { who: "dbtrigger", force: false, reason: None },
                 false,
-                what,
+                (HistoryAction::GenerationRestart, what),
                 None,
                 now,
             );
@@ -287,14 +365,15 @@ pub fn accept_fingerprint(
     let forced = operator_may_write(document, operator, now, terms)?;
     let what = format!("accepted fingerprint {fingerprint}");
     let previous = Some(document.source_fingerprint.clone());
-    let mut next = operator_write(document, operator, forced, what, previous, now);
+    let mut next = operator_write(document, operator, forced, (HistoryAction::FingerprintAccept, what), previous, now);
     next.source_fingerprint = fingerprint.to_string();
     Ok(next)
 }
 
 /// A new document for `poller_name` that starts where `source` is (or from the beginning): a
 /// backfill or a migration on a separate name. No lease, fresh stats, the history of the copy
-/// beginning with where it came from.
+/// beginning with where it came from. A copy of the checkpoint keeps the source generation it
+/// belongs to, so that a copy made after a reload is not taken for the new load's position.
 pub fn clone_to(
     source: &StateDocument,
     poller_name: &str,
@@ -304,6 +383,8 @@ pub fn clone_to(
 ) -> StateDocument {
     let mut next = StateDocument::new(poller_name, &source.source_fingerprint);
     next.checkpoint = if from_beginning { None } else { source.checkpoint.clone() };
+    // From the beginning, the next tick records the generation of the load it starts on.
+    next.generation = if from_beginning { None } else { source.generation.clone() };
     let what = if from_beginning {
         format!("cloned from {} (from the beginning)", source.poller_name)
     } else {
@@ -312,6 +393,7 @@ pub fn clone_to(
     next.history.push(HistoryEntry {
         at: now,
         who: operator.who.to_string(),
+        action: Some(HistoryAction::Clone),
         what,
         previous_checkpoint: None,
         previous_fingerprint: None,
@@ -349,7 +431,7 @@ fn operator_write(
     document: &StateDocument,
     operator: Operator<'_>,
     forced: bool,
-    what: String,
+    (action, what): (HistoryAction, String),
     previous_fingerprint: Option<String>,
     now: DateTime<Utc>,
 ) -> StateDocument {
@@ -357,6 +439,7 @@ fn operator_write(
     next.history.push(HistoryEntry {
         at: now,
         who: operator.who.to_string(),
+        action: Some(action),
         what,
         previous_checkpoint: document.checkpoint.as_ref().map(|checkpoint| checkpoint.cursor.clone()),
         previous_fingerprint,
@@ -504,6 +587,71 @@ mod tests {
         assert_eq!((committed.stats.rows_delivered, committed.stats.quarantined), (8, 2));
     }
 
+    /// Regression (issue 24, item 9): a tick failing for a reason other than the sink is recorded
+    /// (attempts counting, the lease given back if ours, nothing written through a live lease of
+    /// another), kept by the commits of a tick still running, and cleared by a tick that ends well
+    /// or by an idle one.
+    #[test]
+    fn tick_failure_truth_table() {
+        let free = StateDocument::new("orders", "sha256:a");
+        let once = record_tick_failure(&free, "a", "opColumn \"note\" holds \"x\"", at(1), &terms()).unwrap();
+        let failure = once.failure.clone().unwrap();
+        assert_eq!((failure.attempts, failure.first_failure_at), (1, at(1)));
+        assert_eq!(once.lease, None, "no lease taken");
+        let twice = record_tick_failure(&once, "a", "HTTP 500", at(2), &terms()).unwrap();
+        let failure = twice.failure.clone().unwrap();
+        assert_eq!(
+            (failure.attempts, failure.first_error.as_str(), failure.last_error.as_str()),
+            (2, "opColumn \"note\" holds \"x\"", "HTTP 500")
+        );
+
+        let a_holds = acquire(&twice, "a", at(3), &terms()).unwrap();
+        let released = record_tick_failure(&a_holds, "a", "HTTP 500", at(4), &terms()).unwrap();
+        assert_eq!(released.lease.as_ref().unwrap().owner_id, None, "our lease given back with it");
+        assert_eq!(released.failure.as_ref().unwrap().attempts, 3);
+        assert!(matches!(
+            record_tick_failure(&a_holds, "b", "HTTP 500", at(4), &terms()),
+            Err(Refusal::HeldElsewhere { .. })
+        ));
+        // Expired past the skew margin: free, so recorded.
+        assert!(record_tick_failure(&a_holds, "b", "HTTP 500", at(100), &terms()).is_ok());
+
+        // A tick in progress keeps the record; its releasing commit, or a release after it ended
+        // well, clears it; so does an idle tick, with the poison record.
+        let again = acquire(&released, "a", at(5), &terms()).unwrap();
+        let progress = commit(&again, "a", &delivered(&position(5, 5)), false, at(6), &terms()).unwrap();
+        assert!(progress.failure.is_some());
+        assert_eq!(commit(&progress, "a", &delivered(&position(6, 6)), true, at(7), &terms()).unwrap().failure, None);
+        assert_eq!(release_after_success(&progress, "a", at(7)).unwrap().failure, None);
+        assert_eq!(release(&progress, "a", at(7)).unwrap().failure, progress.failure, "a plain release keeps it");
+        let cleared = clear_failures(&released).unwrap();
+        assert_eq!((cleared.failure, cleared.poison), (None, None));
+        assert_eq!(clear_failures(&held_by("a", 0)), None, "nothing to clear: no write");
+    }
+
+    /// An isolation under way commits its settled rows and keeps its record; the failure record of
+    /// earlier ticks stays until the tick ends well.
+    #[test]
+    fn an_isolating_commit_keeps_the_poison_record() {
+        let failed = record_tick_failure(&held_by("a", 0), "a", "HTTP 500", at(1), &terms()).unwrap();
+        let holding = acquire(&failed, "a", at(2), &terms()).unwrap();
+        let record =
+            crate::domain::poison::record_failure(None, "bat_1", &position(1, 1), &position(9, 9), "HTTP 422", at(2));
+        let settled = Delivered { last: &position(4, 4), last_batch_id: "bat_1", rows: 3, batches: 0, quarantined: 1 };
+        for release in [false, true] {
+            let next = commit_isolating(&holding, "a", &settled, record.clone(), release, at(3), &terms()).unwrap();
+            assert_eq!(next.poison.as_ref(), Some(&record));
+            assert!(next.failure.is_some());
+            assert_eq!(next.checkpoint.as_ref().unwrap().cursor.tiebreaker["id"], 4);
+            assert_eq!((next.stats.rows_delivered, next.stats.quarantined, next.stats.batches_delivered), (3, 1, 0));
+            assert_eq!(next.lease.as_ref().unwrap().owner_id.is_none(), release);
+        }
+        assert!(matches!(
+            commit_isolating(&holding, "b", &settled, record, false, at(3), &terms()),
+            Err(Refusal::NotOwner { .. })
+        ));
+    }
+
     /// reset: any direction, refused through a live lease unless forced, always audited.
     #[test]
     fn reset_truth_table() {
@@ -609,6 +757,27 @@ mod tests {
         assert_eq!(at_checkpoint.history.last().unwrap().what, "cloned from orders at its checkpoint");
         let from_start = clone_to(&committed, "orders_backfill", true, ALICE, at(20));
         assert_eq!(from_start.checkpoint, None);
+    }
+
+    /// Regression (issue 24, item 11): a clone at the checkpoint keeps the generation record, so
+    /// that after a reload its tick stops or restarts instead of adopting the new load with the
+    /// old load's checkpoint; a clone from the beginning records the load it starts on.
+    #[test]
+    fn clone_keeps_the_generation_its_checkpoint_belongs_to() {
+        let a_holds = held_by("a", 0);
+        let committed = commit(&a_holds, "a", &delivered(&position(5, 1)), true, at(10), &terms()).unwrap();
+        let GenerationCheck::Adopted(loaded) = check_generation(&committed, Some(&serde_json::json!(7)), false, at(11))
+        else {
+            panic!("adopted");
+        };
+        let clone = clone_to(&loaded, "orders_backfill", false, ALICE, at(20));
+        assert_eq!(clone.generation, loaded.generation);
+        assert!(matches!(
+            check_generation(&clone, Some(&serde_json::json!(8)), false, at(21)),
+            GenerationCheck::Stopped { .. }
+        ));
+        assert_eq!(clone.history.last().unwrap().action, Some(HistoryAction::Clone));
+        assert_eq!(clone_to(&loaded, "orders_backfill", true, ALICE, at(20)).generation, None);
     }
 
     /// fingerprint accept: records the new one, keeps the checkpoint, audited; refused when it

@@ -7,7 +7,7 @@
 //! | `unreadable`         | its state document or its source cannot be read                       |
 //! | `stalled`            | rows wait and the checkpoint has not moved for `stalledAfterIntervals` of its schedule |
 //! | `lease_abandoned`    | a lease expired (past the skew margin) without being released: a tick died mid-work and nobody resumed |
-//! | `failing`            | the batch at the checkpoint failed (`attempts` above zero), growing or not |
+//! | `failing`            | ticks fail at the checkpoint (`attempts` above zero: the batch there, or the source, the store…), growing or not |
 //! | `quarantine_grew`    | more rows quarantined than at the previous run                        |
 //! | `fingerprint_changed`| the source definition changed: the poller stops until reset or accepted |
 //! | `generation_changed` | the source generation moved and the poller stops (`onChange: stop`)     |
@@ -134,7 +134,7 @@ pub fn judge(
         found(
             FindingKind::Failing,
             format!(
-                "the batch at the checkpoint failed {} times{trend}, last: {}",
+                "ticks at the checkpoint failed {} times{trend}, last: {}",
                 health.attempts,
                 health.last_error.as_deref().unwrap_or("?")
             ),

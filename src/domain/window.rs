@@ -31,6 +31,11 @@ impl<T> BatchWindow<T> {
         sequence
     }
 
+    /// The sequence number the next batch opened gets.
+    pub fn next_sequence(&self) -> u64 {
+        self.next_sequence
+    }
+
     /// Records an acknowledgement and returns, in order, the batches that may now be committed:
     /// the acknowledged ones with no unacknowledged batch before them.
     pub fn acknowledge(&mut self, sequence: u64) -> Vec<T> {
@@ -55,6 +60,14 @@ impl<T> BatchWindow<T> {
             return None;
         }
         Some(entry.remove().0)
+    }
+
+    /// Removes and returns, in order, the batches opened after `sequence`: after a batch failed,
+    /// the ones after it are given up (the checkpoint cannot pass it this tick), while the ones
+    /// before it are still waited for.
+    pub fn close_after(&mut self, sequence: u64) -> Vec<T> {
+        let later = self.pending.split_off(&(sequence.saturating_add(1)));
+        later.into_values().map(|(item, _)| item).collect()
     }
 
     /// Batches opened and not yet released (acknowledged behind a gap, or unacknowledged).
@@ -82,6 +95,24 @@ mod tests {
         assert!(window.acknowledge(second).is_empty());
         assert_eq!(window.acknowledge(first), vec!["a", "b", "c"]);
         assert!(window.is_empty());
+    }
+
+    /// Regression (issue 24, item 1): a batch failing behind one still in flight closes the
+    /// window after itself only; the earlier one is still acknowledged and released, and then the
+    /// failed one is the first open, at the checkpoint.
+    #[test]
+    fn a_failed_batch_closes_the_window_after_itself_only() {
+        let mut window = BatchWindow::new();
+        let slow = window.open("slow");
+        let failed = window.open("refused");
+        let after = window.open("after");
+        assert!(window.acknowledge(after).is_empty());
+        assert_eq!(window.close_after(failed), vec!["after"]);
+        assert_eq!(window.take_first_open(failed), None, "the slow one is still before it");
+        assert_eq!(window.acknowledge(slow), vec!["slow"]);
+        assert_eq!(window.take_first_open(failed), Some("refused"));
+        assert!(window.is_empty());
+        assert!(window.close_after(u64::MAX).is_empty());
     }
 
     proptest! {

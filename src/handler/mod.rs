@@ -16,10 +16,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
-use tracing::{error, info};
+use tracing::{debug, error, info, warn};
 
 use crate::app::{App, Invocation};
 use crate::protocol::InvocationRequest;
+use crate::tick::TickOutcome;
 
 /// The router, with the app passed in (tests call it on a port-0 listener).
 pub fn router(app: Arc<App>) -> Router {
@@ -60,6 +61,8 @@ async fn invoke(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    // Only the invocation id is read from the headers: they carry the caller's function key
+    // (`x-functions-key`) for an HTTP trigger, so none of them is ever logged.
     let invocation_id =
         headers.get("x-azure-functions-invocationid").and_then(|value| value.to_str().ok()).unwrap_or("-").to_string();
     let request = match InvocationRequest::parse(&body) {
@@ -70,19 +73,21 @@ async fn invoke(
             return error_response(StatusCode::BAD_REQUEST, Some(&function), &message);
         }
     };
-    if request.timer_is_past_due() {
-        info!(function = %function, invocation = %invocation_id, "timer is past due: catching up");
-    }
+    say_how_the_timer_fired(&function, &invocation_id, &request);
     let invocation = app.invoke_with(&function, &request).await;
     let line = invocation.line();
+    // A succeeded invocation's line goes into `Logs` only: the host logs each `Logs` entry under
+    // the invocation (at Information), and a copy on stdout would be a second trace of every tick.
+    // It is on stdout at debug level. A failure goes to stderr (Error), since the host drops the
+    // `Logs` of a non-2xx answer; what needs attention is also on stderr, as a warning.
     match &invocation {
         Invocation::Watched { lines, findings, .. } => {
             // Each finding was logged at error level by the run; the host gets them all in Logs.
-            info!(function = %function, invocation = %invocation_id, findings, "{}", lines[0]);
+            debug!(function = %function, invocation = %invocation_id, findings, "{}", lines[0]);
             json_response(StatusCode::OK, json!({"Outputs": {}, "Logs": lines, "ReturnValue": null}))
         }
         Invocation::Answered { response_binding, status_code, body, .. } => {
-            info!(function = %function, invocation = %invocation_id, status = status_code, "{line}");
+            debug!(function = %function, invocation = %invocation_id, status = status_code, "{line}");
             // The host takes the HTTP answer from the output binding; a 2xx here says the
             // invocation itself worked (a non-2xx would make the host drop the Outputs).
             let text = serde_json::to_string_pretty(body).unwrap_or_default();
@@ -94,20 +99,58 @@ async fn invoke(
             json_response(StatusCode::OK, json!({"Outputs": outputs, "Logs": [line], "ReturnValue": null}))
         }
         Invocation::Ticked { outcome, .. } => {
-            info!(function = %function, invocation = %invocation_id, outcome = outcome.kind(), "{line}");
+            if needs_attention(outcome) {
+                warn!(function = %function, invocation = %invocation_id, outcome = outcome.kind(), "{line}");
+            } else {
+                debug!(function = %function, invocation = %invocation_id, outcome = outcome.kind(), "{line}");
+            }
             let mut response =
                 json_response(StatusCode::OK, json!({"Outputs": {}, "Logs": [line], "ReturnValue": null}));
             response.headers_mut().insert("x-dbtrigger-outcome", HeaderValue::from_static(outcome.kind()));
             response
         }
         failed => {
-            // The host drops Logs of a failed invocation: stdout is where this is seen.
+            // The host drops Logs of a failed invocation: stderr is where this is seen.
             error!(function = %function, invocation = %invocation_id, "{line}");
             let status = match failed {
                 Invocation::Unknown { .. } => StatusCode::NOT_FOUND,
+                Invocation::Abandoned { .. } => StatusCode::SERVICE_UNAVAILABLE,
                 _ => StatusCode::INTERNAL_SERVER_ERROR,
             };
             error_response(status, Some(&function), &line)
         }
+    }
+}
+
+/// A tick whose outcome someone should look at: rows quarantined, a lease lost to another
+/// instance, or a state document that had to be created (a deleted one means redelivery).
+fn needs_attention(outcome: &TickOutcome) -> bool {
+    match outcome {
+        TickOutcome::Delivered { quarantined, new_document, .. } => *quarantined > 0 || *new_document,
+        TickOutcome::LeaseLost { .. } => true,
+        _ => false,
+    }
+}
+
+/// What the timer's payload says about why it fires now, when that is not simply its schedule.
+fn say_how_the_timer_fired(function: &str, invocation_id: &str, request: &InvocationRequest) {
+    if request.timer_is_past_due() {
+        info!(function = %function, invocation = %invocation_id, "timer is past due: catching up after a restart");
+    } else if let Some(late) = request.timer_fired_late(chrono::Utc::now()) {
+        info!(
+            function = %function,
+            invocation = %invocation_id,
+            "timer fired {} s after its occurrence: the previous run outlasted its interval",
+            late.num_seconds()
+        );
+    }
+    if let Some(retry) = request.retry_context() {
+        info!(
+            function = %function,
+            invocation = %invocation_id,
+            "retry {} of {} (the function's retry policy)",
+            retry.retry_count,
+            retry.max_retry_count.map(|count| count.to_string()).unwrap_or_else(|| "?".to_string())
+        );
     }
 }

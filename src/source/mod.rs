@@ -6,7 +6,9 @@
 //! cursor's type (which shapes the settle predicate and the placeholders' casts), and warns once
 //! when no index starts with (cursor, pk...), since the seek's cost then grows with the table.
 
+mod fetch;
 pub mod mysql;
+pub mod position;
 pub mod postgres;
 pub mod query;
 pub mod sqlite;
@@ -17,15 +19,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDateTime, Utc};
-use futures::TryStreamExt;
 use serde_json::Value;
 use sqlx::{Database, Encode, Type};
 
 use crate::config::redact::Redaction;
 use crate::config::{Engine, OpRule, SourceConfig};
 use crate::domain::{CursorValue, PkValue, Position};
+pub(crate) use fetch::{Collector, RowSizes, fetch_rows};
+use position::bind_position;
 pub use query::Probe;
-use query::{SeekQuery, Slot};
+use query::SeekQuery;
 
 use crate::domain::event::Op;
 pub use crate::domain::event::{RowJson, SourceRow};
@@ -59,6 +62,9 @@ pub enum SourceError {
     Position(String),
     #[error("the query on {location} took longer than {seconds} s (source.queryTimeoutSeconds) and was cancelled")]
     Timeout { location: String, seconds: u64 },
+    /// A stored position that does not fit the configured key: never bound.
+    #[error(transparent)]
+    KeyMismatch(#[from] crate::domain::cursor::KeyMismatch),
     /// A row that cannot be delivered, named by its primary key.
     #[error("{error} (in the row with {row})")]
     InRow { row: String, error: Box<SourceError> },
@@ -152,7 +158,7 @@ where
 }
 
 /// The [`Source`] of an engine: every engine's source has the same fields (`pool`, `config`,
-/// `redaction`, `settle_warned`), a `seek()` method (the SQL learnt once) and a [`ColumnDecoder`]
+/// `redaction`, `settle_warned`, `row_sizes`), a `seek()` method (the SQL learnt once) and a [`ColumnDecoder`]
 /// for its rows, so one body serves them all.
 macro_rules! sql_source {
     ($source:ty) => {
@@ -175,6 +181,7 @@ macro_rules! sql_source {
                         limit,
                         &self.redaction,
                         self,
+                        &self.row_sizes,
                     )
                     .await
                 };
@@ -195,6 +202,9 @@ macro_rules! sql_source {
                 cap: u64,
             ) -> Result<u64, $crate::source::SourceError> {
                 let count = async {
+                    if let Some(position) = after {
+                        $crate::source::position::check_key(&self.config, position)?;
+                    }
                     let seek = self.seek().await?;
                     $crate::source::count_rows(&self.pool, seek, after, cap, &self.redaction).await
                 };
@@ -603,110 +613,6 @@ fn op_of(rule: &OpRule, value: Option<&Value>) -> Result<Op, SourceError> {
 /// What an event adds around its row (event id, op, cursor, pk), roughly, in bytes.
 const ROW_OVERHEAD_BYTES: usize = 128;
 
-/// Runs `probe`'s query, from the start or after `after`, and decodes rows with `decoder` as they
-/// stream in, writing each row's JSON as its values come, stopping at `limit.rows` rows or once
-/// they add up to `limit.bytes`. One body for every engine.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn fetch_rows<DB, D>(
-    pool: &sqlx::Pool<DB>,
-    config: &SourceConfig,
-    seek: &SeekQuery,
-    probe: Probe,
-    after: Option<&Position>,
-    limit: FetchLimit,
-    redaction: &Redaction,
-    decoder: &D,
-) -> Result<Fetched, SourceError>
-where
-    DB: Database,
-    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
-    <DB as Database>::Arguments: sqlx::IntoArguments<DB>,
-    i64: for<'t> Encode<'t, DB> + Type<DB>,
-    String: for<'t> Encode<'t, DB> + Type<DB>,
-    DateTime<Utc>: for<'t> Encode<'t, DB> + Type<DB>,
-    NaiveDateTime: for<'t> Encode<'t, DB> + Type<DB>,
-    D: ColumnDecoder<DB::Row> + Sync,
-{
-    let after = if probe == Probe::Last { None } else { after };
-    let query = match after {
-        None => sqlx::query(sqlx::AssertSqlSafe(seek.sql(probe, false))),
-        Some(position) => {
-            bind_position(sqlx::query(sqlx::AssertSqlSafe(seek.sql(probe, true))), &seek.after_slots, position)
-        }
-    };
-    let mut stream = query.bind(limit.rows as i64).fetch(pool);
-    let mut collected: Option<Collector<'_>> = None;
-    while let Some(row) = stream.try_next().await.map_err(|error| classify(redaction, error))? {
-        if collected.is_none() {
-            let names = sqlx::Row::columns(&row).iter().map(sqlx::Column::name);
-            let layout = Layout::new(config, names)
-                .map_err(|reason| SourceError::Query { location: redaction.location.clone(), reason })?;
-            collected = Some(Collector::new(config, layout, limit));
-        }
-        let collector = collected.as_mut().expect("made at the first row");
-        let at_limit = collector
-            .add(|index, name| decoder.decode_column(&row, index, name), |index| decoder.column_type(&row, index))?;
-        if at_limit {
-            // Stop reading: the rest of the LIMIT is left to the next fetch.
-            let collector = collected.take().expect("made at the first row");
-            return Ok(collector.finish(true));
-        }
-    }
-    Ok(collected.map(|collector| collector.finish(false)).unwrap_or_default())
-}
-
-/// The rows of one fetch as they are decoded, up to the fetch's limits: one body for every engine.
-pub(crate) struct Collector<'a> {
-    config: &'a SourceConfig,
-    layout: Layout,
-    limit: FetchLimit,
-    fetched: Fetched,
-    bytes: usize,
-    /// Rows of one result are alike: each row's buffer starts as large as the last row needed.
-    row_capacity: usize,
-}
-
-impl<'a> Collector<'a> {
-    pub fn new(config: &'a SourceConfig, layout: Layout, limit: FetchLimit) -> Self {
-        Collector {
-            config,
-            layout,
-            limit,
-            fetched: Fetched { rows: Vec::with_capacity(limit.rows.min(1024)), full: false },
-            bytes: 0,
-            row_capacity: 64,
-        }
-    }
-
-    /// Adds the row whose columns `decode` reads (by index and name; `type_name` names a
-    /// column's type, for messages). `true` when the rows now add up to the byte limit: the
-    /// caller stops reading.
-    pub fn add<'r>(
-        &mut self,
-        mut decode: impl FnMut(usize, &str) -> Result<Decoded<'r>, SourceError>,
-        type_name: impl Fn(usize) -> String,
-    ) -> Result<bool, SourceError> {
-        let mut builder = RowBuilder::new(self.config, &self.layout, self.row_capacity);
-        for (index, column) in self.layout.columns.iter().enumerate() {
-            match decode(index, &column.name) {
-                Ok(value) => builder.push(index, value, || type_name(index)),
-                Err(error) => builder.fail(error),
-            }
-        }
-        let (row, size) = builder.finish()?;
-        self.row_capacity = row.row.len() + 16;
-        self.fetched.rows.push(row);
-        self.bytes += size;
-        Ok(self.bytes >= self.limit.bytes)
-    }
-
-    /// What was read; `stopped` when reading stopped at the byte limit (more rows may follow).
-    pub fn finish(mut self, stopped: bool) -> Fetched {
-        self.fetched.full = stopped || self.fetched.rows.len() >= self.limit.rows;
-        self.fetched
-    }
-}
-
 /// Runs `sql` and returns its one value: the first column of the first row (`null` without a
 /// row), which must be text, an integer or null.
 pub(crate) async fn fetch_scalar<DB, D>(
@@ -784,44 +690,13 @@ where
     let query = match after {
         None => sqlx::query(sqlx::AssertSqlSafe(seek.count_sql(false))),
         Some(position) => {
-            bind_position(sqlx::query(sqlx::AssertSqlSafe(seek.count_sql(true))), &seek.after_slots, position)
+            bind_position(sqlx::query(sqlx::AssertSqlSafe(seek.count_sql(true))), &seek.after_slots, position)?
         }
     };
     let cap = i64::try_from(cap).unwrap_or(i64::MAX);
     let row = query.bind(cap).fetch_one(pool).await.map_err(|error| classify(redaction, error))?;
     let count: i64 = sqlx::Row::try_get_unchecked(&row, 0usize).map_err(|error| classify(redaction, error))?;
     Ok(count.max(0) as u64)
-}
-
-/// Binds a position's values to the seek's placeholders, each as its native type.
-pub(crate) fn bind_position<'q, DB>(
-    mut query: sqlx::query::Query<'q, DB, <DB as Database>::Arguments>,
-    slots: &[Slot],
-    position: &Position,
-) -> sqlx::query::Query<'q, DB, <DB as Database>::Arguments>
-where
-    DB: Database,
-    i64: for<'t> Encode<'t, DB> + Type<DB>,
-    String: for<'t> Encode<'t, DB> + Type<DB>,
-    DateTime<Utc>: for<'t> Encode<'t, DB> + Type<DB>,
-    NaiveDateTime: for<'t> Encode<'t, DB> + Type<DB>,
-{
-    for slot in slots {
-        query = match slot {
-            Slot::Cursor => match &position.cursor {
-                CursorValue::Integer(number) => query.bind(*number),
-                // SQLite: the exact stored text, so the seek agrees with its ORDER BY.
-                CursorValue::Timestamp { source_text: Some(text), .. } => query.bind(text.clone()),
-                CursorValue::Timestamp { at, source_text: None } => query.bind(*at),
-                CursorValue::NaiveTimestamp(at) => query.bind(*at),
-            },
-            Slot::Key(index) => match &position.pk[*index].1 {
-                PkValue::Integer(number) => query.bind(*number),
-                PkValue::Text(text) => query.bind(text.clone()),
-            },
-        };
-    }
-    query
 }
 
 /// Maps a driver error to what it means for the poller, scrubbed of the URL's secrets (a driver

@@ -23,6 +23,8 @@ pub struct MySqlSource {
     redaction: Redaction,
     query: OnceCell<SeekQuery>,
     settle_warned: AtomicBool,
+    /// The size of the rows read last, to size the next LIMIT by (`batch.maxBytes`).
+    row_sizes: super::RowSizes,
 }
 
 impl MySqlSource {
@@ -41,6 +43,7 @@ impl MySqlSource {
             redaction,
             query: OnceCell::new(),
             settle_warned: AtomicBool::new(false),
+            row_sizes: super::RowSizes::default(),
         })
     }
 

@@ -22,6 +22,8 @@ pub struct PostgresSource {
     redaction: Redaction,
     query: OnceCell<SeekQuery>,
     settle_warned: AtomicBool,
+    /// The size of the rows read last, to size the next LIMIT by (`batch.maxBytes`).
+    row_sizes: super::RowSizes,
 }
 
 impl PostgresSource {
@@ -42,6 +44,7 @@ impl PostgresSource {
             redaction,
             query: OnceCell::new(),
             settle_warned: AtomicBool::new(false),
+            row_sizes: super::RowSizes::default(),
         })
     }
 

@@ -252,10 +252,12 @@ fn warn_without_index(
 
 /// The values a position binds to the seek's placeholders, each as its native type; timestamps
 /// without their stored text as text in the layouts SQLite compares (those sqlx wrote before).
-fn position_values(slots: &[Slot], position: &Position) -> Vec<SqlValue> {
-    slots
-        .iter()
-        .map(|slot| match slot {
+/// A position that does not fit the configured key is refused, never bound.
+fn position_values(config: &SourceConfig, slots: &[Slot], position: &Position) -> Result<Vec<SqlValue>, SourceError> {
+    super::position::check_key(config, position)?;
+    let mut values = Vec::with_capacity(slots.len() + 1);
+    for slot in slots {
+        let value = match slot {
             Slot::Cursor => match &position.cursor {
                 CursorValue::Integer(number) => SqlValue::Integer(*number),
                 CursorValue::Timestamp { source_text: Some(text), .. } => SqlValue::Text(text.clone()),
@@ -264,12 +266,14 @@ fn position_values(slots: &[Slot], position: &Position) -> Vec<SqlValue> {
                 }
                 CursorValue::NaiveTimestamp(at) => SqlValue::Text(at.format("%F %T%.f").to_string()),
             },
-            Slot::Key(index) => match &position.pk[*index].1 {
+            Slot::Key(index) => match super::position::key_value(position, *index)? {
                 PkValue::Integer(number) => SqlValue::Integer(*number),
                 PkValue::Text(text) => SqlValue::Text(text.clone()),
             },
-        })
-        .collect()
+        };
+        values.push(value);
+    }
+    Ok(values)
 }
 
 /// Runs `sql` with `values` and collects its rows up to `limit`.
@@ -313,7 +317,7 @@ impl Source for SqliteSource {
             let seek = self.seek().await?;
             self.ask(move |connection, config, redaction| {
                 let mut bound = match &values {
-                    Some(position) => position_values(&seek.after_slots, position),
+                    Some(position) => position_values(config, &seek.after_slots, position)?,
                     None => Vec::new(),
                 };
                 bound.push(SqlValue::Integer(limit.rows as i64));
@@ -332,9 +336,9 @@ impl Source for SqliteSource {
         let after = after.cloned();
         let count = async {
             let seek = self.seek().await?;
-            self.ask(move |connection, _, redaction| {
+            self.ask(move |connection, config, redaction| {
                 let mut bound = match &after {
-                    Some(position) => position_values(&seek.after_slots, position),
+                    Some(position) => position_values(config, &seek.after_slots, position)?,
                     None => Vec::new(),
                 };
                 bound.push(SqlValue::Integer(i64::try_from(cap).unwrap_or(i64::MAX)));

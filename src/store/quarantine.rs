@@ -52,6 +52,102 @@ pub async fn put(blobs: &dyn BlobStore, app: &str, entry: &QuarantineEntry) -> R
     blobs.put(&path(app, &entry.poller, &entry.id), bytes, PutMode::Overwrite).await.map(|_| ())
 }
 
+/// An entry as stored: its name (the blob's, which is what the entry is read, replayed and purged
+/// by, never the `id` written inside it), its path, and the ETag it was read at.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredEntry {
+    pub name: String,
+    pub path: String,
+    pub entry: QuarantineEntry,
+    pub etag: ETag,
+}
+
+/// An entry that is there but cannot be read as one: reported by name, never acted on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnreadableEntry {
+    pub name: String,
+    pub reason: String,
+}
+
+/// One page of a poller's entries, in name order; `next` continues it.
+#[derive(Debug, Clone, Default)]
+pub struct EntryPage {
+    pub entries: Vec<StoredEntry>,
+    pub unreadable: Vec<UnreadableEntry>,
+    pub next: Option<String>,
+}
+
+/// Whether `name` can be an entry's name, and so part of a path: letters, digits, `_`, `-` and
+/// inner dots, nothing that walks out of the poller's folder (`/`, `\`, `..`), at most 200 bytes.
+pub fn is_entry_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 200
+        && !name.starts_with('.')
+        && !name.contains("..")
+        && name.chars().all(|character| character.is_ascii_alphanumeric() || matches!(character, '_' | '-' | '.'))
+}
+
+/// The entry at `path`, named `name`: `Ok(None)` when it is gone.
+async fn read_at(
+    blobs: &dyn BlobStore,
+    name: &str,
+    path: &str,
+) -> Result<Option<Result<StoredEntry, UnreadableEntry>>, StoreError> {
+    let Some(blob) = blobs.get(path).await? else {
+        return Ok(None);
+    };
+    match serde_json::from_slice::<QuarantineEntry>(&blob.bytes) {
+        Ok(entry) => {
+            Ok(Some(Ok(StoredEntry { name: name.to_string(), path: path.to_string(), entry, etag: blob.etag })))
+        }
+        Err(error) => Ok(Some(Err(UnreadableEntry {
+            name: name.to_string(),
+            reason: format!("not a quarantine entry: {error}"),
+        }))),
+    }
+}
+
+/// The entry named `name` (as `list` names it), read alone: `Ok(None)` when there is none. No
+/// entry has a name that [`is_entry_name`] refuses: such a name never comes near a path.
+pub async fn read_entry(
+    blobs: &dyn BlobStore,
+    app: &str,
+    poller: &str,
+    name: &str,
+) -> Result<Option<Result<StoredEntry, UnreadableEntry>>, StoreError> {
+    if !is_entry_name(name) {
+        return Ok(None);
+    }
+    read_at(blobs, name, &path(app, poller, name)).await
+}
+
+/// One page of a poller's entries (`continuation`: the previous page's `next`), each read by the
+/// path the listing gave. An entry that cannot be read is reported in `unreadable`, and the page
+/// goes on.
+pub async fn page(
+    blobs: &dyn BlobStore,
+    app: &str,
+    poller: &str,
+    continuation: Option<String>,
+) -> Result<EntryPage, StoreError> {
+    let folder = prefix(app, poller);
+    let ListPage { items, next } = blobs.list(&folder, continuation).await?;
+    let mut page = EntryPage { next, ..EntryPage::default() };
+    for item in items {
+        let file = item.path.strip_prefix(&folder).unwrap_or(&item.path);
+        let Some(name) = file.strip_suffix(".json").filter(|name| !name.contains('/')) else {
+            // Not an entry (a folder below, a file of another kind): not ours to act on.
+            continue;
+        };
+        match read_at(blobs, name, &item.path).await? {
+            None => {}
+            Some(Ok(stored)) => page.entries.push(stored),
+            Some(Err(unreadable)) => page.unreadable.push(unreadable),
+        }
+    }
+    Ok(page)
+}
+
 /// Every entry of a poller, in id order, with the ETag each was read at.
 pub async fn list(blobs: &dyn BlobStore, app: &str, poller: &str) -> Result<Vec<(QuarantineEntry, ETag)>, StoreError> {
     let mut entries = Vec::new();

@@ -359,7 +359,10 @@ pub fn run_dbtrigger(app: &AppRoot, settings: &[(String, String)], arguments: &[
 pub struct Handler {
     child: Child,
     pub base_url: String,
+    /// Where its stdout goes; its stderr goes beside it (`.err`): the host gives each stream its
+    /// own severity.
     pub log_path: PathBuf,
+    err_path: PathBuf,
 }
 
 impl Handler {
@@ -369,21 +372,33 @@ impl Handler {
 
     /// Starts `binary` as the host would, in `app_root` (an unpacked zip, say).
     pub async fn start_binary(binary: &Path, app_root: &Path, settings: &[(String, String)]) -> Handler {
+        Handler::start_with(binary, app_root, settings, &[]).await
+    }
+
+    /// Starts the real binary with `arguments` after `serve`.
+    pub async fn start_with_arguments(app: &AppRoot, settings: &[(String, String)], arguments: &[&str]) -> Handler {
+        Handler::start_with(Path::new(env!("CARGO_BIN_EXE_dbtrigger")), &app.root, settings, arguments).await
+    }
+
+    async fn start_with(binary: &Path, app_root: &Path, settings: &[(String, String)], arguments: &[&str]) -> Handler {
         let port = free_port();
         let log_path = app_root.join("handler.log");
+        let err_path = app_root.join("handler.err");
         let log = std::fs::File::create(&log_path).unwrap();
+        let err = std::fs::File::create(&err_path).unwrap();
         let child = Command::new(binary)
             .arg("serve")
+            .args(arguments)
             .current_dir(app_root)
             .env("FUNCTIONS_CUSTOMHANDLER_PORT", port.to_string())
             .env("FUNCTIONS_APP_ROOT_PATH", app_root)
             .env("FUNCTIONS_CUSTOMHANDLER_WORKER_ID", uuid::Uuid::new_v4().to_string())
             .envs(settings.iter().map(|(key, value)| (key.as_str(), value.as_str())))
-            .stdout(Stdio::from(log.try_clone().unwrap()))
-            .stderr(Stdio::from(log))
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(err))
             .spawn()
             .expect("the dbtrigger binary starts");
-        let handler = Handler { child, base_url: format!("http://127.0.0.1:{port}"), log_path };
+        let handler = Handler { child, base_url: format!("http://127.0.0.1:{port}"), log_path, err_path };
         handler.wait_ready().await;
         handler
     }
@@ -402,27 +417,71 @@ impl Handler {
         panic!("the handler did not answer GET / within 30 s; log:\n{}", self.log());
     }
 
+    /// Both streams (stdout, then stderr).
     pub fn log(&self) -> String {
+        format!("{}{}", self.stdout(), self.stderr())
+    }
+
+    pub fn stdout(&self) -> String {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
 
-    /// POSTs a body to `/{function}` as the host does. Returns status, content type, JSON body.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.err_path).unwrap_or_default()
+    }
+
+    /// Sends `signal` (libc's number) and waits up to `within` for the process to exit: its exit
+    /// code, `None` if it did not exit (then it is killed).
+    pub fn signal_and_wait(&mut self, signal: i32, within: Duration) -> Option<i32> {
+        unsafe {
+            libc::kill(self.child.id() as i32, signal);
+        }
+        let started = Instant::now();
+        while started.elapsed() < within {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// POSTs a body to `/{function}` as the host does: its headers, and the body with
+    /// `Transfer-Encoding: chunked` and no `Content-Length` (the host's `ObjectContent`), in a few
+    /// chunks. Returns status, content type, JSON body.
     pub async fn invoke(&self, function: &str, body: &str) -> (u16, String, Value) {
-        let response = reqwest::Client::new()
-            .post(format!("{}/{function}", self.base_url))
-            .header("content-type", "application/json")
-            .header("x-azure-functions-invocationid", uuid::Uuid::new_v4().to_string())
-            .header("x-azure-functions-hostversion", "4.1036.1.23224")
-            .header("user-agent", "Azure-Functions-Host/4.1036.1.23224")
-            .body(body.to_string())
-            .send()
-            .await
-            .unwrap();
-        let status = response.status().as_u16();
-        let content_type =
-            response.headers().get("content-type").map(|value| value.to_str().unwrap().to_string()).unwrap_or_default();
-        let text = response.text().await.unwrap();
-        let json = serde_json::from_str(&text).unwrap_or_else(|_| panic!("the handler answered non-JSON: {text:?}"));
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let address = self.base_url.trim_start_matches("http://");
+        let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+        let mut request = format!(
+            "POST /{function} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json; charset=utf-8\r\n\
+             X-Azure-Functions-InvocationId: {}\r\nX-Azure-Functions-HostVersion: 4.1036.1.23224\r\n\
+             User-Agent: Azure-Functions-Host/4.1036.1.23224\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+            uuid::Uuid::new_v4()
+        )
+        .into_bytes();
+        for chunk in body.as_bytes().chunks(97) {
+            request.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+            request.extend_from_slice(chunk);
+            request.extend_from_slice(b"\r\n");
+        }
+        request.extend_from_slice(b"0\r\n\r\n");
+        stream.write_all(&request).await.unwrap();
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.unwrap();
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        let (head, text) = answer.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no HTTP answer: {answer:?}"));
+        let status: u16 = head.split(' ').nth(1).and_then(|code| code.parse().ok()).unwrap();
+        let mut content_type = String::new();
+        for line in head.lines().skip(1) {
+            if let Some((name, value)) = line.split_once(':') {
+                if name.eq_ignore_ascii_case("content-type") {
+                    content_type = value.trim().to_string();
+                }
+                assert!(!name.eq_ignore_ascii_case("transfer-encoding"), "a JSON answer has a length: {head}");
+            }
+        }
+        let json = serde_json::from_str(text).unwrap_or_else(|_| panic!("the handler answered non-JSON: {text:?}"));
         (status, content_type, json)
     }
 }
@@ -434,13 +493,16 @@ impl Drop for Handler {
     }
 }
 
-/// The four timer payloads the host sends (copied from shared/fixtures/host).
+/// The timer payloads the host sends (see the host protocol reference and src/protocol.rs).
 pub fn host_fixtures() -> Vec<(&'static str, &'static str)> {
     vec![
         ("timer_first_run", include_str!("../fixtures/host/timer_first_run.json")),
         ("timer_no_monitor", include_str!("../fixtures/host/timer_no_monitor.json")),
         ("timer_normal", include_str!("../fixtures/host/timer_normal.json")),
         ("timer_past_due", include_str!("../fixtures/host/timer_past_due.json")),
+        ("timer_first_run_offset", include_str!("../fixtures/host/timer_first_run_offset.json")),
+        ("timer_overrun", include_str!("../fixtures/host/timer_overrun.json")),
+        ("timer_retry", include_str!("../fixtures/host/timer_retry.json")),
     ]
 }
 

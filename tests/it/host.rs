@@ -30,7 +30,9 @@ pub async fn every_host_payload_runs_a_tick_and_every_row_arrives_exactly_once(a
     let handler = Handler::start(&app, &app.settings(&orders, &receiver)).await;
 
     // Rows arrive between ticks; three rows share each cursor value, so batch boundaries split ties.
-    let inserts: [(i64, i64); 4] = [(1, 1000), (1001, 1700), (1701, 1700), (1701, 2345)];
+    // Every payload shape the host sends, each posted chunked as the host posts it.
+    let inserts: [(i64, i64); 7] =
+        [(1, 1000), (1001, 1700), (1701, 1700), (1701, 2345), (2346, 2400), (2401, 2400), (2401, 2460)];
     for ((name, payload), (from, to)) in host_fixtures().into_iter().zip(inserts) {
         if to >= from {
             orders.insert(from..=to, 3).await;
@@ -58,21 +60,28 @@ pub async fn every_host_payload_runs_a_tick_and_every_row_arrives_exactly_once(a
             && idle.ends_with("lag_rows=0 blob_reads=1 blob_writes=0 fencing_token=none message=\"nothing new\""),
         "{idle}"
     );
-    // Exactly one summary line per tick on stdout, where the host logs it.
-    let log = handler.log();
-    assert_eq!(log.matches("tick poller=orders outcome=").count(), 5, "{log}");
+    // Regression (issue 25, item 2): a tick's summary reaches the host once, in `Logs`, not also
+    // on stdout. Only the first tick, which had to create the state document, is worth a warning:
+    // on stderr, with its level, which the host logs at Warning.
+    let (stdout, stderr) = (handler.stdout(), handler.stderr());
+    assert_eq!(stdout.matches("tick poller=orders outcome=").count(), 0, "{stdout}");
+    let warned: Vec<&str> = stderr.lines().filter(|line| line.contains("tick poller=orders outcome=")).collect();
+    assert_eq!(warned.len(), 1, "{stderr}");
+    assert!(warned[0].contains("WARN") && warned[0].contains("NEW STATE DOCUMENT"), "{stderr}");
+    assert!(stdout.contains("timer is past due") && stdout.contains("outlasted its interval"), "{stdout}");
+    assert!(stdout.contains("retry 1 of 3"), "{stdout}");
 
     let ids = receiver.acknowledged_ids();
-    let expected: Vec<i64> = (1..=2345).collect();
+    let expected: Vec<i64> = (1..=2460).collect();
     assert_eq!(ids, expected, "every row once, in (cursor, pk) order");
 
     let state = app.state_document().await.expect("the state document exists");
     let cursor = &state["checkpoint"]["cursor"];
     assert_eq!(cursor["kind"], "integer");
-    assert_eq!(cursor["value"], json!(2345 / 3));
-    assert_eq!(cursor["tiebreaker"], json!({"id": 2345}));
+    assert_eq!(cursor["value"], json!(2460 / 3));
+    assert_eq!(cursor["tiebreaker"], json!({"id": 2460}));
     assert_eq!(state["lease"]["owner_id"], Value::Null, "the last commit released the lease");
-    assert_eq!(state["stats"]["rows_delivered"], json!(2345));
+    assert_eq!(state["stats"]["rows_delivered"], json!(2460));
 
     // Envelope and headers of a delivery.
     let first = &receiver.acknowledged()[0];
@@ -144,7 +153,11 @@ async fn a_malformed_function_json_fails_its_own_invocations_only() {
     assert!(error.contains("broken/function.json"), "{error}");
     assert!(error.contains("poller.source.cursor"), "{error}");
     assert!(error.contains("not a valid identifier"), "{error}");
-    assert!(handler.log().contains("poller.source.cursor"), "the reason is logged to stdout too");
+    let stderr = handler.stderr();
+    assert!(
+        stderr.lines().any(|line| line.contains("ERROR") && line.contains("poller.source.cursor")),
+        "the reason is logged to stderr too, where the host logs it at Error: {stderr}"
+    );
 
     let (status, _, _) = handler.invoke("orders", host_fixtures()[2].1).await;
     assert_eq!(status, 200, "the other poller still works");
@@ -171,7 +184,12 @@ async fn a_sink_answering_500_fails_the_tick_and_the_next_tick_redelivers_the_sa
     assert!(content_type.starts_with("application/json"));
     let error = body["error"].as_str().unwrap();
     assert!(error.contains("HTTP 500") && error.contains("database is on fire"), "{error}");
-    assert!(handler.log().contains("tick failed"), "failures are logged to stdout: {}", handler.log());
+    // Regression (issue 25, item 2): the host drops the Logs of a failed invocation and logs
+    // stdout at Information: the failure is on stderr, which it logs at Error.
+    let stderr = handler.stderr();
+    let failed: Vec<&str> = stderr.lines().filter(|line| line.contains("tick failed")).collect();
+    assert!(!failed.is_empty() && failed.iter().all(|line| line.contains("ERROR")), "{stderr}");
+    assert!(!handler.stdout().contains("tick failed"), "{}", handler.stdout());
 
     let state = app.state_document().await.unwrap();
     assert_eq!(state["checkpoint"]["cursor"]["tiebreaker"], json!({"id": 100}), "checkpoint after batch 1 only");

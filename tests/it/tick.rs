@@ -659,6 +659,9 @@ async fn a_panic_in_a_tick_is_a_failed_tick_and_the_lease_is_released() {
     assert!(error.to_string().contains("a bug in the middle of a commit"), "{error}");
     let document = StateDocument::parse(&store.inner.raw(&key()).unwrap()).unwrap();
     assert_eq!(document.lease.unwrap().owner_id, None, "the lease was given back");
+    // Issue 24, item 9: and the failed tick is recorded, for status and the watchdog.
+    let failure = document.failure.expect("the panic is recorded");
+    assert!(failure.last_error.contains("a bug in the middle of a commit"), "{}", failure.last_error);
     assert!(poller.tick().await.is_ok(), "and the poller is usable again");
 }
 

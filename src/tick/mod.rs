@@ -1,0 +1,409 @@
+//! One tick of one poller: the orchestrator. It carries out the domain's decisions over the
+//! traits (store, source, sink) and owns nothing but the order of things:
+//!
+//! 1. read the state document (1 GET); a live lease held elsewhere ends the tick; a changed source
+//!    fingerprint fails it loudly;
+//! 2. fetch the first batch after the checkpoint; nothing there ends the tick with no write at all
+//!    (one, when failures of earlier ticks are recorded: nothing waits, so they are cleared);
+//! 3. take the lease by CAS on the ETag just read (a conflict means someone moved first: stop);
+//! 4. deliver batches, up to `maxInFlight` at once, fetching each next batch as the previous one
+//!    leaves; commit by CAS the contiguous prefix of acknowledged batches (a commit renews the
+//!    lease); heartbeat only when no commit happened for a heartbeat interval
+//!    ([`pipeline`]); a batch that fails is, once the batches before it are committed, the batch at
+//!    the checkpoint: its failure is counted and, poison, it is isolated ([`isolate`]);
+//! 5. stop when caught up or at the tick budget; the last commit releases the lease.
+//!
+//! A failed tick (a delivery, a fetch, a commit, even a panic) leaves the checkpoint past what was
+//! acknowledged only, releases the lease, and is recorded in the document (`poison` for the batch
+//! at the checkpoint, `failure` for anything else) so that `status` and the watchdog see it; the
+//! next tick, anywhere, retries at once. Every write reuses the ETag of the previous read or write:
+//! a tick that delivers k batches costs 1 GET and k + 1 PUTs.
+//!
+//! | file          | holds                                                                    |
+//! |---------------|--------------------------------------------------------------------------|
+//! | `mod.rs`      | [`Poller`], the tick's steps and how it ends                             |
+//! | `pipeline.rs` | the delivery loop: window, deliveries, reads, commits, a failed batch    |
+//! | `isolate.rs`  | isolating a poison batch, holding the lease, committing as it settles    |
+//! | `ledger.rs`   | the document writes: commit, heartbeat, release, failures recorded       |
+//! | `reader.rs`   | the batches: made from rows, read ahead                                  |
+//! | `outcome.rs`  | [`TickOutcome`], [`TickError`], [`TickReport`]                           |
+//! | `clock.rs`    | [`Clock`] and the loops' timer                                           |
+
+mod clock;
+mod isolate;
+mod ledger;
+mod outcome;
+mod pipeline;
+mod reader;
+
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use futures::FutureExt;
+use tracing::{error, warn};
+
+#[cfg(any(test, feature = "testing"))]
+pub use clock::ManualClock;
+pub use clock::{Clock, SystemClock};
+pub use outcome::{LagAfter, SUMMARY_LAG_CAP, StopReason, TickError, TickOutcome, TickReport};
+
+use chrono::{DateTime, Utc};
+
+use crate::config::{OnGenerationChange, PollerConfig};
+use crate::domain::StateDocument;
+use crate::domain::ids::EventIds;
+use crate::domain::lease::{self, LeaseStatus};
+use crate::domain::poison::{self, PoisonMode};
+use crate::domain::transitions::{self, FingerprintCheck, GenerationCheck};
+use crate::sink::Sink;
+use crate::source::{FetchLimit, Source};
+use crate::store::{BlobStore, StateKey, StateStore, StateWriter, WriteFailure};
+
+use isolate::Isolation;
+use ledger::held_by_whoever_wrote;
+use outcome::Totals;
+use reader::BatchMaker;
+
+/// Everything one poller needs, created once and reused by every tick.
+pub struct Poller {
+    pub config: PollerConfig,
+    pub source: Arc<dyn Source>,
+    pub sink: Arc<dyn Sink>,
+    pub store: Arc<dyn StateStore>,
+    pub clock: Arc<dyn Clock>,
+    /// This process's lease owner id.
+    pub owner_id: String,
+    /// Where rows isolated as poison are kept (the state store, at the bytes level). Without one
+    /// a poison batch is retried like any failure.
+    pub quarantine: Option<Arc<dyn BlobStore>>,
+    /// One tick at a time per poller in this process (the lease guards across processes).
+    running: tokio::sync::Mutex<()>,
+    /// The state store as the tick sees it, counting its requests.
+    counted: Arc<crate::store::Counted>,
+    /// What the running tick learnt for its summary line (token, lag after it).
+    learnt: std::sync::Mutex<Learnt>,
+    /// Rows committed by this poller in this process, ever: a long tick's progress.
+    committed_rows: std::sync::atomic::AtomicU64,
+}
+
+/// What a tick learns on the way that its outcome does not carry.
+#[derive(Debug, Clone, Copy, Default)]
+struct Learnt {
+    fencing_token: Option<u64>,
+    lag_after: Option<LagAfter>,
+}
+
+impl Poller {
+    pub fn new(
+        config: PollerConfig,
+        source: Arc<dyn Source>,
+        sink: Arc<dyn Sink>,
+        store: Arc<dyn StateStore>,
+        clock: Arc<dyn Clock>,
+        owner_id: String,
+    ) -> Self {
+        let counted = Arc::new(crate::store::Counted::new(store));
+        Poller {
+            config,
+            source,
+            sink,
+            store: counted.clone(),
+            clock,
+            owner_id,
+            quarantine: None,
+            running: tokio::sync::Mutex::new(()),
+            counted,
+            learnt: std::sync::Mutex::new(Learnt::default()),
+            committed_rows: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Keeps rows isolated as poison in `blobs` (`quarantine/{app}/{poller}/…`).
+    pub fn with_quarantine(mut self, blobs: Arc<dyn BlobStore>) -> Self {
+        self.quarantine = Some(blobs);
+        self
+    }
+
+    pub fn key(&self) -> StateKey {
+        StateKey::new(&self.config.app_name, &self.config.poller_name)
+    }
+
+    fn fetch_limit(&self) -> FetchLimit {
+        FetchLimit { rows: self.config.batch.size, bytes: self.config.batch.max_bytes }
+    }
+
+    /// Runs one tick. A panic anywhere in it (a driver bug, a value nobody foresaw) becomes a
+    /// failed tick with its message, and the lease is given back if this process holds it: it
+    /// never kills the process nor leaves the poller blocked until the lease expires.
+    pub async fn tick(&self) -> Result<TickOutcome, TickError> {
+        self.tick_reported().await.0
+    }
+
+    /// Runs one tick, and says what it cost beside how it ended (for its summary line).
+    pub async fn tick_reported(&self) -> (Result<TickOutcome, TickError>, TickReport) {
+        let Ok(_running) = self.running.try_lock() else {
+            return (Ok(TickOutcome::Busy), TickReport::default());
+        };
+        let started = self.clock.now();
+        let (reads_before, writes_before) = self.counted.counts();
+        *self.learnt.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Learnt::default();
+        let result = match AssertUnwindSafe(self.run_tick()).catch_unwind().await {
+            Ok(result) => result,
+            Err(panic) => {
+                let message = panic_message(panic.as_ref());
+                error!(poller = %self.config.poller_name, "the tick panicked: {message}");
+                let error = TickError::Panicked { message };
+                self.record_panic(&error).await;
+                Err(error)
+            }
+        };
+        let learnt = *self.learnt.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (reads, writes) = self.counted.counts();
+        let lag_after = match &result {
+            Ok(TickOutcome::Idle | TickOutcome::Delivered { stop: StopReason::CaughtUp, .. }) => {
+                Some(LagAfter { rows: 0, capped: false })
+            }
+            _ => learnt.lag_after,
+        };
+        let report = TickReport {
+            duration_ms: (self.clock.now() - started).num_milliseconds(),
+            blob_reads: reads - reads_before,
+            blob_writes: writes - writes_before,
+            fencing_token: learnt.fencing_token,
+            lag_after,
+        };
+        (result, report)
+    }
+
+    /// Rows this poller committed in this process so far (a tick in progress included).
+    pub fn committed_rows(&self) -> u64 {
+        self.committed_rows.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn learn(&self, change: impl FnOnce(&mut Learnt)) {
+        change(&mut self.learnt.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
+    }
+
+    async fn run_tick(&self) -> Result<TickOutcome, TickError> {
+        // Every decision about time in this tick (budget, lease, heartbeat) reads this one clock.
+        // (The configuration bounds the budget to a day, far from any overflow.)
+        let deadline = self.clock.now() + chrono::Duration::seconds(self.config.batch.tick_budget.as_secs() as i64);
+        let key = self.key();
+
+        // 1. One read. A document that cannot be read is left as it is: nothing is recorded in it.
+        let (mut document, etag) = match self.store.read(&key).await? {
+            Some(versioned) => (versioned.document, Some(versioned.etag)),
+            None => (StateDocument::new(&self.config.poller_name, &self.config.fingerprint), None),
+        };
+        let new_document = etag.is_none();
+        match transitions::check_fingerprint(
+            &document.source_fingerprint,
+            &self.config.fingerprint,
+            self.config.legacy_fingerprint.as_deref(),
+        ) {
+            FingerprintCheck::Same => {}
+            // Written by an earlier build for the same target: the next write records today's form.
+            FingerprintCheck::Earlier => document.source_fingerprint = self.config.fingerprint.clone(),
+            FingerprintCheck::Changed => {
+                return Err(TickError::FingerprintMismatch {
+                    stored: document.source_fingerprint.clone(),
+                    current: self.config.fingerprint.clone(),
+                });
+            }
+        }
+        if let LeaseStatus::HeldByOther { owner_id, expires_at } =
+            lease::status(document.lease.as_ref(), &self.owner_id, self.clock.now(), &self.config.lease)
+        {
+            return Ok(TickOutcome::LeaseHeld { owner_id, expires_at });
+        }
+
+        let mut writer = StateWriter::new(self.store.as_ref(), &key, etag);
+        let result = self.work(&mut writer, &mut document, new_document, deadline).await;
+        self.end(&mut writer, &mut document, &result).await;
+        let outcome = match result {
+            Err(TickError::Superseded { bound, current }) => {
+                warn!(poller = %self.config.poller_name, bound = %bound, "the source generation moved during the tick: standing down");
+                return Ok(TickOutcome::Superseded { bound: *bound, current: current.map(|current| *current) });
+            }
+            other => other?,
+        };
+        if let TickOutcome::Delivered { stop: StopReason::BudgetExhausted | StopReason::Isolated, .. } = &outcome
+            && let Ok(position) = document.position()
+        {
+            // Rows are left: how many (capped, so that it stays cheap), for the summary line.
+            match self.source.count_after(position.as_ref(), SUMMARY_LAG_CAP).await {
+                Ok(rows) => self.learn(|learnt| {
+                    learnt.lag_after = Some(LagAfter { rows, capped: rows >= SUMMARY_LAG_CAP });
+                }),
+                Err(error) => warn!(poller = %self.config.poller_name, "cannot count the rows left: {error}"),
+            }
+        }
+        Ok(match outcome {
+            TickOutcome::Delivered { rows, batches, checkpoint, stop, quarantined, .. } => {
+                TickOutcome::Delivered { rows, batches, checkpoint, stop, new_document, quarantined }
+            }
+            other => other,
+        })
+    }
+
+    /// The tick after its first read: the generation, the first fetch, the lease, the work.
+    async fn work(
+        &self,
+        writer: &mut StateWriter<'_>,
+        document: &mut StateDocument,
+        new_document: bool,
+        deadline: DateTime<Utc>,
+    ) -> Result<TickOutcome, TickError> {
+        // 2. The source generation the work is bound to (seed 003), read before any row.
+        let generation = self.source.generation().await?;
+        let restart = self
+            .config
+            .source
+            .generation
+            .as_ref()
+            .is_some_and(|config| config.on_change == OnGenerationChange::Restart);
+        let mut restarted = false;
+        match transitions::check_generation(document, generation.as_ref(), restart, self.clock.now()) {
+            GenerationCheck::Same => {}
+            GenerationCheck::Adopted(next) => *document = next,
+            GenerationCheck::Restarted(next) => {
+                warn!(
+                    poller = %self.config.poller_name,
+                    "{}",
+                    next.history.last().map(|entry| entry.what.as_str()).unwrap_or("source generation changed")
+                );
+                *document = next;
+                restarted = true;
+            }
+            GenerationCheck::Stopped { stored, current } => {
+                return Err(TickError::GenerationChanged { stored: stored.to_string(), current: current.to_string() });
+            }
+        }
+
+        // 3. Anything to do?
+        let checkpoint = document.position()?;
+        let first = self.source.fetch_after(checkpoint.as_ref(), self.fetch_limit()).await?;
+        if first.rows.is_empty() {
+            // Nothing waits: failures recorded by earlier ticks are of a problem fixed or gone,
+            // and are cleared with the restart, if there was one, in one write by CAS.
+            let cleared = transitions::clear_failures(document);
+            if restarted || cleared.is_some() {
+                let mut next = cleared.unwrap_or_else(|| document.clone());
+                match writer.write(&mut next).await {
+                    Ok(()) => *document = next,
+                    Err(WriteFailure::Conflict(current)) => return Ok(held_by_whoever_wrote(current)),
+                    Err(WriteFailure::Store(error)) if restarted => return Err(error.into()),
+                    Err(WriteFailure::Store(error)) => {
+                        warn!(poller = %self.config.poller_name, error = %error, "could not clear the failures recorded");
+                    }
+                }
+            }
+            return Ok(TickOutcome::Idle);
+        }
+
+        // 3. Take the lease, on the clock as it is after the query (which may have been slow).
+        let mut acquired = match transitions::acquire(document, &self.owner_id, self.clock.now(), &self.config.lease) {
+            Ok(acquired) => acquired,
+            Err(held) => return Ok(TickOutcome::LeaseHeld { owner_id: held.owner_id, expires_at: held.expires_at }),
+        };
+        let fencing_token = acquired.lease.as_ref().map(|lease| lease.fencing_token).unwrap_or_default();
+        self.learn(|learnt| learnt.fencing_token = Some(fencing_token));
+        if new_document {
+            warn!(
+                poller = %self.config.poller_name,
+                state = %self.store.describe(),
+                fencing_token,
+                "no state document for this poller: starting a new one, from the beginning of the source \
+                 (if it existed before, it was deleted: every row is delivered again)"
+            );
+        }
+        let written = writer.write(&mut acquired).await;
+        *document = acquired;
+        match written {
+            Ok(()) => {}
+            Err(WriteFailure::Conflict(current)) => return Ok(held_by_whoever_wrote(current)),
+            // The write may have landed: the end of the tick gives the lease back if it did.
+            Err(WriteFailure::Store(error)) => return Err(error.into()),
+        }
+
+        // 4 and 5. Deliver and commit until caught up or out of budget; or go straight on with
+        // the isolation the previous tick left unfinished.
+        let maker = Arc::new(BatchMaker {
+            ids: EventIds::new(&self.config.poller_name, &self.config.fingerprint),
+            poller: self.config.poller_name.clone(),
+            fingerprint: self.config.fingerprint.clone(),
+            fencing_token,
+            generation: generation.clone(),
+        });
+        if let Some(isolation) = self.resumed_isolation(document, first.rows.as_slice(), &maker) {
+            warn!(poller = %self.config.poller_name, attempts = isolation.record.attempts, "going on isolating a poison batch");
+            return self.isolate(writer, document, isolation, Totals::default(), deadline).await;
+        }
+        self.deliver_and_commit(writer, document, first, maker, deadline).await
+    }
+
+    /// The isolation the previous tick left unfinished, if the rows after the checkpoint are still
+    /// the ones it was isolating (their first part is taken from `first`).
+    fn resumed_isolation(
+        &self,
+        document: &StateDocument,
+        first: &[crate::source::SourceRow],
+        maker: &BatchMaker,
+    ) -> Option<Isolation> {
+        let record = document.poison.as_ref()?;
+        record.isolating.as_ref()?;
+        let mode = self.config.poison.mode;
+        if mode == PoisonMode::Quarantine && self.quarantine.is_none() {
+            return None;
+        }
+        let positions: Vec<_> = first.iter().map(|row| row.position.clone()).collect();
+        let plan = poison::resume(record, &positions, mode)?;
+        let rows = first[..plan.rows()].to_vec();
+        Some(Isolation {
+            batch: maker.prepare(rows),
+            record: poison::resumed(record, self.clock.now()),
+            plan,
+            last_error: None,
+        })
+    }
+
+    /// Whatever happened, a lease still ours is given back, so that the next tick anywhere starts
+    /// at once; and a failure not recorded yet is recorded in that write (or, before the lease was
+    /// taken, in a write of its own, unless another owner's lease is live).
+    async fn end(
+        &self,
+        writer: &mut StateWriter<'_>,
+        document: &mut StateDocument,
+        result: &Result<TickOutcome, TickError>,
+    ) {
+        if writer.lost {
+            return;
+        }
+        match result {
+            Err(error) if error.needs_failure_record() => {
+                warn!(poller = %self.config.poller_name, error = %error, "the tick failed; recording it for status and the watchdog");
+                self.write_tick_failure(writer, document, error).await;
+            }
+            Ok(TickOutcome::Delivered { .. }) if self.holds_lease(document) => {
+                self.release_lease(writer, document, true).await;
+            }
+            _ if self.holds_lease(document) => self.release_lease(writer, document, false).await,
+            _ => {}
+        }
+    }
+
+    fn holds_lease(&self, document: &StateDocument) -> bool {
+        document.lease.as_ref().and_then(|lease| lease.owner_id.as_deref()) == Some(self.owner_id.as_str())
+    }
+}
+
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    if let Some(text) = panic.downcast_ref::<&str>() {
+        return (*text).to_string();
+    }
+    if let Some(text) = panic.downcast_ref::<String>() {
+        return text.clone();
+    }
+    "unknown panic".to_string()
+}

@@ -1,0 +1,149 @@
+//! The batches of a tick: made from the rows read (events encoded once), and read ahead of the
+//! deliveries by the tick's own task.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+
+use crate::domain::Position;
+use crate::domain::ids::{EventIds, batch_id};
+use crate::sink::Batch;
+use crate::source::{FetchLimit, Source, SourceError, SourceRow};
+
+use super::panic_message;
+
+/// What makes the batches of one tick: the same poller, fingerprint, token and generation for
+/// every one of them.
+pub(super) struct BatchMaker {
+    pub(super) ids: EventIds,
+    pub(super) poller: String,
+    pub(super) fingerprint: String,
+    pub(super) fencing_token: u64,
+    pub(super) generation: Option<serde_json::Value>,
+}
+
+/// A fetched batch ready to send: its events encoded, its rows' positions kept for the window
+/// and for isolation.
+pub(super) struct Prepared {
+    pub(super) batch: Batch,
+    pub(super) positions: Vec<Position>,
+}
+
+impl BatchMaker {
+    /// The batch of `rows` (never empty): the rows' values move into its events.
+    pub(super) fn prepare(&self, rows: Vec<SourceRow>) -> Prepared {
+        let first = &rows.first().expect("a batch is never empty").position;
+        let last = &rows.last().expect("a batch is never empty").position;
+        let id = batch_id(&self.poller, &self.fingerprint, first, last, rows.len());
+        let (mut batch, positions) = Batch::from_rows(&self.ids, &self.poller, id, self.fencing_token, rows);
+        batch.generation = self.generation.clone();
+        Prepared { batch, positions }
+    }
+}
+
+/// The batches after a tick's first one, read in order, one at a time, by the tick's own task: a
+/// read is polled where the tick waits for its deliveries, so a batch reaches the window without a
+/// hand-off between tasks. The next read starts once no batch waits to be sent (see `start`), and
+/// a batch is prepared (its events encoded) as its read ends. Dropping a read (`stop`, or the
+/// reader) cancels it, and a source interrupts a query whose future is dropped.
+pub(super) struct Reader {
+    source: Arc<dyn Source>,
+    limit: FetchLimit,
+    maker: Arc<BatchMaker>,
+    /// Where the next read starts: `None` while one runs, and for good once one came back short
+    /// of its limits (the end of the source for now), failed, or the reader was stopped.
+    from: Option<Position>,
+    reading: Option<BoxFuture<'static, Result<Read, SourceError>>>,
+    /// Why reading stopped, if a read failed: the tick ends with this error.
+    pub(super) failed: Option<SourceError>,
+}
+
+/// What one read of the reader found: a batch (none if the source had no more rows), and where the
+/// next read starts, if the read stopped at a limit.
+struct Read {
+    batch: Option<Prepared>,
+    next: Option<Position>,
+}
+
+impl Reader {
+    /// Reads after `from`; `None` means there is nothing more to read this tick.
+    pub(super) fn new(
+        source: Arc<dyn Source>,
+        limit: FetchLimit,
+        maker: Arc<BatchMaker>,
+        from: Option<Position>,
+    ) -> Reader {
+        Reader { source, limit, maker, from, reading: None, failed: None }
+    }
+
+    /// No read runs and none will: the source has nothing more this tick, a read failed, or the
+    /// reader stopped.
+    pub(super) fn done(&self) -> bool {
+        self.from.is_none() && self.reading.is_none()
+    }
+
+    pub(super) fn reading(&self) -> bool {
+        self.reading.is_some()
+    }
+
+    /// Cancels the read in progress, if any, and reads nothing more.
+    pub(super) fn stop(&mut self) {
+        self.from = None;
+        self.reading = None;
+    }
+
+    /// Starts the next read, unless one runs or a batch still waits to be sent (`waiting`): memory
+    /// holds what is in flight, one batch ready and one being read, at most.
+    pub(super) fn start(&mut self, waiting: usize) {
+        if self.reading.is_some() || waiting > 0 {
+            return;
+        }
+        let Some(from) = self.from.take() else {
+            return;
+        };
+        let (source, maker, limit) = (self.source.clone(), self.maker.clone(), self.limit);
+        let read = async move {
+            let read = AssertUnwindSafe(async {
+                let fetched = source.fetch_after(Some(&from), limit).await?;
+                let next = if fetched.full { fetched.rows.last().map(|row| row.position.clone()) } else { None };
+                let batch = if fetched.rows.is_empty() { None } else { Some(maker.prepare(fetched.rows)) };
+                Ok(Read { batch, next })
+            })
+            .catch_unwind()
+            .await;
+            // A panicking read is a failed read: the tick commits what was acknowledged before it
+            // and never calls itself caught up.
+            read.unwrap_or_else(|panic| {
+                Err(SourceError::Query {
+                    location: source.describe(),
+                    reason: format!("the read of the next batch panicked: {}", panic_message(panic.as_ref())),
+                })
+            })
+        };
+        self.reading = Some(read.boxed());
+    }
+
+    /// Waits for the read in progress to end (pending for ever if none runs: guard a wait on
+    /// `reading`), and returns its batch, if the source had more rows (a failed read keeps its
+    /// error in `failed` and reads nothing more). Cancel-safe: dropped before the read ends, the
+    /// read goes on and is waited for next time.
+    pub(super) async fn next(&mut self) -> Option<Prepared> {
+        let Some(reading) = self.reading.as_mut() else {
+            return std::future::pending().await;
+        };
+        let read = reading.await;
+        self.reading = None;
+        match read {
+            Ok(read) => {
+                self.from = read.next;
+                read.batch
+            }
+            Err(error) => {
+                self.failed = Some(error);
+                None
+            }
+        }
+    }
+}
