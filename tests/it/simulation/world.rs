@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, TimeZone, Utc};
 use dbtrigger::config::PollerConfig;
 use dbtrigger::domain::LeaseRecord;
-use dbtrigger::store::{BlobStore, StateStore, WriteCondition};
+use dbtrigger::store::{StateStore, WriteCondition};
 use dbtrigger::tick::{Clock, Poller, TickError, TickOutcome, TickReport};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use super::RowId;
 use super::config::{self, COPY, POLLER};
 use super::invariants::Violation;
-use super::operator::{self, Target};
+use super::operator;
 use super::schedule::{Command, Step, TTL_SECONDS, Variant};
 use super::sink::{ScriptedSink, SinkState};
 use super::source::{ScriptedSource, SourceShared};
@@ -340,20 +340,14 @@ impl World {
         let Some(logical) = self.pollers.get(index) else {
             return;
         };
-        let clean = self.clean_store();
-        let target = Target {
-            config: &logical.config,
-            store: clean.clone() as Arc<dyn StateStore>,
-            blobs: clean as Arc<dyn BlobStore>,
-            sink: Arc::new(ScriptedSink { state: self.sink.clone() }),
-            now: self.now(),
-        };
+        // The operator's parts are the observer's: fault-free, on the simulation's clock.
+        let observer = &logical.observer;
         let done = match command {
-            Command::ResetToBeginning => operator::reset_to_beginning(&target).await,
-            Command::AcceptFingerprint => operator::accept_fingerprint(&target).await,
-            Command::ReplayAll => operator::replay_all(&target).await,
+            Command::ResetToBeginning => operator::reset_to_beginning(observer).await,
+            Command::AcceptFingerprint => operator::accept_fingerprint(observer).await,
+            Command::ReplayAll => operator::replay_all(observer).await,
             Command::PurgeAll => {
-                let (rows, done) = operator::purge_all(&target).await;
+                let (rows, done) = operator::purge_all(observer).await;
                 self.pollers[index].excused.extend(rows);
                 done
             }
@@ -362,7 +356,7 @@ impl World {
                     Err("the copy exists already".to_string())
                 } else {
                     let excused = super::invariants::covered_by_checkpoint(self, 0).await;
-                    let done = operator::clone(&target, COPY).await;
+                    let done = operator::clone(observer, COPY).await;
                     if done.is_ok() {
                         let mut copy = self.logical(COPY);
                         copy.excused = excused;
