@@ -3,8 +3,9 @@
 //! each breaks the invariant named in its documentation.
 
 use super::schedule::Command::{Clone, PurgeAll};
-use super::schedule::Step::{self, Insert, Latency, Operator, Outage, Reload, Run, Tick};
+use super::schedule::Step::{self, Insert, Latency, Operator, Outage, Reload, Run, Store, Tick, Timeouts};
 use super::schedule::Variant;
+use super::store::StoreFault;
 use super::{describe, run_fixed};
 
 fn variant(batch_size: usize, max_in_flight: usize, tick_budget_seconds: u64) -> Variant {
@@ -134,4 +135,19 @@ fn a_clone_after_a_reload_skips_no_row_of_the_new_load() {
         Run { ms: 1_000 },
     ];
     assert_keeps_every_invariant(variant(4, 1, 60), &steps);
+}
+
+/// Regression (issue 24, found by the simulation after the fixes, seeds 13318 and 17891): the
+/// write recording a failed batch lands but answers an error, and the release that ends the tick,
+/// built from the document before that write, was written over it: every such tick erased its own
+/// failure, so a poller failing at one checkpoint tick after tick showed `attempts` 0 and `status`
+/// said healthy. Before the fix: "a stuck poller is reported unhealthy".
+#[test]
+fn a_failure_record_that_landed_but_answered_an_error_is_not_erased_by_the_release() {
+    let mut steps = vec![Insert { rows: 3, poison: None, slow: None }];
+    for owner in [0, 1, 0, 1] {
+        // The batch times out; the tick's next write (its failure record) lands but answers 503.
+        steps.extend([Timeouts { next: 1 }, tick(owner), Store(StoreFault::LandNextWriteButFail), Run { ms: 45_000 }]);
+    }
+    assert_keeps_every_invariant(variant(2, 1, 40), &steps);
 }
