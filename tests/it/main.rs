@@ -19,6 +19,7 @@ mod quarantine;
 mod queue;
 mod security;
 mod services;
+mod simulation;
 mod sources;
 mod status;
 mod store;
