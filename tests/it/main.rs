@@ -20,6 +20,7 @@ mod queue;
 mod schema;
 mod security;
 mod services;
+mod simulation;
 mod sources;
 mod status;
 mod store;
