@@ -162,6 +162,13 @@ fn accepted_fields(section: &str, path: &[&str]) -> Option<BTreeSet<String>> {
     Some(listed.split('`').skip(1).step_by(2).map(str::to_string).collect())
 }
 
+/// The function of src/config/fields.rs that lists the fields of the object at `path`: named after
+/// the object (`source()` for `poller.source`, `state()` for either section's `state`), or after the
+/// section at the top level.
+fn table_function(section: &str, path: &[&str]) -> String {
+    format!("fn {}()", path.last().copied().unwrap_or(section))
+}
+
 /// Walks the table and the raw types together, noting every difference.
 fn compare(section: &str, path: &[&str], fields: &[Field], problems: &mut Vec<String>) {
     let shown = |name: &str| [&[section], path, &[name]].concat().join(".");
@@ -170,16 +177,25 @@ fn compare(section: &str, path: &[&str], fields: &[Field], problems: &mut Vec<St
         return;
     };
     let described: BTreeSet<String> = fields.iter().map(|field| field.name.to_string()).collect();
+    let table = table_function(section, path);
     for name in accepted.difference(&described) {
+        let here = [path, &[name.as_str()]].concat();
+        let what = match accepted_fields(section, &here) {
+            Some(inner) => format!(
+                "a `Kind::Object` whose fields are {}",
+                inner.iter().map(|inner| format!("`{inner}`")).collect::<Vec<_>>().join(", ")
+            ),
+            None => "its `Kind`, default and range from the loader's `defaults` and `ranges`".to_string(),
+        };
         problems.push(format!(
-            "{}: the loader accepts it and the schema does not describe it: add it to src/config/fields.rs \
-             (type, default and range from the loader's constants, description, example)",
+            "{}: the loader accepts it and the schema does not describe it: add `field(\"{name}\", …)` to `{table}` \
+             in src/config/fields.rs ({what}, a description and an example)",
             shown(name)
         ));
     }
     for name in described.difference(&accepted) {
         problems.push(format!(
-            "{}: src/config/fields.rs describes it and the loader refuses it: remove it from fields.rs",
+            "{}: src/config/fields.rs describes it and the loader refuses it: remove it from `{table}` in fields.rs",
             shown(name)
         ));
     }
@@ -188,7 +204,7 @@ fn compare(section: &str, path: &[&str], fields: &[Field], problems: &mut Vec<St
         let null_taken = probe(section, &here, Value::Null).is_none_or(|(at, _)| at != here.join("."));
         if null_taken != field.nullable {
             problems.push(format!(
-                "{}: the loader {} null and fields.rs says nullable: {}",
+                "{}: the loader {} null and `{table}` in src/config/fields.rs says nullable: {}",
                 shown(field.name),
                 if null_taken { "takes" } else { "refuses" },
                 field.nullable
@@ -213,12 +229,12 @@ fn compare(section: &str, path: &[&str], fields: &[Field], problems: &mut Vec<St
         };
         if message.starts_with("unknown field") {
             problems.push(format!(
-                "{}: the loader takes an object here: describe its fields in fields.rs",
+                "{}: the loader takes an object here: make it a `Kind::Object` in `{table}` of src/config/fields.rs",
                 shown(field.name)
             ));
         } else if !expected.iter().any(|text| message.contains(text)) {
             problems.push(format!(
-                "{}: fields.rs and the loader disagree on its type: the loader says {message:?}",
+                "{}: `{table}` in src/config/fields.rs and the loader disagree on its type: the loader says {message:?}",
                 shown(field.name)
             ));
         }
@@ -233,6 +249,51 @@ fn the_schema_has_exactly_the_fields_the_loader_accepts() {
         compare(section.name, &[], &section.fields, &mut problems);
     }
     assert!(problems.is_empty(), "the schema and the loader differ ({REGENERATE}):\n{}", problems.join("\n"));
+}
+
+/// Other branches add keys to the loader (issue 28 asks that the table cannot fall behind): a key
+/// missing from the table fails the test above with its dotted path and the function of fields.rs
+/// to add it to, and a missing object with the fields it needs.
+#[test]
+fn a_key_missing_from_the_table_is_named_with_where_to_add_it() {
+    let cases: [(&str, &[&str], &str, &str); 3] = [
+        (
+            "poller",
+            &["source"],
+            "settleSeconds",
+            "poller.source.settleSeconds: the loader accepts it and the schema does not describe it: \
+             add `field(\"settleSeconds\", …)` to `fn source()` in src/config/fields.rs (its `Kind`",
+        ),
+        (
+            "poller",
+            &["source"],
+            "generation",
+            "poller.source.generation: the loader accepts it and the schema does not describe it: \
+             add `field(\"generation\", …)` to `fn source()` in src/config/fields.rs \
+             (a `Kind::Object` whose fields are `onChange`, `query`,",
+        ),
+        (
+            "watchdog",
+            &[],
+            "kick",
+            "watchdog.kick: the loader accepts it and the schema does not describe it: \
+             add `field(\"kick\", …)` to `fn watchdog()` in src/config/fields.rs (its `Kind`",
+        ),
+    ];
+    for (section_name, path, left_out, expected) in cases {
+        let mut section = fields::sections().into_iter().find(|section| section.name == section_name).unwrap();
+        let mut fields = &mut section.fields;
+        for part in path {
+            let holder = fields.iter_mut().find(|field| field.name == *part).unwrap();
+            let Kind::Object { fields: inner, .. } = &mut holder.kind else { panic!("{part} is an object") };
+            fields = inner;
+        }
+        fields.retain(|field| field.name != left_out);
+        let mut problems = Vec::new();
+        compare(section_name, &[], &section.fields, &mut problems);
+        assert_eq!(problems.len(), 1, "{problems:#?}");
+        assert!(problems[0].starts_with(expected), "{}\ndoes not start with\n{expected}", problems[0]);
+    }
 }
 
 /// Every range the schema states is the loader's: its ends taken, one past them refused there.

@@ -23,7 +23,12 @@ pub fn schema_refusal(schema: &Value, document: &Value) -> Option<String> {
 pub fn assert_valid_function_json(document: &Value) {
     let schema = dbtrigger::config::schema::function_json_schema();
     if let Some(refusal) = schema_refusal(&schema, document) {
-        panic!("a fixture function.json does not validate against the schema: {refusal}\n{document:#}");
+        panic!(
+            "a fixture function.json does not validate against the schema: {refusal}\n{document:#}\n\
+             If the loader takes it, the schema is behind: describe the field in src/config/fields.rs \
+             (`cargo test --lib config::tests_schema` names every key missing there and the function to add it to), \
+             or write a deliberately broken fixture with `AppRoot::write_invalid`."
+        );
     }
 }
 
