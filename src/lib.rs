@@ -21,7 +21,7 @@
 //! | [`app`]      | every function of the app, and `App::invoke`, the one way to run one.          |
 //! | [`protocol`] | what the Functions host posts: the invocation envelope, timer and HTTP data.   |
 //! | [`handler`]  | the custom-handler HTTP server the Functions host calls.                       |
-//! | [`cli`]      | `serve`, `tick`, `dev`, `demo`, `package`, `new`, `check`, operator commands. |
+//! | [`cli`]      | `serve`, `tick`, `dev`, `demo`, `package`, `new`, `check`, `schema`, operators.|
 //! | [`logging`]  | logs by severity: warnings and errors to stderr, the rest to stdout (the host).|
 //!
 //! Dependencies point one way: `domain` and `settings` import nothing of the crate; `config`

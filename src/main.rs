@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::FromArgMatches;
 use dbtrigger::cli::{Cli, Command};
 
 /// mimalloc rather than the C library's allocator: a batch's rows and events are allocated by the
@@ -14,7 +14,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // The derived command line, with its commands grouped and an example under each (cli::help).
+    let cli = Cli::from_arg_matches(&dbtrigger::cli::command().get_matches()).unwrap_or_else(|error| error.exit());
     // The demo prints its own story; its library logs would drown it.
     let default_level = if matches!(cli.command, Command::Demo { .. }) { "warn" } else { "info" };
     dbtrigger::logging::init(default_level, cli.command.log_stream());

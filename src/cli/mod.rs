@@ -3,6 +3,7 @@
 
 mod demo;
 mod dev;
+mod help;
 mod operator;
 mod ops;
 mod package;
@@ -24,6 +25,8 @@ use clap::{Parser, Subcommand};
 use crate::app::{App, Invocation};
 use crate::config::Settings;
 
+pub use self::help::command;
+
 /// The sentence every user must read before relying on dbtrigger (design "disclosure").
 pub const DISCLOSURE: &str = "dbtrigger is not a native database trigger: it is a pseudo trigger built on Azure Functions timers. \
 Delivery is at least once, so handlers must be idempotent (de-duplicate on event_id, or upsert).";
@@ -37,7 +40,9 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the custom handler (what host.json starts): listens on $FUNCTIONS_CUSTOMHANDLER_PORT.
+    /// Run the custom handler, as host.json starts it
+    ///
+    /// Listens on $FUNCTIONS_CUSTOMHANDLER_PORT for the Functions host's invocations.
     Serve {
         #[command(flatten)]
         app_root: AppRoot,
@@ -52,8 +57,9 @@ pub enum Command {
         #[arg(long, default_value_t = 8)]
         grace_seconds: u64,
     },
-    /// Run one tick of one poller (or one run of a watchdog) from the shell, through the same code
-    /// as the handler.
+    /// Run one tick of a poller (or one run of a watchdog) from the shell
+    ///
+    /// The same code as the handler runs; prints one line, exits 1 when the tick failed.
     Tick {
         /// The function (folder) name of the poller.
         poller: String,
@@ -64,7 +70,9 @@ pub enum Command {
         #[command(flatten)]
         app_root: AppRoot,
     },
-    /// Local work without Core Tools: the handler plus a timer firing each function's schedule at it.
+    /// Run the app locally without Core Tools: the handler plus the timers
+    ///
+    /// A timer fires each function's schedule at the handler through the host's HTTP path.
     /// Settings come from the environment, then the app root's local.settings.json.
     Dev {
         #[command(flatten)]
@@ -73,8 +81,10 @@ pub enum Command {
         #[arg(long)]
         port: Option<u16>,
     },
-    /// A zip for zip deploy: validates every function (settings from the environment, then
-    /// local.settings.json), then packs host.json, the function folders and this binary (executable).
+    /// Build the zip for zip deploy
+    ///
+    /// Validates every function (settings from the environment, then local.settings.json), then
+    /// packs host.json, each function.json and this binary (executable), and says what it left out.
     Package {
         #[command(flatten)]
         app_root: AppRoot,
@@ -85,8 +95,10 @@ pub enum Command {
         #[arg(long)]
         binary: Option<PathBuf>,
     },
-    /// Every poller of the app: checkpoint, lag, lease, last success, attempts, quarantine,
-    /// fingerprint, and every function that cannot run. Exits 1 when any is unhealthy.
+    /// Show every poller's checkpoint, lag, lease and health; exit 1 when one is unhealthy
+    ///
+    /// Checkpoint, lag, lease, last success, attempts, quarantine, fingerprint, and every function
+    /// that cannot run.
     Status {
         /// One JSON array on stdout (logs go to stderr).
         #[arg(long)]
@@ -97,8 +109,10 @@ pub enum Command {
         #[command(flatten)]
         app_root: AppRoot,
     },
-    /// Writes `<app root>/<function>/function.json` from a template (and host.json when the app
-    /// root has none), and prints the app settings it needs.
+    /// Write a new function from a template, and print the app settings it needs
+    ///
+    /// Writes `<app root>/<function>/function.json` (host.json too when the app root has none), and
+    /// `<app root>/function.schema.json`, the JSON Schema its `$schema` refers to for editors.
     New {
         function: String,
         /// webhook, queue, status or watchdog.
@@ -111,20 +125,23 @@ pub enum Command {
         #[command(flatten)]
         app_root: AppRoot,
     },
-    /// Validates every function.json against the app settings (environment, then
-    /// local.settings.json) without touching a database or a store: one line per problem, exit 1.
+    /// Validate every function.json against the app settings, without a database or a store
+    ///
+    /// Settings from the environment, then local.settings.json: one line per problem, exit 1.
     Check {
         #[command(flatten)]
         app_root: AppRoot,
     },
-    /// A poller's whole state document, as pretty JSON.
+    /// Print a poller's whole state document, as pretty JSON
     Inspect {
         poller: String,
         #[command(flatten)]
         app_root: AppRoot,
     },
-    /// Moves a poller's checkpoint: to the beginning, after a cursor and key, or to a checkpoint
-    /// from a file (as `inspect` prints it). Audited; refused while a tick holds the lease.
+    /// Move a poller's checkpoint: to the beginning, the end, a cursor, or a saved checkpoint
+    ///
+    /// After a cursor and key, or to a checkpoint from a file (as `inspect` prints it). Audited;
+    /// refused while a tick holds the lease.
     Reset {
         poller: String,
         #[arg(long, group = "target")]
@@ -146,8 +163,9 @@ pub enum Command {
         #[command(flatten)]
         app_root: AppRoot,
     },
-    /// A new poller name's state document starting at this poller's checkpoint (or the
-    /// beginning): a backfill or a migration on a separate name.
+    /// Start a new poller name at this poller's checkpoint (or at the beginning)
+    ///
+    /// A backfill or a migration on a separate name, while the original goes on.
     Clone {
         poller: String,
         new_poller: String,
@@ -158,18 +176,28 @@ pub enum Command {
         #[command(flatten)]
         app_root: AppRoot,
     },
-    /// After an intended change of the source definition: record the new fingerprint, keep the
-    /// checkpoint. Audited.
+    /// Accept an intended change of the source definition, keeping the checkpoint
+    ///
+    /// Records the new fingerprint in the state document. Audited.
     Fingerprint {
         #[command(subcommand)]
         action: FingerprintAction,
     },
-    /// The rows a poller isolated as poison: list, show, replay through the sink, purge.
+    /// List, show, replay or purge the rows a poller isolated as poison
     Quarantine {
         #[command(subcommand)]
         action: QuarantineAction,
     },
-    /// The quickstart: a SQLite table, a file state store and a built-in receiver, no setup at all.
+    /// Print the JSON Schema of function.json, for editors to validate and complete with
+    ///
+    /// `new` writes it as `<app root>/function.schema.json`; `--markdown` prints the configuration
+    /// reference (docs/configuration.md) instead.
+    Schema {
+        /// Print the configuration reference (docs/configuration.md) instead, as Markdown.
+        #[arg(long)]
+        markdown: bool,
+    },
+    /// Run the quickstart: a SQLite table, a file state store and a built-in receiver, no setup
     Demo {
         /// Rows in the sample table.
         #[arg(long, default_value_t = 5000)]
@@ -182,7 +210,7 @@ pub enum Command {
 
 #[derive(Debug, Subcommand)]
 pub enum QuarantineAction {
-    /// Every quarantined row: id, pk, cursor, status, attempts, error (and the event with --json).
+    /// List every quarantined row: id, pk, cursor, status, attempts, error (the event with --json)
     List {
         poller: String,
         #[arg(long)]
@@ -190,16 +218,16 @@ pub enum QuarantineAction {
         #[command(flatten)]
         app_root: AppRoot,
     },
-    /// One entry, whole.
+    /// Print one entry, whole
     Show {
         poller: String,
         id: String,
         #[command(flatten)]
         app_root: AppRoot,
     },
-    /// Delivers entries through the poller's sink (same event ids) and removes each once delivered.
+    /// Deliver entries through the poller's sink (same event ids), removing each once delivered
     Replay(ChosenEntries),
-    /// Removes entries without delivering them.
+    /// Remove entries without delivering them
     Purge(ChosenEntries),
 }
 
@@ -219,6 +247,7 @@ pub struct ChosenEntries {
 
 #[derive(Debug, Subcommand)]
 pub enum FingerprintAction {
+    /// Record the source's current fingerprint, keeping the checkpoint
     Accept {
         poller: String,
         #[command(flatten)]
@@ -282,6 +311,7 @@ impl Command {
             | Command::Status { .. }
             | Command::New { .. }
             | Command::Check { .. }
+            | Command::Schema { .. }
             | Command::Reset { .. }
             | Command::Clone { .. }
             | Command::Fingerprint { .. } => crate::logging::LogStream::Stderr,
@@ -378,6 +408,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             scaffold::new(&app_root.resolve()?, &function, &template, &sets)
         }
         Command::Check { app_root } => scaffold::check(&app_root.resolve()?),
+        Command::Schema { markdown } => {
+            if markdown {
+                print!("{}", crate::config::reference::configuration_markdown());
+            } else {
+                println!("{}", serde_json::to_string_pretty(&crate::config::schema::function_json_schema())?);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Status { json, poller, app_root } => status::run(&app_root.resolve()?, json, poller.as_deref()).await,
         Command::Inspect { poller, app_root } => ops::inspect(&app_root.resolve()?, &poller).await,
         Command::Reset { poller, to_beginning, to_end, to_cursor, pk, from_file, guard, app_root } => {

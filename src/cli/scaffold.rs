@@ -1,5 +1,6 @@
-//! `dbtrigger new` writes a function from a template; `dbtrigger check` validates every
-//! function.json against the app settings without touching a database or a store (for CI).
+//! `dbtrigger new` writes a function from a template (and, at the app root, the JSON Schema its
+//! `$schema` refers to); `dbtrigger check` validates every function.json against the app settings
+//! without touching a database or a store (for CI).
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -8,6 +9,7 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
+use crate::config::schema::{SCHEMA_FILE_NAME, function_json_schema};
 use crate::config::{AppConfig, FunctionConfig};
 
 /// The templates this binary carries (the same files as `function_templates/`).
@@ -74,6 +76,7 @@ pub fn new(app_root: &Path, function: &str, template: &str, sets: &[String]) -> 
             .with_context(|| format!("{}: cannot write host.json", app_root.display()))?;
         println!("wrote {}", app_root.join("host.json").display());
     }
+    write_schema(app_root)?;
     std::fs::create_dir_all(&folder).with_context(|| format!("{}: cannot create", folder.display()))?;
     std::fs::write(&file, serde_json::to_vec_pretty(&document)?)
         .with_context(|| format!("{}: cannot write", file.display()))?;
@@ -90,6 +93,20 @@ pub fn new(app_root: &Path, function: &str, template: &str, sets: &[String]) -> 
     );
     println!("then: dbtrigger check, and dbtrigger tick {function} (or dbtrigger dev)");
     Ok(ExitCode::SUCCESS)
+}
+
+/// `<app root>/function.schema.json`, which the `$schema` of every template refers to (one folder
+/// up), so that an editor validates and completes function.json. Written when missing or when this
+/// build's schema differs (after an upgrade). The host never reads it, and `package` leaves it out.
+fn write_schema(app_root: &Path) -> anyhow::Result<()> {
+    let path = app_root.join(SCHEMA_FILE_NAME);
+    let text = serde_json::to_string_pretty(&function_json_schema())? + "\n";
+    if std::fs::read_to_string(&path).is_ok_and(|written| written == text) {
+        return Ok(());
+    }
+    std::fs::write(&path, text).with_context(|| format!("{}: cannot write", path.display()))?;
+    println!("wrote {} (the JSON Schema editors check function.json against)", path.display());
+    Ok(())
 }
 
 /// Whether a `--set` path is a field that names an app setting (`source.connection`,

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::function_json::{RawBatch, RawLease, RawPoison};
-use super::{ConfigError, Located, defaults, in_range, limits};
+use super::{ConfigError, Located, defaults, in_range, ranges};
 use crate::domain::LeaseTerms;
 pub use crate::domain::poison::PoisonMode;
 
@@ -34,28 +34,24 @@ pub(super) fn build_batch(
     function_timeout: Option<Duration>,
     at: &Located<'_>,
 ) -> Result<BatchConfig, ConfigError> {
-    let size = in_range(at, "poller.batch.size", raw.size, defaults::BATCH_SIZE, 1..=defaults::MAX_BATCH_SIZE)?;
-    let max_bytes = in_range(
-        at,
-        "poller.batch.maxBytes",
-        raw.max_bytes,
-        defaults::BATCH_MAX_BYTES,
-        1024..=limits::BATCH_MAX_BYTES,
-    )?;
-    let max_in_flight = in_range(at, "poller.batch.maxInFlight", raw.max_in_flight, defaults::MAX_IN_FLIGHT, 1..=64)?;
+    let size = in_range(at, "poller.batch.size", raw.size, defaults::BATCH_SIZE, ranges::BATCH_SIZE)?;
+    let max_bytes =
+        in_range(at, "poller.batch.maxBytes", raw.max_bytes, defaults::BATCH_MAX_BYTES, ranges::BATCH_MAX_BYTES)?;
+    let max_in_flight =
+        in_range(at, "poller.batch.maxInFlight", raw.max_in_flight, defaults::MAX_IN_FLIGHT, ranges::MAX_IN_FLIGHT)?;
     let tick_budget = Duration::from_secs(in_range(
         at,
         "poller.batch.tickBudgetSeconds",
         raw.tick_budget_seconds,
         defaults::TICK_BUDGET_SECONDS,
-        1..=limits::SECONDS,
+        ranges::TICK_BUDGET_SECONDS,
     )?);
     let commit_interval = Duration::from_millis(in_range(
         at,
         "poller.batch.commitIntervalMs",
         raw.commit_interval_ms,
         defaults::COMMIT_INTERVAL_MS,
-        0..=60_000,
+        ranges::COMMIT_INTERVAL_MS,
     )?);
     if let Some(timeout) = function_timeout {
         let margin = Duration::from_secs(defaults::TIMEOUT_MARGIN_SECONDS);
@@ -78,21 +74,26 @@ pub(super) fn build_batch(
 /// `poller.lease`: a ttl of at least three heartbeats (a missed heartbeat must not lose the lease)
 /// and a skew margin under half the ttl.
 pub(super) fn build_lease(raw: &RawLease, at: &Located<'_>) -> Result<LeaseTerms, ConfigError> {
-    let ttl =
-        in_range(at, "poller.lease.ttlSeconds", raw.ttl_seconds, defaults::LEASE_TTL_SECONDS, 3..=limits::SECONDS)?;
+    let ttl = in_range(
+        at,
+        "poller.lease.ttlSeconds",
+        raw.ttl_seconds,
+        defaults::LEASE_TTL_SECONDS,
+        ranges::LEASE_TTL_SECONDS,
+    )?;
     let heartbeat = in_range(
         at,
         "poller.lease.heartbeatSeconds",
         raw.heartbeat_seconds,
         defaults::LEASE_HEARTBEAT_SECONDS,
-        1..=limits::SECONDS,
+        ranges::LEASE_HEARTBEAT_SECONDS,
     )?;
     let skew = in_range(
         at,
         "poller.lease.clockSkewSeconds",
         raw.clock_skew_seconds,
         defaults::LEASE_CLOCK_SKEW_SECONDS,
-        0..=limits::SECONDS,
+        ranges::LEASE_CLOCK_SKEW_SECONDS,
     )?;
     // Every value is at most a day here, so the products below cannot overflow.
     if ttl < 3 * heartbeat {
@@ -117,9 +118,14 @@ pub(super) fn build_lease(raw: &RawLease, at: &Located<'_>) -> Result<LeaseTerms
 
 /// `poller.poison`.
 pub(super) fn build_poison(raw: &RawPoison, at: &Located<'_>) -> Result<PoisonConfig, ConfigError> {
-    let max_attempts =
-        in_range(at, "poller.poison.maxAttempts", raw.max_attempts, defaults::POISON_MAX_ATTEMPTS, 1..=1000)?;
-    let mode = match raw.mode.as_deref().unwrap_or("quarantine") {
+    let max_attempts = in_range(
+        at,
+        "poller.poison.maxAttempts",
+        raw.max_attempts,
+        defaults::POISON_MAX_ATTEMPTS,
+        ranges::POISON_MAX_ATTEMPTS,
+    )?;
+    let mode = match raw.mode.as_deref().unwrap_or(defaults::POISON_MODE) {
         "quarantine" => PoisonMode::Quarantine,
         "stop" => PoisonMode::Stop,
         other => {

@@ -8,14 +8,19 @@
 //! [`source`], [`sink`], [`batch`] (batch, lease, poison), [`state`], [`connection`] (Azure Storage
 //! connections), [`redact`] (credentials never shown, peer text escaped), [`tls`] (whether a
 //! database connection verifies its server). Adapters read these plain, validated types;
-//! config imports no adapter.
+//! config imports no adapter. [`fields`] says what each field is (type, default, range, meaning);
+//! the JSON Schema of function.json ([`schema`]) and docs/configuration.md ([`reference`]) are
+//! written from it, and `tests_schema.rs` holds it to the raw types and the loader.
 
 pub mod batch;
 pub mod connection;
 mod disabled;
+pub mod fields;
 mod function_json;
 pub mod plan;
 pub mod redact;
+pub mod reference;
+pub mod schema;
 pub mod sink;
 pub mod source;
 pub mod state;
@@ -293,6 +298,13 @@ pub mod defaults {
     pub const POISON_MAX_ATTEMPTS: u32 = 5;
     pub const STATE_CONNECTION: &str = "AzureWebJobsStorage";
     pub const STATE_CONTAINER: &str = "db-state";
+    pub const POISON_MODE: &str = "quarantine";
+    pub const CURSOR_TIME_ZONE: &str = "UTC";
+    pub const MESSAGE_ENCODING: &str = "base64";
+    pub const MESSAGE_PER: &str = "row";
+    pub const GENERATION_ON_CHANGE: &str = "stop";
+    pub const STALLED_AFTER_INTERVALS: u32 = 3;
+    pub const ALERT_TIMEOUT_SECONDS: u64 = 10;
     /// A tick ends at least this long before host.json's functionTimeout.
     pub const TIMEOUT_MARGIN_SECONDS: u64 = 30;
 }
@@ -385,6 +397,31 @@ pub mod limits {
     pub const WEBHOOK_MAX_BODY_BYTES: usize = 256 * 1024 * 1024;
 }
 
+/// The range of every number of function.json: what the loader refuses outside of, and what the
+/// JSON Schema (`schema`) and docs/configuration.md say, from these same constants.
+pub mod ranges {
+    use std::ops::RangeInclusive;
+
+    use super::{defaults, limits};
+
+    pub const BATCH_SIZE: RangeInclusive<usize> = 1..=defaults::MAX_BATCH_SIZE;
+    pub const BATCH_MAX_BYTES: RangeInclusive<usize> = 1024..=limits::BATCH_MAX_BYTES;
+    pub const MAX_IN_FLIGHT: RangeInclusive<usize> = 1..=64;
+    pub const TICK_BUDGET_SECONDS: RangeInclusive<u64> = 1..=limits::SECONDS;
+    pub const COMMIT_INTERVAL_MS: RangeInclusive<u64> = 0..=60_000;
+    pub const SETTLE_SECONDS: RangeInclusive<u64> = 0..=limits::SECONDS;
+    pub const QUERY_TIMEOUT_SECONDS: RangeInclusive<u64> = 1..=limits::SECONDS;
+    pub const WEBHOOK_TIMEOUT_SECONDS: RangeInclusive<u64> = 1..=limits::SECONDS;
+    pub const WEBHOOK_MAX_RETRIES: RangeInclusive<u32> = 0..=20;
+    pub const WEBHOOK_MAX_BODY_BYTES: RangeInclusive<usize> = 1024..=limits::WEBHOOK_MAX_BODY_BYTES;
+    pub const LEASE_TTL_SECONDS: RangeInclusive<u64> = 3..=limits::SECONDS;
+    pub const LEASE_HEARTBEAT_SECONDS: RangeInclusive<u64> = 1..=limits::SECONDS;
+    pub const LEASE_CLOCK_SKEW_SECONDS: RangeInclusive<u64> = 0..=limits::SECONDS;
+    pub const POISON_MAX_ATTEMPTS: RangeInclusive<u32> = 1..=1000;
+    pub const STALLED_AFTER_INTERVALS: RangeInclusive<u32> = 1..=1000;
+    pub const ALERT_TIMEOUT_SECONDS: RangeInclusive<u64> = 1..=limits::SECONDS;
+}
+
 /// A number from function.json (or its default), refused with the field and the range when it
 /// falls outside `range`.
 pub(crate) fn in_range<T>(
@@ -455,5 +492,7 @@ fn build(
 mod tests;
 #[cfg(test)]
 mod tests_proptest;
+#[cfg(test)]
+mod tests_schema;
 #[cfg(test)]
 mod tests_security;

@@ -8,7 +8,7 @@ use base64::engine::general_purpose::STANDARD;
 use super::connection::StorageConnection;
 use super::function_json::RawSink;
 use super::state::is_valid_container_name;
-use super::{ConfigError, Located, defaults, in_range, limits};
+use super::{ConfigError, Located, defaults, in_range, ranges};
 use crate::settings::Settings;
 
 #[derive(Debug, Clone)]
@@ -86,7 +86,7 @@ pub(super) fn build_sink(raw: RawSink, settings: &Settings, at: &Located<'_>) ->
                     format!("{queue_name:?} is not a valid queue name: 3-63 lowercase letters, digits and single '-'"),
                 ));
             }
-            let encoding = match raw.message_encoding.as_deref().unwrap_or("base64") {
+            let encoding = match raw.message_encoding.as_deref().unwrap_or(defaults::MESSAGE_ENCODING) {
                 "base64" => MessageEncoding::Base64,
                 "none" => MessageEncoding::None,
                 other => {
@@ -96,7 +96,7 @@ pub(super) fn build_sink(raw: RawSink, settings: &Settings, at: &Located<'_>) ->
                     ));
                 }
             };
-            let per = match raw.message_per.as_deref().unwrap_or("row") {
+            let per = match raw.message_per.as_deref().unwrap_or(defaults::MESSAGE_PER) {
                 "row" => MessagePer::Row,
                 "batch" => MessagePer::Batch,
                 other => {
@@ -117,16 +117,21 @@ pub(super) fn build_sink(raw: RawSink, settings: &Settings, at: &Located<'_>) ->
                 "poller.sink.timeoutSeconds",
                 raw.timeout_seconds,
                 defaults::WEBHOOK_TIMEOUT_SECONDS,
-                1..=limits::SECONDS,
+                ranges::WEBHOOK_TIMEOUT_SECONDS,
             )?);
-            let max_retries =
-                in_range(at, "poller.sink.maxRetries", raw.max_retries, defaults::WEBHOOK_MAX_RETRIES, 0..=20)?;
+            let max_retries = in_range(
+                at,
+                "poller.sink.maxRetries",
+                raw.max_retries,
+                defaults::WEBHOOK_MAX_RETRIES,
+                ranges::WEBHOOK_MAX_RETRIES,
+            )?;
             let max_body_bytes = in_range(
                 at,
                 "poller.sink.maxBodyBytes",
                 raw.max_body_bytes,
                 defaults::WEBHOOK_MAX_BODY_BYTES,
-                1024..=limits::WEBHOOK_MAX_BODY_BYTES,
+                ranges::WEBHOOK_MAX_BODY_BYTES,
             )?;
             Ok(SinkConfig::Webhook(WebhookConfig { url, signing_key: secret, timeout, max_retries, max_body_bytes }))
         }

@@ -7,7 +7,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use super::function_json::RawSource;
-use super::{ConfigError, Located, defaults, in_range, limits, redact};
+use super::{ConfigError, Located, defaults, in_range, ranges, redact};
 use crate::domain::ids::{FingerprintInput, source_fingerprint};
 use crate::settings::{Secret, Settings};
 
@@ -471,10 +471,10 @@ pub(super) fn build_source(
                     "must be a SELECT returning one value (e.g. SELECT max(load_id) FROM load_log)",
                 ));
             }
-            let on_change = match generation.on_change.as_deref() {
-                None | Some("stop") => OnGenerationChange::Stop,
-                Some("restart") => OnGenerationChange::Restart,
-                Some(other) => {
+            let on_change = match generation.on_change.as_deref().unwrap_or(defaults::GENERATION_ON_CHANGE) {
+                "stop" => OnGenerationChange::Stop,
+                "restart" => OnGenerationChange::Restart,
+                other => {
                     return Err(at.error(
                         "poller.source.generation.onChange",
                         format!("{other:?}: expected \"stop\" or \"restart\""),
@@ -484,16 +484,21 @@ pub(super) fn build_source(
             Some(GenerationConfig { query, on_change })
         }
     };
-    let settle_seconds =
-        in_range(at, "poller.source.settleSeconds", raw.settle_seconds, defaults::SETTLE_SECONDS, 0..=limits::SECONDS)?;
+    let settle_seconds = in_range(
+        at,
+        "poller.source.settleSeconds",
+        raw.settle_seconds,
+        defaults::SETTLE_SECONDS,
+        ranges::SETTLE_SECONDS,
+    )?;
     let query_timeout_seconds = in_range(
         at,
         "poller.source.queryTimeoutSeconds",
         raw.query_timeout_seconds,
         defaults::QUERY_TIMEOUT_SECONDS,
-        1..=limits::SECONDS,
+        ranges::QUERY_TIMEOUT_SECONDS,
     )?;
-    let cursor_time_zone = raw.cursor_time_zone.clone().unwrap_or_else(|| "UTC".to_string());
+    let cursor_time_zone = raw.cursor_time_zone.clone().unwrap_or_else(|| defaults::CURSOR_TIME_ZONE.to_string());
     validate_time_zone(identity.engine, &cursor_time_zone)
         .map_err(|reason| at.error("poller.source.cursorTimeZone", reason))?;
     let target_text = match &target {

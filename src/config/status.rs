@@ -22,7 +22,7 @@ pub struct StatusConfig {
 /// The `status` section: nothing to set yet, and a typo is refused rather than ignored.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawStatus {}
+pub(super) struct RawStatus {}
 
 pub(super) fn build_status(
     document: &Value,

@@ -30,6 +30,10 @@ fn load(document: &serde_json::Value, settings: &Settings) -> (tempfile::TempDir
     std::fs::create_dir(root.path().join("orders")).unwrap();
     std::fs::write(root.path().join("orders/function.json"), serde_json::to_vec(document).unwrap()).unwrap();
     let result = PollerConfig::load(root.path(), "orders", settings, None);
+    // Every fixture the loader takes, the JSON Schema takes too (issue 28).
+    if result.is_ok() {
+        super::tests_schema::assert_schema_takes(document);
+    }
     (root, result)
 }
 

@@ -2,10 +2,13 @@
 //! the app gives a configuration or a [`ConfigError`], never a panic, and no error quotes a
 //! setting's secret. Regression (issue 24, item 13): a multi-byte `cursorTimeZone` panicked by
 //! byte slicing, and host.json's `functionTimeout` overflowed; this searches for the next one.
+//! And every document the loader accepts validates against the JSON Schema (issue 28): the schema
+//! never marks a working function.json as wrong.
 
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
+use super::tests_schema::assert_schema_takes;
 use super::*;
 
 const PASSWORD: &str = "Pw-9f8e7d6c";
@@ -169,12 +172,15 @@ fn host_json() -> impl Strategy<Value = Value> {
     ]
 }
 
+fn timer() -> Value {
+    json!([{"type": "timerTrigger", "direction": "in", "name": "timer", "schedule": "0 */5 * * * *"}])
+}
+
 fn load_app(poller: &Value, watchdog: &Value, host: &Value) -> Result<AppConfig, ConfigError> {
     let root = tempfile::tempdir().unwrap();
-    let timer = json!([{"type": "timerTrigger", "direction": "in", "name": "timer", "schedule": "0 */5 * * * *"}]);
     for (folder, section, body) in [("orders", "poller", poller), ("watch", "watchdog", watchdog)] {
         std::fs::create_dir(root.path().join(folder)).unwrap();
-        let document = json!({"bindings": timer, section: body});
+        let document = json!({"bindings": timer(), section: body});
         std::fs::write(root.path().join(folder).join("function.json"), document.to_string()).unwrap();
     }
     std::fs::write(root.path().join("host.json"), host.to_string()).unwrap();
@@ -211,9 +217,10 @@ proptest! {
         match load_app(&poller, &watchdog, &host) {
             Err(error) => assert_no_secret(&error),
             Ok(app) => {
-                for parsed in app.functions.values() {
-                    if let Err(error) = parsed {
-                        assert_no_secret(error);
+                for (function, section, body) in [("orders", "poller", &poller), ("watch", "watchdog", &watchdog)] {
+                    match &app.functions[function] {
+                        Err(error) => assert_no_secret(error),
+                        Ok(_) => assert_schema_takes(&json!({"bindings": timer(), section: body})),
                     }
                 }
             }
@@ -248,7 +255,7 @@ const TEXT_FIELDS: [&str; 22] = [
 ];
 
 /// A poller section whose every text field in turn holds `text`, parsed without I/O.
-fn each_text_field(database: &str, text: &str) -> Vec<Result<PollerConfig, ConfigError>> {
+fn each_text_field(database: &str, text: &str) -> Vec<(Value, Result<PollerConfig, ConfigError>)> {
     let root = std::path::Path::new("/nonexistent-app-root");
     let file = root.join("orders/function.json");
     let at = Located { file: &file };
@@ -263,11 +270,9 @@ fn each_text_field(database: &str, text: &str) -> Vec<Result<PollerConfig, Confi
         }
         let value = if field == "source.pk" { json!([text]) } else { Value::from(text) };
         set(&mut poller, field, value);
-        let document = json!({
-            "bindings": [{"type": "timerTrigger", "direction": "in", "name": "timer", "schedule": "0 */5 * * * *"}],
-            "poller": poller
-        });
-        results.push(PollerConfig::from_document(&document, root, "orders", &settings(), None, &at));
+        let document = json!({"bindings": timer(), "poller": poller});
+        let result = PollerConfig::from_document(&document, root, "orders", &settings(), None, &at);
+        results.push((document, result));
     }
     results
 }
@@ -283,9 +288,10 @@ proptest! {
         text in prop_oneof![text(), "[+0-9:é-]{4,7}"],
         timeout in prop_oneof![text(), "[0-9]{1,20}(\\.[0-9]{1,20})?:[0-9]{1,3}:[0-9.]{1,6}"],
     ) {
-        for result in each_text_field(database, &text) {
-            if let Err(error) = result {
-                assert_no_secret(&error);
+        for (document, result) in each_text_field(database, &text) {
+            match result {
+                Err(error) => assert_no_secret(&error),
+                Ok(_) => assert_schema_takes(&document),
             }
         }
         let host = json!({"version": "2.0", "functionTimeout": timeout}).to_string();

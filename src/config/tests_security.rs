@@ -41,7 +41,12 @@ fn good_poller() -> serde_json::Value {
 fn load_function(document: &serde_json::Value, settings: &Settings) -> Result<FunctionConfig, ConfigError> {
     let root = tempfile::tempdir().unwrap();
     write_function(root.path(), document);
-    FunctionConfig::load(root.path(), "orders", settings, None)
+    let result = FunctionConfig::load(root.path(), "orders", settings, None);
+    // Every fixture the loader takes, the JSON Schema takes too (issue 28).
+    if result.is_ok() {
+        super::tests_schema::assert_schema_takes(document);
+    }
+    result
 }
 
 fn assert_no_secret(text: &str) {

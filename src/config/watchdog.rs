@@ -13,7 +13,7 @@ use super::function_json::{
 };
 use super::sink::{SigningKey, http_url, signing_key};
 use super::state::{StateConfig, build_state};
-use super::{ConfigError, Located, in_range, limits};
+use super::{ConfigError, Located, defaults, in_range, ranges};
 use crate::domain::schedule::Schedule;
 use crate::settings::Settings;
 
@@ -44,7 +44,7 @@ pub struct AlertConfig {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct RawWatchdog {
+pub(super) struct RawWatchdog {
     stalled_after_intervals: Option<u32>,
     kick: Option<bool>,
     alert: Option<RawAlert>,
@@ -54,13 +54,13 @@ struct RawWatchdog {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct RawAlert {
+pub(super) struct RawAlert {
     url: String,
     secret: Option<String>,
     timeout_seconds: Option<u64>,
 }
 
-pub const DEFAULT_STALLED_AFTER_INTERVALS: u32 = 3;
+pub const DEFAULT_STALLED_AFTER_INTERVALS: u32 = super::defaults::STALLED_AFTER_INTERVALS;
 
 pub(super) fn build_watchdog(
     document: &Value,
@@ -104,7 +104,7 @@ fn build_checked(
         "watchdog.stalledAfterIntervals",
         raw.stalled_after_intervals,
         DEFAULT_STALLED_AFTER_INTERVALS,
-        1..=1000,
+        ranges::STALLED_AFTER_INTERVALS,
     )?;
     let alert = match raw.alert {
         None => None,
@@ -114,8 +114,13 @@ fn build_checked(
                 None => None,
                 Some(name) => Some(signing_key(at, "watchdog.alert.secret", &name, settings)?),
             };
-            let timeout =
-                in_range(at, "watchdog.alert.timeoutSeconds", alert.timeout_seconds, 10, 1..=limits::SECONDS)?;
+            let timeout = in_range(
+                at,
+                "watchdog.alert.timeoutSeconds",
+                alert.timeout_seconds,
+                defaults::ALERT_TIMEOUT_SECONDS,
+                ranges::ALERT_TIMEOUT_SECONDS,
+            )?;
             Some(AlertConfig { url, signing_key, timeout: Duration::from_secs(timeout) })
         }
     };

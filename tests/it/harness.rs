@@ -200,6 +200,23 @@ pub struct AppRoot {
 
 impl AppRoot {
     pub fn write(directory: &Path, poller: Value) -> AppRoot {
+        // Every fixture a test starts from is a function.json an editor would accept (issue 28);
+        // a test of a broken one writes it with `write_invalid`.
+        crate::schema::assert_valid_function_json(&AppRoot::function_json(poller.clone()));
+        AppRoot::write_invalid(directory, poller)
+    }
+
+    fn function_json(poller: Value) -> Value {
+        json!({
+            "bindings": [{"type": "timerTrigger", "direction": "in", "name": "timer", "schedule": "0 */5 * * * *"}],
+            "poller": poller
+        })
+    }
+
+    /// Writes the `orders` function.json without checking it against the schema: for the tests of
+    /// what the loader does with a broken one.
+    pub fn write_invalid(directory: &Path, poller: Value) -> AppRoot {
+        let function = AppRoot::function_json(poller);
         let root = directory.join("app");
         std::fs::create_dir_all(root.join("orders")).unwrap();
         std::fs::write(
@@ -211,10 +228,6 @@ impl AppRoot {
             .unwrap(),
         )
         .unwrap();
-        let function = json!({
-            "bindings": [{"type": "timerTrigger", "direction": "in", "name": "timer", "schedule": "0 */5 * * * *"}],
-            "poller": poller
-        });
         std::fs::write(root.join("orders/function.json"), serde_json::to_vec_pretty(&function).unwrap()).unwrap();
         AppRoot {
             root,

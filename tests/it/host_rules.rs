@@ -10,6 +10,8 @@ use serde_json::{Value, json};
 use crate::harness::{AppRoot, Handler, Orders, Receiver, host_fixtures, run_dbtrigger};
 
 fn write_function(app: &AppRoot, name: &str, function: &Value) {
+    // Each of these is a function.json the loader takes: the schema must take it too (issue 28).
+    crate::schema::assert_valid_function_json(function);
     std::fs::create_dir_all(app.root.join(name)).unwrap();
     std::fs::write(app.root.join(name).join("function.json"), serde_json::to_vec_pretty(function).unwrap()).unwrap();
 }

@@ -17,6 +17,7 @@ mod package;
 mod poison;
 mod quarantine;
 mod queue;
+mod schema;
 mod security;
 mod services;
 mod simulation;

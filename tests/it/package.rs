@@ -81,7 +81,7 @@ async fn an_app_with_a_configuration_error_is_not_packaged() {
     let directory = tempfile::tempdir().unwrap();
     let mut poller = AppRoot::orders_poller(10);
     poller["batch"]["size"] = json!(0);
-    let app = AppRoot::write(directory.path(), poller);
+    let app = AppRoot::write_invalid(directory.path(), poller);
     let zip = directory.path().join("app.zip");
     let output = Command::new(env!("CARGO_BIN_EXE_dbtrigger"))
         .args(["package", "--app-root"])

@@ -17,6 +17,7 @@ fn add_watchdog(app: &AppRoot, schedule: &str, section: Value) {
         "bindings": [{"type": "timerTrigger", "direction": "in", "name": "timer", "schedule": schedule}],
         "watchdog": section
     });
+    crate::schema::assert_valid_function_json(&function);
     std::fs::write(app.root.join("watchdog/function.json"), serde_json::to_vec_pretty(&function).unwrap()).unwrap();
 }
 

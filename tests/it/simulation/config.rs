@@ -73,6 +73,8 @@ pub fn poller_config(variant: &Variant, name: &str, edited: bool) -> PollerConfi
         variant.max_attempts,
         u8::from(edited)
     );
+    // The loader takes it below: an editor's schema must take it too (issue 28).
+    crate::schema::assert_valid_function_json(&function);
     let folder = loaded.root.join(&function_name);
     std::fs::create_dir_all(&folder).unwrap();
     std::fs::write(folder.join("function.json"), serde_json::to_vec_pretty(&function).unwrap()).unwrap();
