@@ -299,12 +299,19 @@ pub struct LateBucket {
     pub since: DateTime<Utc>,
 }
 
+/// A bucket with fewer rows than recorded: its record becomes the recount.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShrunkBucket {
+    pub from: CursorValue,
+    pub recorded: Tally,
+    pub found: Tally,
+}
+
 /// What a check found.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct CheckPlan {
     pub late: Vec<LateBucket>,
-    /// Buckets that shrank: their record becomes the recount (bucket `from`, recount).
-    pub shrunk: Vec<(CursorValue, Tally)>,
+    pub shrunk: Vec<ShrunkBucket>,
 }
 
 impl CheckPlan {
@@ -329,7 +336,7 @@ pub fn plan_check(window: &Window, found: &[Tally]) -> Result<CheckPlan, String>
         let late_rows = match classify(&bucket.tally, found) {
             BucketChange::Same => continue,
             BucketChange::Shrank => {
-                plan.shrunk.push((froms[index].clone(), *found));
+                plan.shrunk.push(ShrunkBucket { from: froms[index].clone(), recorded: bucket.tally, found: *found });
                 continue;
             }
             BucketChange::Grew { late_rows } => late_rows,
@@ -364,31 +371,39 @@ pub fn single_new_key(recorded: &Tally, found: &Tally) -> Option<KeyHash> {
     Some(KeyHash { u: u32::try_from(u).ok()?, v: u32::try_from(v).ok()? })
 }
 
-/// The record after a late bucket was delivered: its tally is what was delivered, and the
-/// finding is counted (`late_rows`, found `lateness_seconds` after the late row's time).
+/// The record after a late bucket was delivered: its tally becomes what was delivered, plus what
+/// commits added to it since the check (`checked` is its tally then), and the finding is counted
+/// (`late_rows`, found `lateness_seconds` after the late row's time).
 pub fn after_redelivery(
     record: &LateRecord,
     from: &CursorValue,
+    checked: Tally,
     delivered: Tally,
     late_rows: u64,
     lateness_seconds: u64,
     now: DateTime<Utc>,
 ) -> LateRecord {
-    let mut next = adopt(record, from, delivered);
+    let mut next = adopt(record, from, checked, delivered);
     next.found += late_rows;
     next.max_lateness_seconds = Some(next.max_lateness_seconds.unwrap_or(0).max(lateness_seconds));
     next.last_found_at = Some(now);
     next
 }
 
-/// The record with bucket `from`'s tally replaced (a bucket that shrank, or was delivered again).
-pub fn adopt(record: &LateRecord, from: &CursorValue, tally: Tally) -> LateRecord {
+/// The record with bucket `from`'s tally made `recount` (a bucket that shrank, or was delivered
+/// again), keeping what commits added to it since it was `checked` (the tick's own rows, committed
+/// between the check and this write, went into the last bucket).
+pub fn adopt(record: &LateRecord, from: &CursorValue, checked: Tally, recount: Tally) -> LateRecord {
     let mut next = record.clone();
     if let Some(window) = next.window.as_mut() {
         let kind = window.kind.clone();
         for bucket in &mut window.buckets {
             if bucket.from_cursor(&kind).ok().as_ref() == Some(from) {
-                bucket.tally = tally;
+                bucket.tally = Tally {
+                    rows: recount.rows + bucket.tally.rows.saturating_sub(checked.rows),
+                    sum_u: recount.sum_u + bucket.tally.sum_u.saturating_sub(checked.sum_u),
+                    sum_v: recount.sum_v + bucket.tally.sum_v.saturating_sub(checked.sum_v),
+                };
             }
         }
     }

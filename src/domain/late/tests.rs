@@ -177,14 +177,38 @@ fn one_new_row_is_named_by_its_hash_and_the_plan_says_what_to_do() {
     );
     assert_eq!(late.late_rows, 1);
     assert_eq!(late.single, Some(integer_key_hash(1000)));
-    assert_eq!(plan.shrunk, vec![(CursorValue::Integer(21), recount(&window, &keys, (30, 30))[2])]);
+    let shrunk = ShrunkBucket {
+        from: CursorValue::Integer(21),
+        recorded: window.buckets[2].tally,
+        found: recount(&window, &keys, (30, 30))[2],
+    };
+    assert_eq!(plan.shrunk, vec![shrunk.clone()]);
     // After its delivery the record is the recount: the next check finds nothing.
     let record = LateRecord { window: Some(window.clone()), ..LateRecord::default() };
-    let delivered = after_redelivery(&record, &late.from, late.found, late.late_rows, 7, at(9));
-    let adopted = adopt(&delivered, &plan.shrunk[0].0, plan.shrunk[0].1);
+    let delivered = after_redelivery(&record, &late.from, late.recorded, late.found, late.late_rows, 7, at(9));
+    let adopted = adopt(&delivered, &shrunk.from, shrunk.recorded, shrunk.found);
     assert_eq!((adopted.found, adopted.max_lateness_seconds, adopted.last_found_at), (1, Some(7), Some(at(9))));
     let again = plan_check(adopted.window.as_ref().unwrap(), &recount(&window, &keys, (30, 30))).unwrap();
     assert!(again.is_empty(), "{again:?}");
+}
+
+/// Rows the tick committed between the check and the late write (they went into the last bucket)
+/// stay counted: the recount replaces only what the check saw.
+#[test]
+fn a_late_write_keeps_what_commits_added_since_the_check() {
+    let rows: Vec<KeyRow> = (1..=5).map(|id| row(id, id)).collect();
+    let record = extend(None, None, &[&rows], "b1", &policy(160), at(0));
+    let checked = record.window.as_ref().unwrap().buckets[0].tally;
+    let mut found = checked;
+    found.add(integer_key_hash(100));
+    // The tick's own batch (rows 6, 7) is committed before the late bucket is written.
+    let more: Vec<KeyRow> = (6..=7).map(|id| row(id, id)).collect();
+    let grown = extend(Some(&record), Some((&position(5, 5), "b1")), &[&more], "b2", &policy(160), at(1));
+    let written = after_redelivery(&grown, &CursorValue::Integer(1), checked, found, 1, 3, at(2));
+    let mut expected = found;
+    expected.add(integer_key_hash(6));
+    expected.add(integer_key_hash(7));
+    assert_eq!(written.window.unwrap().buckets[0].tally, expected);
 }
 
 #[test]
