@@ -339,3 +339,108 @@ async fn updates_and_deletes_behind_the_checkpoint_are_not_late_arrivals() {
     assert_eq!(report.late_arrivals, 1);
     assert_eq!(case.delivered().last(), Some(&(9, true)));
 }
+
+/// A sink that refuses late batches while told to, and records the rest.
+struct RefusesLate {
+    inner: RecordingSink,
+    refuse: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl dbtrigger::sink::Sink for RefusesLate {
+    async fn deliver(
+        &self,
+        batch: &dbtrigger::domain::Batch,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), dbtrigger::sink::SinkError> {
+        if batch.late && self.refuse.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(dbtrigger::sink::SinkError::Transient {
+                batch_id: batch.batch_id.clone(),
+                reason: "the receiver is down".into(),
+            });
+        }
+        self.inner.deliver(batch, deadline).await
+    }
+
+    fn describe(&self) -> String {
+        "refuses late batches".into()
+    }
+}
+
+/// SQLite rows with `seq` (the cursor) and `id` (the key) equal.
+async fn sqlite_seq_case(sink: Option<Arc<dyn dbtrigger::sink::Sink>>) -> (Case, Option<Poller>) {
+    let case = Case::new(Engine::Sqlite, identity_table(Engine::Sqlite), json!({"cursor": "seq"})).await;
+    let seeded: Vec<String> = [10, 20, 30, 40, 50].iter().map(|id| format!("({id}, {id}, 'row {id}')")).collect();
+    execute(&case.url, &format!("INSERT INTO items (id, seq, note) VALUES {};\n", seeded.join(", "))).await;
+    let other = sink.map(|sink| {
+        let source = dbtrigger::source::open(&case.poller.config.source).unwrap();
+        Poller::new(
+            case.poller.config.clone(),
+            source,
+            sink,
+            case.store.clone(),
+            Arc::new(dbtrigger::tick::SystemClock),
+            "it".into(),
+        )
+    });
+    (case, other)
+}
+
+/// Two rows late in one bucket: the difference of the sums names no single row, so the whole
+/// bucket is delivered again (the rows delivered before keep their event ids: a receiver that
+/// dedupes sees only the two new ones), and both are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_late_rows_in_one_bucket_send_the_bucket_again() {
+    let (case, _) = sqlite_seq_case(None).await;
+    case.tick().await;
+    let first_ids: Vec<String> =
+        case.sink.batches()[0].events.iter().map(|event| event.event_id().to_string()).collect();
+    execute(&case.url, "INSERT INTO items (id, seq, note) VALUES (15, 15, 'late'), (25, 25, 'late');\n").await;
+    let report = case.tick().await;
+    assert_eq!(report.late_arrivals, 2);
+    let batches = case.sink.batches();
+    let late: Vec<i64> =
+        batches[1..].iter().flat_map(|batch| batch.events.iter().map(|event| event.pk()["id"].as_i64().unwrap())).collect();
+    assert_eq!(late, vec![10, 15, 20, 25, 30, 40, 50]);
+    assert!(batches[1..].iter().all(|batch| batch.late));
+    let again: Vec<String> = batches[1..]
+        .iter()
+        .flat_map(|batch| batch.events.iter())
+        .filter(|event| event.pk()["id"].as_i64().unwrap() % 10 == 0)
+        .map(|event| event.event_id().to_string())
+        .collect();
+    assert_eq!(again, first_ids, "the same rows, the same event ids");
+    assert_eq!(case.tick().await.late_arrivals, 0, "recorded: not found twice");
+}
+
+/// A late batch the receiver refuses fails the tick after the tick's own rows were delivered and
+/// committed (a late row never holds up new ones); the failure is recorded for status and the
+/// watchdog, the checkpoint stays where the new rows put it, and the next tick delivers the late
+/// row once the receiver takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_late_batch_fails_the_tick_without_holding_up_new_rows() {
+    let sink = Arc::new(RefusesLate { inner: RecordingSink::new(), refuse: true.into() });
+    let (case, poller) = sqlite_seq_case(Some(sink.clone())).await;
+    let poller = poller.unwrap();
+    poller.tick().await.unwrap();
+    execute(&case.url, "INSERT INTO items (id, seq, note) VALUES (35, 35, 'late'), (60, 60, 'new');\n").await;
+    let error = poller.tick().await.unwrap_err();
+    assert!(matches!(error, dbtrigger::tick::TickError::LateDelivery { .. }), "{error}");
+    assert!(error.to_string().contains("the receiver is down"), "{error}");
+    let document = case.document();
+    assert_eq!(document.checkpoint.as_ref().unwrap().cursor.value, json!(60), "the new row is committed");
+    assert_eq!(document.failure.as_ref().map(|failure| failure.attempts), Some(1));
+    assert!(document.lease.as_ref().unwrap().owner_id.is_none(), "the lease is given back");
+    sink.refuse.store(false, std::sync::atomic::Ordering::SeqCst);
+    let (result, report) = poller.tick_reported().await;
+    result.unwrap();
+    assert_eq!(report.late_arrivals, 1);
+    let delivered: Vec<(i64, bool)> = sink
+        .inner
+        .batches()
+        .iter()
+        .flat_map(|batch| batch.events.iter().map(|event| (event.pk()["id"].as_i64().unwrap(), batch.late)).collect::<Vec<_>>())
+        .collect();
+    assert_eq!(delivered, vec![(10, false), (20, false), (30, false), (40, false), (50, false), (60, false), (35, true)]);
+    assert_eq!(case.document().failure, None, "the failure is cleared");
+}
