@@ -399,8 +399,10 @@ async fn two_late_rows_in_one_bucket_send_the_bucket_again() {
     let report = case.tick().await;
     assert_eq!(report.late_arrivals, 2);
     let batches = case.sink.batches();
-    let late: Vec<i64> =
-        batches[1..].iter().flat_map(|batch| batch.events.iter().map(|event| event.pk()["id"].as_i64().unwrap())).collect();
+    let late: Vec<i64> = batches[1..]
+        .iter()
+        .flat_map(|batch| batch.events.iter().map(|event| event.pk()["id"].as_i64().unwrap()))
+        .collect();
     assert_eq!(late, vec![10, 15, 20, 25, 30, 40, 50]);
     assert!(batches[1..].iter().all(|batch| batch.late));
     let again: Vec<String> = batches[1..]
@@ -439,8 +441,34 @@ async fn a_refused_late_batch_fails_the_tick_without_holding_up_new_rows() {
         .inner
         .batches()
         .iter()
-        .flat_map(|batch| batch.events.iter().map(|event| (event.pk()["id"].as_i64().unwrap(), batch.late)).collect::<Vec<_>>())
+        .flat_map(|batch| {
+            batch.events.iter().map(|event| (event.pk()["id"].as_i64().unwrap(), batch.late)).collect::<Vec<_>>()
+        })
         .collect();
-    assert_eq!(delivered, vec![(10, false), (20, false), (30, false), (40, false), (50, false), (60, false), (35, true)]);
+    assert_eq!(
+        delivered,
+        vec![(10, false), (20, false), (30, false), (40, false), (50, false), (60, false), (35, true)]
+    );
     assert_eq!(case.document().failure, None, "the failure is cleared");
+}
+
+/// Issue 26, section 3: what was found late is in `status` (and its JSON, which the status
+/// function serves) and in a watchdog finding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_arrivals_are_in_status_and_the_watchdog() {
+    let (case, _) = sqlite_seq_case(None).await;
+    case.tick().await;
+    execute(&case.url, "INSERT INTO items (id, seq, note) VALUES (35, 35, 'late');\n").await;
+    case.tick().await;
+    let now = chrono::Utc::now();
+    let health = dbtrigger::status::of_poller("orders", &case.poller, now).await;
+    assert!(health.healthy, "{:?}", health.problems);
+    assert_eq!(health.late_arrivals, 1);
+    assert!(health.last_late_arrival_at.is_some());
+    let json = serde_json::to_value(&health).unwrap();
+    assert_eq!(json["late_arrivals"], 1);
+    let (findings, _) = dbtrigger::domain::watchdog::judge(&health, None, 3, None, now);
+    let kinds: Vec<_> = findings.iter().map(|finding| finding.kind.name()).collect();
+    assert_eq!(kinds, ["late_arrivals"]);
+    assert!(findings[0].message.contains("settleSeconds does not apply"), "{}", findings[0].message);
 }
