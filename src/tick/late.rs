@@ -89,7 +89,7 @@ impl Poller {
             return None;
         }
         let tick = self.late_ticks.fetch_add(1, Ordering::Relaxed);
-        if tick % u64::from(config.every_ticks) != 0 {
+        if !tick.is_multiple_of(u64::from(config.every_ticks)) {
             return None;
         }
         let checkpoint = document.checkpoint.as_ref()?;
