@@ -19,6 +19,10 @@
 //! by the raw limit, each run in a process of its own (this program again) so that its peak RSS is
 //! its own (`DBTRIGGER_BENCH_WIDE_ROWS` rows, default 36,000: a 366 MB table).
 //!
+//! Last, the late-arrival detector's cost (issue 26): an idle tick with the detector off and on,
+//! after catch-ups of tables of 1,000, 10,000 and 100,000 rows (all of them in the window), on
+//! file and Azurite state (`DBTRIGGER_BENCH_ONLY=late` runs only that part).
+//!
 //! Run: `cargo bench --bench throughput` (starts PostgreSQL and Azurite like the tests). Each engine
 //! and batch size runs one round to warm up, then `DBTRIGGER_BENCH_ROUNDS` rounds (default 3); the
 //! table shows medians, and the ratio's range. `DBTRIGGER_BENCH_ROWS` changes the table size
@@ -41,7 +45,7 @@ use std::time::Instant;
 
 use axum::routing::get;
 use dbtrigger::config::{PollerConfig, Settings};
-use dbtrigger::tick::{Poller, StopReason, SystemClock, TickOutcome};
+use dbtrigger::tick::{LateCheck, Poller, StopReason, SystemClock, TickOutcome};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
@@ -415,13 +419,50 @@ async fn dbtrigger(
     rows: i64,
     max_bytes: Option<usize>,
 ) -> Measured {
+    let (poller, _directory) = bench_poller(url, hook, state, batch, max_in_flight, max_bytes, json!({}));
+    let meter = Meter::start();
+    let (total, writes) = catch_up(&poller).await;
+    assert_eq!(total as i64, rows);
+    Measured { blob_writes: writes, ..meter.finish(rows) }
+}
+
+/// Ticks until caught up: the rows delivered and the state writes.
+async fn catch_up(poller: &Poller) -> (u64, u64) {
+    let mut total = 0;
+    let mut writes = 0;
+    loop {
+        let (outcome, report) = poller.tick_reported().await;
+        writes += report.blob_writes;
+        match outcome.unwrap() {
+            TickOutcome::Delivered { rows, stop: StopReason::CaughtUp, .. } => {
+                total += rows;
+                break;
+            }
+            TickOutcome::Delivered { rows, .. } => total += rows,
+            other => panic!("{other:?}"),
+        }
+    }
+    (total, writes)
+}
+
+/// A poller of the bench's table at its defaults but for the batch size, `maxInFlight`, the byte
+/// limits (`max_bytes`) and `source.lateArrivals` (`late_arrivals`).
+fn bench_poller(
+    url: &str,
+    hook: &str,
+    state: &str,
+    batch: i64,
+    max_in_flight: usize,
+    max_bytes: Option<usize>,
+    late_arrivals: serde_json::Value,
+) -> (Poller, tempfile::TempDir) {
     let directory = tempfile::tempdir().unwrap();
     let root = directory.path().join("app");
     std::fs::create_dir_all(root.join("orders")).unwrap();
     let mut function = json!({
         "bindings": [{"type": "timerTrigger", "direction": "in", "name": "timer", "schedule": "0 * * * * *"}],
         "poller": {
-            "source": {"connection": "DB", "table": "orders", "cursor": "version", "pk": ["id"]},
+            "source": {"connection": "DB", "table": "orders", "cursor": "version", "pk": ["id"], "lateArrivals": late_arrivals},
             "batch": {"size": batch, "maxInFlight": max_in_flight},
             "sink": {"type": "webhook", "url": hook},
             "state": {"connection": "STATE", "container": format!("b{}", uuid::Uuid::new_v4().simple())}
@@ -440,23 +481,98 @@ async fn dbtrigger(
     let sink = dbtrigger::sink::open(&config.sink).unwrap();
     let (store, _) = dbtrigger::store::open(&config.state).unwrap();
     let poller = Poller::new(config, source, sink, store, Arc::new(SystemClock), "bench".into());
-    let meter = Meter::start();
-    let mut total = 0;
-    let mut writes = 0;
-    loop {
-        let (outcome, report) = poller.tick_reported().await;
-        writes += report.blob_writes;
-        match outcome.unwrap() {
-            TickOutcome::Delivered { rows, stop: StopReason::CaughtUp, .. } => {
-                total += rows;
-                break;
+    (poller, directory)
+}
+
+/// The late-arrival detector's cost (issue 26): an idle tick (nothing new after the checkpoint:
+/// one state read, the seek, and with the detector the recount of its window in one grouped
+/// query) with the detector off and on, after a catch-up of a table whose rows all lie in the
+/// window (`window` rows: the window's default bound is 100,000 rows). Rounds alternate off and
+/// on, `DBTRIGGER_BENCH_IDLE_TICKS` ticks each (default 200); the table shows medians. The
+/// catch-up itself is timed too: what keeping the window costs each commit. Returns the rows
+/// delivered (to the receiver's count).
+async fn late_detector(
+    receiver: &ReceiverProcess,
+    directory: &std::path::Path,
+    azurite: &str,
+    rounds: usize,
+    only: Option<&str>,
+) -> u64 {
+    let ticks: u32 = std::env::var("DBTRIGGER_BENCH_IDLE_TICKS").ok().and_then(|text| text.parse().ok()).unwrap_or(200);
+    println!();
+    println!(
+        "late-arrival detector: an idle tick (median of {rounds} rounds of {ticks} ticks) and the catch-up, detector off and on"
+    );
+    println!(
+        "{:<10} {:>8} {:<9} {:>12} {:>12} {:>10} {:>8} {:>16} {:>16}",
+        "engine",
+        "window",
+        "state",
+        "idle off µs",
+        "idle on µs",
+        "added µs",
+        "added %",
+        "catch-up off s",
+        "catch-up on s"
+    );
+    let mut delivered = 0u64;
+    for engine in [Engine::Sqlite, Engine::Postgres] {
+        for window in [1_000i64, 10_000, 100_000] {
+            for (state_name, state) in [("file", "file"), ("azurite", azurite)] {
+                let path = format!("late detector: {engine:?} {window} rows, {state_name} state");
+                if only.is_some_and(|only| !path.contains(only)) {
+                    continue;
+                }
+                let url = table(
+                    engine,
+                    &directory.join(format!("late-{engine:?}-{window}-{state_name}")),
+                    window,
+                    SHORT_NOTE,
+                )
+                .await;
+                let mut idle: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+                let mut catch_ups: [f64; 2] = [0.0, 0.0];
+                let mut pollers = Vec::new();
+                for (index, enabled) in [false, true].into_iter().enumerate() {
+                    let (poller, directory) =
+                        bench_poller(&url, &receiver.hook(), state, 1000, 1, None, json!({"enabled": enabled}));
+                    let started = Instant::now();
+                    let (rows, _) = catch_up(&poller).await;
+                    catch_ups[index] = started.elapsed().as_secs_f64();
+                    assert_eq!(rows as i64, window);
+                    delivered += rows;
+                    pollers.push((poller, directory));
+                }
+                for _round in 0..=rounds {
+                    for (index, (poller, _)) in pollers.iter().enumerate() {
+                        let started = Instant::now();
+                        for _ in 0..ticks {
+                            let (outcome, report) = poller.tick_reported().await;
+                            assert_eq!(outcome.unwrap(), TickOutcome::Idle);
+                            assert_eq!(report.late_check == LateCheck::Checked, index == 1, "{report:?}");
+                        }
+                        idle[index].push(started.elapsed().as_secs_f64() * 1e6 / f64::from(ticks));
+                    }
+                }
+                // The first round warms up.
+                let off = median(idle[0][1..].to_vec());
+                let on = median(idle[1][1..].to_vec());
+                println!(
+                    "{:<10} {:>8} {:<9} {:>12.0} {:>12.0} {:>10.0} {:>7.1}% {:>16.2} {:>16.2}",
+                    format!("{engine:?}"),
+                    window,
+                    state_name,
+                    off,
+                    on,
+                    on - off,
+                    100.0 * (on - off) / off,
+                    catch_ups[0],
+                    catch_ups[1]
+                );
             }
-            TickOutcome::Delivered { rows, .. } => total += rows,
-            other => panic!("{other:?}"),
         }
     }
-    assert_eq!(total as i64, rows);
-    Measured { blob_writes: writes, ..meter.finish(rows) }
+    delivered
 }
 
 fn main() {
@@ -595,6 +711,7 @@ async fn run() {
         }
     }
     expected += wide_rows(&receiver, directory.path(), rounds, only.as_deref()).await;
+    expected += late_detector(&receiver, directory.path(), &azurite, rounds, only.as_deref()).await;
     assert_eq!(receiver.count().await.0, expected, "every row reached the receiver");
 }
 

@@ -128,7 +128,8 @@ impl Invocation {
     }
 }
 
-/// A tick's costs as `key=value` pairs: duration, lag after it, blob requests, fencing token.
+/// A tick's costs as `key=value` pairs: duration, lag after it, blob requests, fencing token, and
+/// the late-arrival detector's check and findings.
 fn report_pairs(report: &TickReport) -> String {
     let lag = match report.lag_after {
         Some(lag) if lag.capped => format!("{}+", lag.rows),
@@ -136,9 +137,14 @@ fn report_pairs(report: &TickReport) -> String {
         None => "unknown".to_string(),
     };
     let token = report.fencing_token.map(|token| token.to_string()).unwrap_or_else(|| "none".to_string());
+    let lateness = report.max_lateness_seconds.map(|seconds| seconds.to_string()).unwrap_or_else(|| "none".to_string());
     format!(
-        "duration_ms={} lag_rows={lag} blob_reads={} blob_writes={} fencing_token={token}",
-        report.duration_ms, report.blob_reads, report.blob_writes
+        "late_arrivals={} max_lateness_seconds={lateness} late_check={} duration_ms={} lag_rows={lag} blob_reads={} blob_writes={} fencing_token={token}",
+        report.late_arrivals,
+        report.late_check.as_str(),
+        report.duration_ms,
+        report.blob_reads,
+        report.blob_writes
     )
 }
 

@@ -111,6 +111,15 @@ pub fn table(healths: &[PollerHealth], now: chrono::DateTime<chrono::Utc>) -> St
         if let Some(reason) = &health.disabled {
             out.push_str(&format!("{}: disabled: {reason}\n", health.function));
         }
+        if health.late_arrivals > 0 {
+            out.push_str(&format!(
+                "{}: {} rows arrived late (committed behind the checkpoint; found and delivered with late: true), the latest {} s after its cursor time{}\n",
+                health.function,
+                health.late_arrivals,
+                health.max_lateness_seconds.unwrap_or_default(),
+                health.last_late_arrival_at.map(|at| format!(", last found {} ago", age((now - at).num_seconds()))).unwrap_or_default()
+            ));
+        }
     }
     out
 }
@@ -123,5 +132,26 @@ fn age(seconds: i64) -> String {
         120..=7_199 => format!("{}m", seconds / 60),
         7_200..=172_799 => format!("{}h", seconds / 3_600),
         _ => format!("{}d", seconds / 86_400),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 26, section 3: `status` says how many rows arrived late, and how late.
+    #[test]
+    fn the_table_says_how_many_rows_arrived_late() {
+        let now = chrono::DateTime::from_timestamp(1_780_000_000, 0).unwrap();
+        let mut health = PollerHealth::disabled("orders", "orders", "x".into());
+        health.disabled = None;
+        health.late_arrivals = 2;
+        health.max_lateness_seconds = Some(7);
+        health.last_late_arrival_at = Some(now - chrono::Duration::seconds(30));
+        let table = table(&[health], now);
+        assert!(
+            table.contains("orders: 2 rows arrived late (committed behind the checkpoint; found and delivered with late: true), the latest 7 s after its cursor time, last found 30s ago"),
+            "{table}"
+        );
     }
 }

@@ -46,6 +46,7 @@ pub(super) struct RawSource {
     pub(super) soft_delete: Option<String>,
     pub(super) op_column: Option<String>,
     pub(super) generation: Option<RawGeneration>,
+    pub(super) late_arrivals: Option<super::late::RawLateArrivals>,
 }
 
 #[derive(Deserialize)]

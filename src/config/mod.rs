@@ -17,6 +17,7 @@ pub mod connection;
 mod disabled;
 pub mod fields;
 mod function_json;
+pub mod late;
 pub mod plan;
 pub mod redact;
 pub mod reference;
@@ -38,6 +39,7 @@ use serde_json::Value;
 
 pub use self::batch::{BatchConfig, PoisonConfig};
 pub use self::connection::{StorageConnection, StorageCredential};
+pub use self::late::LateArrivalsConfig;
 pub use self::sink::{MessageEncoding, MessagePer, QueueConfig, SigningKey, SinkConfig, WebhookConfig};
 pub use self::source::{
     Engine, GenerationConfig, OnGenerationChange, OpRule, SourceConfig, SourceTarget, validate_identifier,
@@ -255,6 +257,8 @@ pub struct PollerConfig {
     pub lease: LeaseTerms,
     pub poison: PoisonConfig,
     pub state: StateConfig,
+    /// `source.lateArrivals`: the late-arrival detector.
+    pub late_arrivals: LateArrivalsConfig,
     /// `sha256:...` of the source definition, without the password: the effective target (host,
     /// port, database, user, options, as the driver resolves the URL) and the query's shape.
     pub fingerprint: String,
@@ -461,6 +465,7 @@ fn build(
     }
     let app_name = checked_app_name(settings, at)?;
 
+    let late_arrivals = late::build_late_arrivals(raw.source.late_arrivals.as_ref(), at)?;
     let (source, fingerprints) = build_source(raw.source, settings, app_root, at)?;
 
     let batch = build_batch(&raw.batch, function_timeout, at)?;
@@ -483,6 +488,7 @@ fn build(
         lease,
         poison,
         state,
+        late_arrivals,
         fingerprint: fingerprints.current,
         legacy_fingerprint: fingerprints.legacy,
     })

@@ -452,3 +452,26 @@ fn delete_rules_and_generations_are_checked_with_their_field() {
         ("SELECT max(id) FROM loads", OnGenerationChange::Stop)
     );
 }
+
+/// Issue 26, section 3: the late-arrival detector is on by default, and `source.lateArrivals`
+/// turns it off or sizes it; a number out of range or an unknown field is refused by name.
+#[test]
+fn late_arrivals_are_detected_by_default_and_configurable() {
+    let (_root, config) = load(&function_json(valid_poller()), &settings());
+    assert_eq!(config.unwrap().late_arrivals, LateArrivalsConfig::default());
+    let mut poller = valid_poller();
+    poller["source"]["lateArrivals"] =
+        json!({"enabled": false, "windowSeconds": 60, "windowRows": 500, "everyTicks": 3});
+    let (_root, config) = load(&function_json(poller), &settings());
+    let late = config.unwrap().late_arrivals;
+    assert_eq!(
+        late,
+        LateArrivalsConfig { enabled: false, window: Duration::from_secs(60), window_rows: 500, every_ticks: 3 }
+    );
+    let mut poller = valid_poller();
+    poller["source"]["lateArrivals"] = json!({"everyTicks": 0});
+    assert!(load_error(poller).to_string().contains("poller.source.lateArrivals.everyTicks"));
+    let mut poller = valid_poller();
+    poller["source"]["lateArrivals"] = json!({"enable": false});
+    assert!(load_error(poller).to_string().contains("enable"));
+}

@@ -283,6 +283,10 @@ pub struct Batch {
     /// The source generation (seed 003) the rows were read under, when one is configured:
     /// receivers can drop the data of a superseded load.
     pub generation: Option<Value>,
+    /// Rows delivered again because the late-arrival detector found rows committed behind the
+    /// checkpoint (`"late": true` in the envelope and in every row message); their event ids are
+    /// the ones they always had.
+    pub late: bool,
     pub events: Vec<Event>,
 }
 
@@ -305,10 +309,13 @@ impl Batch {
             events.push(Event::encode(id, op, &key[cursor], &key[pk], row));
             positions.push(position);
         }
-        (Batch { poller: poller.to_string(), batch_id, fencing_token, generation: None, events }, positions)
+        (
+            Batch { poller: poller.to_string(), batch_id, fencing_token, generation: None, late: false, events },
+            positions,
+        )
     }
 
-    /// `{"poller":…,"batch_id":…,"fencing_token":…,["generation":…,]"sent_at":…` : what an
+    /// `{"poller":…,"batch_id":…,"fencing_token":…,["generation":…,]["late":true,]"sent_at":…` : what an
     /// envelope and a row message start with.
     fn write_head(&self, out: &mut Vec<u8>, batch_id: &str, sent_at: &str) {
         out.extend_from_slice(b"{\"poller\":");
@@ -320,6 +327,9 @@ impl Batch {
         if let Some(generation) = &self.generation {
             out.extend_from_slice(b",\"generation\":");
             serde_json::to_writer(&mut *out, generation).expect("writing to memory cannot fail");
+        }
+        if self.late {
+            out.extend_from_slice(b",\"late\":true");
         }
         out.extend_from_slice(b",\"sent_at\":");
         write_str(out, sent_at);
@@ -381,6 +391,8 @@ mod tests {
         fencing_token: u64,
         #[serde(skip_serializing_if = "Option::is_none")]
         generation: Option<&'a Value>,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        late: bool,
         sent_at: &'a str,
         events: &'a [TreeEvent],
     }
@@ -392,6 +404,8 @@ mod tests {
         fencing_token: u64,
         #[serde(skip_serializing_if = "Option::is_none")]
         generation: Option<&'a Value>,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        late: bool,
         sent_at: &'a str,
         #[serde(flatten)]
         event: &'a TreeEvent,
@@ -468,8 +482,11 @@ mod tests {
             // What the quarantine stores comes back as the same bytes.
             assert_eq!(&Event::from_value(&event.to_value()).unwrap(), event);
         }
-        for generation in [None, Some(json!(2)), Some(json!("load \"7\""))] {
+        for (generation, late) in
+            [(None, false), (Some(json!(2)), true), (Some(json!("load \"7\"")), false), (None, true)]
+        {
             batch.generation = generation.clone();
+            batch.late = late;
             let sent_at = "2026-11-23T10:00:00.123Z";
             let envelope = batch.envelope("bat_1-1of2", sent_at, &batch.events);
             let expected = serde_json::to_vec(&TreeEnvelope {
@@ -477,6 +494,7 @@ mod tests {
                 batch_id: "bat_1-1of2",
                 fencing_token: batch.fencing_token,
                 generation: generation.as_ref(),
+                late,
                 sent_at,
                 events: &trees,
             })
@@ -492,6 +510,7 @@ mod tests {
                     batch_id: &batch.batch_id,
                     fencing_token: batch.fencing_token,
                     generation: generation.as_ref(),
+                    late,
                     sent_at,
                     event: tree,
                 };

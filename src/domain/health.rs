@@ -86,6 +86,13 @@ pub struct PollerHealth {
     /// Why the host does not run this function (`AzureWebJobs.<function>.Disabled`, or host.json
     /// `functions`): a disabled poller is healthy, and nothing more is read about it.
     pub disabled: Option<String>,
+    /// Rows the late-arrival detector found committed behind the checkpoint and delivered late,
+    /// in all (informational: they were delivered; the watchdog reports when this grows).
+    pub late_arrivals: u64,
+    /// The most seconds such a row was found after its cursor time: what `settleSeconds` would
+    /// have had to be (integer cursors: after the checkpoint passed it).
+    pub max_lateness_seconds: Option<u64>,
+    pub last_late_arrival_at: Option<DateTime<Utc>>,
 }
 
 impl PollerHealth {
@@ -127,6 +134,9 @@ impl PollerHealth {
             generation_changed: false,
             error: None,
             disabled: None,
+            late_arrivals: 0,
+            max_lateness_seconds: None,
+            last_late_arrival_at: None,
         }
     }
 }
@@ -194,6 +204,11 @@ pub fn assess(observed: Observed<'_>, now: DateTime<Utc>) -> PollerHealth {
             health.last_success_at = document.stats.last_tick_at;
             health.quarantined = document.stats.quarantined;
             health.rows_delivered = document.stats.rows_delivered;
+            if let Some(late) = &document.late {
+                health.late_arrivals = late.found;
+                health.max_lateness_seconds = late.max_lateness_seconds;
+                health.last_late_arrival_at = late.last_found_at;
+            }
             if let Some(poison) = &document.poison {
                 health.attempts = poison.attempts;
                 health.last_error = Some(poison.last_error.clone());

@@ -9,6 +9,8 @@
 //!   it is healthy.
 //! - [`poison`]: counting a batch's failed attempts, when to isolate it, and the isolation's plan
 //!   (parts in row order, what halts it, what the next tick goes on with) (seed 001 case I).
+//! - [`late`]: the late-arrival detector: the window of delivered keys behind the checkpoint, and
+//!   what a recount by the database says of it.
 //! - [`lease`]: lease decisions (acquire, renew, release) with the fencing token and skew margin.
 //! - [`ids`]: deterministic event and batch ids, and the source fingerprint.
 //! - [`watchdog`]: what the watchdog concludes about a poller (stalled, abandoned lease, failing,
@@ -20,6 +22,7 @@ pub mod cursor;
 pub mod event;
 pub mod health;
 pub mod ids;
+pub mod late;
 pub mod lease;
 pub mod poison;
 pub mod schedule;

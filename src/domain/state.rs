@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::cursor::{CursorJson, Position, PositionOrder};
+use super::late::LateRecord;
 use super::lease::LeaseRecord;
 use super::poison::PoisonRecord;
 
@@ -45,6 +46,9 @@ pub struct StateDocument {
     /// The source generation (seed 003) the checkpoint belongs to, when one is configured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<GenerationRecord>,
+    /// The late-arrival detector's window and findings ([`super::late`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub late: Option<LateRecord>,
     /// Operator changes (reset, clone, fingerprint accept), oldest first, the last 50 kept.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<HistoryEntry>,
@@ -198,6 +202,7 @@ impl StateDocument {
             poison: None,
             failure: None,
             generation: None,
+            late: None,
             history: Vec::new(),
             extra: Map::new(),
         }

@@ -11,6 +11,7 @@
 //! | `quarantine_grew`    | more rows quarantined than at the previous run                        |
 //! | `fingerprint_changed`| the source definition changed: the poller stops until reset or accepted |
 //! | `generation_changed` | the source generation moved and the poller stops (`onChange: stop`)     |
+//! | `late_arrivals`      | the late-arrival detector found (and delivered) more rows than at the previous run |
 //!
 //! `stalled` and `lease_abandoned` are what a tick can fix, so `kick` runs one for them.
 
@@ -31,6 +32,9 @@ pub struct Seen {
     pub checkpoint: Option<Value>,
     /// Since when rows have been waiting behind that checkpoint, as far as the watchdog saw.
     pub waiting_since: Option<DateTime<Utc>>,
+    /// Rows found late so far.
+    #[serde(default)]
+    pub late_arrivals: u64,
 }
 
 /// What the watchdog keeps between runs, by poller name.
@@ -51,6 +55,7 @@ pub enum FindingKind {
     QuarantineGrew,
     FingerprintChanged,
     GenerationChanged,
+    LateArrivals,
 }
 
 impl FindingKind {
@@ -64,6 +69,7 @@ impl FindingKind {
             FindingKind::QuarantineGrew => "quarantine_grew",
             FindingKind::FingerprintChanged => "fingerprint_changed",
             FindingKind::GenerationChanged => "generation_changed",
+            FindingKind::LateArrivals => "late_arrivals",
         }
     }
 
@@ -149,6 +155,9 @@ pub fn judge(
             ),
         );
     }
+    if health.late_arrivals > previous.late_arrivals {
+        found(FindingKind::LateArrivals, late_arrivals_message(health, previous.late_arrivals));
+    }
     let checkpoint = health
         .checkpoint
         .as_ref()
@@ -177,8 +186,35 @@ pub fn judge(
             );
         }
     }
-    let remembered = Seen { quarantined: health.quarantined, attempts: health.attempts, checkpoint, waiting_since };
+    let remembered = Seen {
+        quarantined: health.quarantined,
+        attempts: health.attempts,
+        checkpoint,
+        waiting_since,
+        late_arrivals: health.late_arrivals,
+    };
     (findings, remembered)
+}
+
+/// What a `late_arrivals` finding says: how many, how late, and the `settleSeconds` that would
+/// have caught them (a timestamp cursor), or why none would (an integer one).
+fn late_arrivals_message(health: &PollerHealth, before: u64) -> String {
+    let found = health.late_arrivals - before;
+    let integer_cursor = health.checkpoint.as_ref().is_some_and(|checkpoint| checkpoint.cursor.is_number());
+    let lateness = health.max_lateness_seconds.unwrap_or_default();
+    let head = format!(
+        "{found} rows were committed behind the checkpoint after the poller had passed them, found by the late-arrival detector and delivered late ({} in all)",
+        health.late_arrivals
+    );
+    if integer_cursor {
+        return format!(
+            "{head}; the latest came {lateness} s after the checkpoint passed its value: an identity or sequence cursor hands out values before commit, and settleSeconds does not apply to it (keep the detector on; on PostgreSQL an xid cursor cannot skip a commit)"
+        );
+    }
+    format!(
+        "{head}; the latest was found {lateness} s after its cursor time: settleSeconds {} would have caught them (or settle: auto / an xid cursor, where the database can bound its open transactions)",
+        lateness + 1
+    )
 }
 
 #[cfg(test)]
@@ -272,5 +308,36 @@ mod tests {
         let (findings, _) = judge(&reloaded, Some(MINUTE), 3, None, at(0));
         assert_eq!(kinds(&findings), [FindingKind::GenerationChanged]);
         assert!(findings[0].message.contains("moved to 8") && !findings[0].kind.kickable());
+    }
+
+    /// Issue 26, section 3: rows found late are reported once, with the settleSeconds that would
+    /// have caught them (a timestamp cursor) or why none would (an integer cursor).
+    #[test]
+    fn late_arrivals_are_reported_when_they_grow_with_the_settle_that_would_have_caught_them() {
+        let mut health = healthy(0);
+        health.checkpoint.as_mut().unwrap().cursor = serde_json::json!("2026-01-01T00:00:00Z");
+        health.late_arrivals = 3;
+        health.max_lateness_seconds = Some(4);
+        let (findings, seen) = judge(&health, Some(MINUTE), 3, None, at(100));
+        assert_eq!(kinds(&findings), [FindingKind::LateArrivals]);
+        assert!(
+            findings[0].message.starts_with("3 rows were committed behind the checkpoint"),
+            "{}",
+            findings[0].message
+        );
+        assert!(findings[0].message.contains("settleSeconds 5 would have caught them"), "{}", findings[0].message);
+        assert!(!findings[0].kind.kickable());
+        assert_eq!(seen.late_arrivals, 3);
+        // Seen already: nothing new to say.
+        assert!(judge(&health, Some(MINUTE), 3, Some(&seen), at(200)).0.is_empty());
+        // An integer cursor: settle would not have helped.
+        health.checkpoint.as_mut().unwrap().cursor = serde_json::json!(42);
+        health.late_arrivals = 4;
+        let (findings, _) = judge(&health, Some(MINUTE), 3, Some(&seen), at(300));
+        assert!(findings[0].message.starts_with("1 rows"), "{}", findings[0].message);
+        assert!(findings[0].message.contains("settleSeconds does not apply"), "{}", findings[0].message);
+        // A memory written before this field existed reads as none seen.
+        let old: Seen = serde_json::from_value(serde_json::json!({"quarantined": 0, "attempts": 0})).unwrap();
+        assert_eq!(old.late_arrivals, 0);
     }
 }

@@ -157,6 +157,7 @@ pub async fn replay(
             // The receiver fences on the token: the newest one issued, never an older one.
             fencing_token: fencing_token.max(stored.entry.fencing_token),
             generation: generation.clone(),
+            late: false,
             events: vec![event],
         };
         let deadline = tokio::time::Instant::now() + config.batch.tick_budget;

@@ -7,6 +7,7 @@
 //! when no index starts with (cursor, pk...), since the seek's cost then grows with the table.
 
 mod fetch;
+pub mod late;
 pub mod mysql;
 pub mod position;
 pub mod postgres;
@@ -24,8 +25,10 @@ use sqlx::{Database, Encode, Type};
 
 use crate::config::redact::Redaction;
 use crate::config::{Engine, OpRule, SourceConfig};
+use crate::domain::late::Tally;
 use crate::domain::{CursorValue, PkValue, Position};
 pub(crate) use fetch::{Collector, RowSizes, fetch_rows};
+pub use late::{BucketCheck, BucketRange};
 use position::bind_position;
 pub use query::Probe;
 use query::SeekQuery;
@@ -85,6 +88,25 @@ pub trait Source: Send + Sync {
 
     /// Where the source is, for messages; never includes a password.
     fn describe(&self) -> String;
+
+    /// The late-arrival recount ([`late`]): one tally per bucket of `check`, over the rows at or
+    /// before its checkpoint. `None`: this source cannot recount (a test double), and the detector
+    /// stays off for it.
+    async fn tally_buckets(&self, check: &BucketCheck) -> Result<Option<Vec<Tally>>, SourceError> {
+        let _ = check;
+        Ok(None)
+    }
+
+    /// Up to `limit` rows of one bucket of the late-arrival window, after `after`, in order.
+    async fn read_bucket(
+        &self,
+        range: &BucketRange,
+        after: Option<&Position>,
+        limit: FetchLimit,
+    ) -> Result<Fetched, SourceError> {
+        let _ = (range, after, limit);
+        Err(SourceError::Query { location: self.describe(), reason: "this source cannot re-read a bucket".into() })
+    }
 
     /// The next rows to deliver: settled rows strictly after `after`, up to `limit`.
     async fn fetch_after(&self, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
@@ -221,6 +243,42 @@ macro_rules! sql_source {
 
             fn describe(&self) -> String {
                 self.redaction.location.clone()
+            }
+
+            async fn tally_buckets(
+                &self,
+                check: &$crate::source::BucketCheck,
+            ) -> Result<Option<Vec<$crate::domain::late::Tally>>, $crate::source::SourceError> {
+                let work = async {
+                    let seek = self.seek().await?;
+                    $crate::source::late::tally_buckets(&self.pool, &self.config, &seek.plan, check, &self.redaction)
+                        .await
+                        .map(Some)
+                };
+                $crate::source::timed(&self.config, &self.redaction.location, work).await
+            }
+
+            async fn read_bucket(
+                &self,
+                range: &$crate::source::BucketRange,
+                after: Option<&$crate::domain::Position>,
+                limit: $crate::source::FetchLimit,
+            ) -> Result<$crate::source::Fetched, $crate::source::SourceError> {
+                let work = async {
+                    let seek = self.seek().await?;
+                    $crate::source::late::read_bucket(
+                        &self.pool,
+                        &self.config,
+                        &seek.plan,
+                        range,
+                        after,
+                        limit,
+                        &self.redaction,
+                        self,
+                    )
+                    .await
+                };
+                $crate::source::timed(&self.config, &self.redaction.location, work).await
             }
         }
     };

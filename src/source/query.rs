@@ -62,6 +62,8 @@ pub struct SeekQuery {
     pub count_from_start: String,
     /// The source's last settled row, in the seek's order (for `reset --to-end`): binds the limit.
     pub last: String,
+    /// What the pre-flight learnt, for the other questions built on demand (late arrivals).
+    pub plan: SeekPlan,
 }
 
 /// Which rows a read asks for.
@@ -144,7 +146,7 @@ const POSTGRES_BUILTIN_TYPES: [&str; 13] = [
     "DATE",
 ];
 
-fn postgres_type_name(name: &str) -> String {
+pub(super) fn postgres_type_name(name: &str) -> String {
     if POSTGRES_BUILTIN_TYPES.contains(&name) { name.to_string() } else { format!("\"{}\"", name.replace('"', "\"\"")) }
 }
 
@@ -265,6 +267,7 @@ pub fn build_seek(config: &SourceConfig, plan: &SeekPlan) -> SeekQuery {
             where_part(&filters),
             descending.join(", ")
         ),
+        plan: plan.clone(),
     }
 }
 

@@ -22,10 +22,12 @@ use rusqlite::{Connection, ErrorCode, InterruptHandle, OpenFlags};
 use serde_json::Value;
 use tokio::sync::OnceCell;
 
+use super::late::{self, BucketCheck, BucketRange};
 use super::query::{CursorType, Probe, SeekPlan, SeekQuery, Slot, build_seek};
 use super::{Collector, Decoded, FetchLimit, Fetched, Layout, Source, SourceError, warn_missing_index};
 use crate::config::redact::Redaction;
 use crate::config::{SourceConfig, SourceTarget};
+use crate::domain::late::{BucketEnd, Tally};
 use crate::domain::{CursorValue, PkValue, Position};
 
 /// Connections kept open between questions (a catch-up asks one after another; `status` may ask
@@ -70,6 +72,8 @@ impl Connections {
         // because a new value is bound to its `LIMIT ?` (about 10 µs a batch, measured), and with
         // statistics (ANALYZE) a bound cursor value could flip the plan from one batch to the next.
         connection.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
+        // The late-arrival recount hashes keys in SQL as the detector does in Rust.
+        super::late::register_sqlite_key_hash(&connection)?;
         Ok(connection)
     }
 
@@ -370,6 +374,78 @@ impl Source for SqliteSource {
     fn describe(&self) -> String {
         self.redaction.location.clone()
     }
+
+    async fn tally_buckets(&self, check: &BucketCheck) -> Result<Option<Vec<Tally>>, SourceError> {
+        let check = check.clone();
+        let work = async {
+            let seek = self.seek().await?;
+            self.ask(move |connection, config, redaction| {
+                let late = late::tally_sql_for(config, &seek.plan, &check);
+                let values = late::slot_values(&late.slots, &check.bounds, None, &check.checkpoint, None, None, 0)?;
+                let bound = sqlite_values(config, values)?;
+                let failed = |error| classify(redaction, error);
+                let mut statement = connection.prepare_cached(&late.sql).map_err(failed)?;
+                let rows = statement
+                    .query_map(rusqlite::params_from_iter(bound), |row| {
+                        let get = |index: usize| row.get::<_, Option<i64>>(index).map(Option::unwrap_or_default);
+                        Ok((get(0)?, get(1)?, get(2)?, get(3)?))
+                    })
+                    .map_err(failed)?
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(failed)?;
+                late::tallies(check.bounds.len(), &rows).map(Some)
+            })
+            .await
+        };
+        super::timed(&self.config, &self.redaction.location, work).await
+    }
+
+    async fn read_bucket(
+        &self,
+        range: &BucketRange,
+        after: Option<&Position>,
+        limit: FetchLimit,
+    ) -> Result<Fetched, SourceError> {
+        let (range, after) = (range.clone(), after.cloned());
+        let work = async {
+            let seek = self.seek().await?;
+            self.ask(move |connection, config, redaction| {
+                let late = late::bucket_sql_for(config, &seek.plan, &range, after.is_some());
+                let until = match &range.until {
+                    BucketEnd::Before(cursor) => Some(cursor),
+                    BucketEnd::Checkpoint => None,
+                };
+                let bounds = [range.from.clone()];
+                let values = late::slot_values(
+                    &late.slots,
+                    &bounds,
+                    until,
+                    &range.checkpoint,
+                    after.as_ref(),
+                    range.only,
+                    limit.rows as i64,
+                )?;
+                let bound = sqlite_values(config, values)?;
+                read_rows(connection, config, redaction, &late.sql, bound, limit)
+            })
+            .await
+        };
+        super::timed(&self.config, &self.redaction.location, work).await
+    }
+}
+
+/// The values of a late-arrival question, as SQLite binds them.
+fn sqlite_values(config: &SourceConfig, values: Vec<late::SlotValue>) -> Result<Vec<SqlValue>, SourceError> {
+    let mut bound = Vec::with_capacity(values.len());
+    for value in values {
+        match value {
+            late::SlotValue::Position(position, slot) => {
+                bound.extend(position_values(config, std::slice::from_ref(&slot), &position)?);
+            }
+            late::SlotValue::Integer(number) => bound.push(SqlValue::Integer(number)),
+        }
+    }
+    Ok(bound)
 }
 
 /// `source.generation.query`'s one value: the first column of the first row (`null` without a

@@ -191,6 +191,7 @@ impl Poller {
         let rows = part.len();
         let part_batch = Batch {
             poller: batch.poller.clone(),
+            late: batch.late,
             // The same rows give the same id, whichever tick sends them.
             batch_id: batch_id(
                 &self.config.poller_name,
@@ -336,7 +337,8 @@ impl Poller {
             batches,
             quarantined: quarantined_rows,
         };
-        if !self.commit(writer, document, &delivered, release, record.as_ref()).await? {
+        let keys = self.late_keys(&positions[committed.rows..settled]);
+        if !self.commit(writer, document, &delivered, &[&keys], release, record.as_ref()).await? {
             return Ok(false);
         }
         totals.add(delivered_rows, quarantined_rows, batches, &positions[settled - 1]);

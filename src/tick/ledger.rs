@@ -5,6 +5,7 @@
 use tracing::{info, warn};
 
 use crate::domain::StateDocument;
+use crate::domain::late::KeyRow;
 use crate::domain::poison::PoisonRecord;
 use crate::domain::state::describe;
 use crate::domain::transitions::{self, Delivered, Refusal};
@@ -31,7 +32,8 @@ impl Poller {
         release: bool,
     ) -> Result<bool, TickError> {
         let delivered = delivered(ready).expect("a commit covers at least one batch");
-        let committed = self.commit(writer, document, &delivered, release, None).await?;
+        let keys: Vec<&[KeyRow]> = ready.iter().map(|sent| sent.keys.as_slice()).collect();
+        let committed = self.commit(writer, document, &delivered, &keys, release, None).await?;
         if committed {
             let fencing_token = document.lease.as_ref().map(|lease| lease.fencing_token).unwrap_or_default();
             for sent in ready {
@@ -48,14 +50,16 @@ impl Poller {
         Ok(committed)
     }
 
-    /// Moves the checkpoint past `delivered` in one CAS that also renews or releases the lease;
-    /// with `isolating`, the poison record stays (an isolation under way commits what it settled).
-    /// `false`: the lease was taken over, nothing was committed.
+    /// Moves the checkpoint past `delivered` in one CAS that also renews or releases the lease,
+    /// and extends the late-arrival window with its rows' `keys`; with `isolating`, the poison
+    /// record stays (an isolation under way commits what it settled). `false`: the lease was taken
+    /// over, nothing was committed.
     pub(super) async fn commit(
         &self,
         writer: &mut StateWriter<'_>,
         document: &mut StateDocument,
         delivered: &Delivered<'_>,
+        keys: &[&[KeyRow]],
         release: bool,
         isolating: Option<&PoisonRecord>,
     ) -> Result<bool, TickError> {
@@ -71,11 +75,21 @@ impl Poller {
         }
         let now = self.clock.now();
         let terms = &self.config.lease;
-        let transition = |document: &StateDocument, release: bool| match isolating {
-            None => transitions::commit(document, &self.owner_id, delivered, release, now, terms),
-            Some(record) => {
-                transitions::commit_isolating(document, &self.owner_id, delivered, record.clone(), release, now, terms)
-            }
+        let transition = |document: &StateDocument, release: bool| {
+            let mut next = match isolating {
+                None => transitions::commit(document, &self.owner_id, delivered, release, now, terms),
+                Some(record) => transitions::commit_isolating(
+                    document,
+                    &self.owner_id,
+                    delivered,
+                    record.clone(),
+                    release,
+                    now,
+                    terms,
+                ),
+            }?;
+            self.record_late(document, &mut next, keys);
+            Ok(next)
         };
         let mut next = match transition(document, release) {
             Ok(next) => next,
@@ -109,9 +123,11 @@ impl Poller {
         let Some(delivered) = delivered(acknowledged) else {
             return;
         };
-        if let Ok(next) =
+        if let Ok(mut next) =
             transitions::commit(document, &self.owner_id, &delivered, false, self.clock.now(), &self.config.lease)
         {
+            let keys: Vec<&[KeyRow]> = acknowledged.iter().map(|sent| sent.keys.as_slice()).collect();
+            self.record_late(document, &mut next, &keys);
             *document = next;
         }
     }

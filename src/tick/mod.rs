@@ -24,6 +24,7 @@
 //! | `mod.rs`      | [`Poller`], the tick's steps and how it ends                             |
 //! | `pipeline.rs` | the delivery loop: window, deliveries, reads, commits, a failed batch    |
 //! | `isolate.rs`  | isolating a poison batch, holding the lease, committing as it settles    |
+//! | `late.rs`     | the late-arrival detector: its window recorded, recounted, delivered    |
 //! | `ledger.rs`   | the document writes: commit, heartbeat, release, failures recorded       |
 //! | `reader.rs`   | the batches: made from rows, read ahead                                  |
 //! | `outcome.rs`  | [`TickOutcome`], [`TickError`], [`TickReport`]                           |
@@ -31,6 +32,7 @@
 
 mod clock;
 mod isolate;
+mod late;
 mod ledger;
 mod outcome;
 mod pipeline;
@@ -46,7 +48,7 @@ use tracing::{error, warn};
 #[cfg(any(test, feature = "testing"))]
 pub use clock::ManualClock;
 pub use clock::{Clock, SystemClock};
-pub use outcome::{LagAfter, SUMMARY_LAG_CAP, StopReason, TickError, TickOutcome, TickReport};
+pub use outcome::{LagAfter, LateCheck, SUMMARY_LAG_CAP, StopReason, TickError, TickOutcome, TickReport};
 
 use chrono::{DateTime, Utc};
 
@@ -55,6 +57,7 @@ use crate::domain::StateDocument;
 use crate::domain::ids::EventIds;
 use crate::domain::lease::{self, LeaseStatus};
 use crate::domain::poison::{self, PoisonMode};
+use crate::domain::state::describe;
 use crate::domain::transitions::{self, FingerprintCheck, GenerationCheck};
 use crate::sink::Sink;
 use crate::source::{FetchLimit, Source};
@@ -85,6 +88,8 @@ pub struct Poller {
     learnt: std::sync::Mutex<Learnt>,
     /// Rows committed by this poller in this process, ever: a long tick's progress.
     committed_rows: std::sync::atomic::AtomicU64,
+    /// Ticks of this poller in this process: the late-arrival check runs at one in `everyTicks`.
+    late_ticks: std::sync::atomic::AtomicU64,
 }
 
 /// What a tick learns on the way that its outcome does not carry.
@@ -92,6 +97,9 @@ pub struct Poller {
 struct Learnt {
     fencing_token: Option<u64>,
     lag_after: Option<LagAfter>,
+    late_check: LateCheck,
+    late_arrivals: u64,
+    max_lateness_seconds: Option<u64>,
 }
 
 impl Poller {
@@ -116,6 +124,7 @@ impl Poller {
             counted,
             learnt: std::sync::Mutex::new(Learnt::default()),
             committed_rows: std::sync::atomic::AtomicU64::new(0),
+            late_ticks: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -172,6 +181,9 @@ impl Poller {
             blob_writes: writes - writes_before,
             fencing_token: learnt.fencing_token,
             lag_after,
+            late_check: learnt.late_check,
+            late_arrivals: learnt.late_arrivals,
+            max_lateness_seconds: learnt.max_lateness_seconds,
         };
         (result, report)
     }
@@ -281,15 +293,20 @@ impl Poller {
             }
         }
 
-        // 3. Anything to do?
+        // 3. Anything to do? Rows after the checkpoint, or (at one tick in `everyTicks`) rows
+        // committed behind it since it passed them ([`late`]).
+        let late_found = self.check_late(document).await;
         let checkpoint = document.position()?;
         let first = self.source.fetch_after(checkpoint.as_ref(), self.fetch_limit()).await?;
-        if first.rows.is_empty() {
+        let late_to_deliver = late_found.as_ref().is_some_and(late::LateFound::has_late);
+        if first.rows.is_empty() && !late_to_deliver {
             // Nothing waits: failures recorded by earlier ticks are of a problem fixed or gone,
-            // and are cleared with the restart, if there was one, in one write by CAS.
+            // and are cleared with the restart, if there was one, in one write by CAS (with the
+            // late-arrival buckets that shrank, if the check found some).
             let cleared = transitions::clear_failures(document);
-            if restarted || cleared.is_some() {
-                let mut next = cleared.unwrap_or_else(|| document.clone());
+            let mut next = cleared.clone().unwrap_or_else(|| document.clone());
+            let adopted = late_found.as_ref().is_some_and(|found| self.adopt_shrunk(&mut next, found));
+            if restarted || cleared.is_some() || adopted {
                 match writer.write(&mut next).await {
                     Ok(()) => *document = next,
                     Err(WriteFailure::Conflict(current)) => return Ok(held_by_whoever_wrote(current)),
@@ -300,6 +317,12 @@ impl Poller {
                 }
             }
             return Ok(TickOutcome::Idle);
+        }
+
+        // Buckets of the late-arrival window that shrank (rows updated past the checkpoint, or
+        // deleted) take their recount, written with the lease.
+        if let Some(found) = late_found.as_ref() {
+            self.adopt_shrunk(document, found);
         }
 
         // 3. Take the lease, on the clock as it is after the query (which may have been slow).
@@ -340,7 +363,23 @@ impl Poller {
             warn!(poller = %self.config.poller_name, attempts = isolation.record.attempts, "going on isolating a poison batch");
             return self.isolate(writer, document, isolation, Totals::default(), deadline).await;
         }
-        self.deliver_and_commit(writer, document, first, maker, deadline).await
+        let Some(found) = late_found.filter(late::LateFound::has_late) else {
+            return self.deliver_and_commit(writer, document, first, maker, deadline, false).await;
+        };
+        // Late rows go after the tick's own batches (the lease kept for them), so that a late batch
+        // that keeps failing never holds up new rows.
+        let outcome = if first.rows.is_empty() {
+            Totals { checkpoint: checkpoint.as_ref().map(describe), ..Totals::default() }
+                .delivered(StopReason::CaughtUp)
+        } else {
+            self.deliver_and_commit(writer, document, first, maker.clone(), deadline, true).await?
+        };
+        let delivered_well =
+            matches!(outcome, TickOutcome::Delivered { stop: StopReason::CaughtUp | StopReason::BudgetExhausted, .. });
+        if delivered_well && self.holds_lease(document) {
+            self.deliver_late(writer, document, found, &maker, deadline).await?;
+        }
+        Ok(outcome)
     }
 
     /// The isolation the previous tick left unfinished, if the rows after the checkpoint are still

@@ -33,6 +33,33 @@ pub struct TickReport {
     pub fencing_token: Option<u64>,
     /// Rows still after the checkpoint (0 when it caught up; unknown when it failed or waited).
     pub lag_after: Option<LagAfter>,
+    /// Whether the late-arrival detector recounted the window at this tick.
+    pub late_check: LateCheck,
+    /// Rows found committed behind the checkpoint and delivered (`late: true`) at this tick.
+    pub late_arrivals: u64,
+    /// The most seconds such a row was found after its cursor time.
+    pub max_lateness_seconds: Option<u64>,
+}
+
+/// Whether a tick recounted the late-arrival window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LateCheck {
+    /// Not at this tick: the detector is off, not due (`everyTicks`), or has no window yet.
+    #[default]
+    Skipped,
+    Checked,
+    /// The recount failed (a warning says why); the tick delivered on without it.
+    Failed,
+}
+
+impl LateCheck {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LateCheck::Skipped => "skipped",
+            LateCheck::Checked => "checked",
+            LateCheck::Failed => "failed",
+        }
+    }
 }
 
 /// How a tick ended, when it did not fail.
@@ -175,6 +202,10 @@ pub enum TickError {
     #[error("the source generation moved from {bound} during the tick")]
     Superseded { bound: Box<serde_json::Value>, current: Option<Box<serde_json::Value>> },
     /// A bug: something panicked during the tick. The lease was released if it was held.
+    #[error(
+        "{error}; rows committed behind the checkpoint (late arrivals, from {first}) could not be delivered: the next check finds them again"
+    )]
+    LateDelivery { error: SinkError, first: String },
     #[error("the tick failed unexpectedly (panic: {message}); the checkpoint did not move")]
     Panicked { message: String },
 }
@@ -191,6 +222,7 @@ impl TickError {
                 | TickError::Source(_)
                 | TickError::Document(_)
                 | TickError::Checkpoint(_)
+                | TickError::LateDelivery { .. }
                 | TickError::Panicked { .. }
         )
     }

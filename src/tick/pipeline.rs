@@ -18,6 +18,7 @@ use futures::FutureExt;
 use tokio::task::{AbortHandle, JoinError, JoinSet};
 use tracing::warn;
 
+use crate::domain::late::KeyRow;
 use crate::domain::lease;
 use crate::domain::poison::{self, FailureKind, IsolationPlan, PoisonMode, Verdict};
 use crate::domain::transitions::Delivered;
@@ -45,6 +46,8 @@ pub(super) struct Sent {
     pub(super) first: Position,
     pub(super) last: Position,
     pub(super) rows: usize,
+    /// Its rows' keys, for the late-arrival window (empty while the detector is off).
+    pub(super) keys: Vec<KeyRow>,
     /// Aborts its delivery, when a batch before it failed.
     abort: AbortHandle,
 }
@@ -125,7 +128,7 @@ impl Poller {
     /// acknowledged early waits for the ones before it. A commit is a heartbeat; a separate
     /// heartbeat is written when no commit happened for a heartbeat interval, whether deliveries or
     /// a fetch are what the tick is waiting for. The commit that empties the window with nothing
-    /// left to send releases the lease.
+    /// left to send releases the lease, unless `keep_lease` (late rows are delivered next).
     pub(super) async fn deliver_and_commit(
         &self,
         writer: &mut StateWriter<'_>,
@@ -133,6 +136,7 @@ impl Poller {
         first: Fetched,
         maker: Arc<BatchMaker>,
         deadline: DateTime<Utc>,
+        keep_lease: bool,
     ) -> Result<TickOutcome, TickError> {
         let terms = self.config.lease;
         // The batches after the first one are read by this task while batches are delivered and
@@ -187,9 +191,10 @@ impl Poller {
                 let nothing_more = pipeline.ready.is_empty() && pipeline.reader.done();
                 let more_is_known = !pipeline.ready.is_empty() || pipeline.reader.done();
                 // A tick whose read failed does not end well: its release records the failure.
-                let release = drained && nothing_more && pipeline.reader.failed.is_none();
+                let last = drained && nothing_more && pipeline.reader.failed.is_none();
+                let release = last && !keep_lease;
                 let interval_over = commit_due || self.clock.now() - last_commit_at >= commit_interval;
-                if release || heartbeat_due || ((!drained || more_is_known) && interval_over) {
+                if last || heartbeat_due || ((!drained || more_is_known) && interval_over) {
                     // While the commit is written, deliveries go on: finished ones are taken
                     // (acknowledged ones wait for the next commit, which then covers them all),
                     // the window refills, reads go on. New deliveries start only while the lease
@@ -334,6 +339,7 @@ impl Poller {
             let first = prepared.positions.first().expect("a batch is never empty").clone();
             let last = prepared.positions.last().expect("a batch is never empty").clone();
             let rows = prepared.batch.events.len();
+            let keys = self.late_keys(&prepared.positions);
             let sink = self.sink.clone();
             // The sink counts its time in its runtime's terms: the budget left, by our clock.
             let sink_deadline = runtime_deadline(deadline, self.clock.now());
@@ -350,7 +356,7 @@ impl Poller {
                 });
                 (sequence, delivered.map_err(|error| (error, prepared)))
             });
-            let opened = pipeline.window.open(Sent { batch_id, first, last, rows, abort });
+            let opened = pipeline.window.open(Sent { batch_id, first, last, rows, keys, abort });
             debug_assert_eq!(opened, sequence);
         }
     }

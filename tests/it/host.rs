@@ -51,12 +51,15 @@ pub async fn every_host_payload_runs_a_tick_and_every_row_arrives_exactly_once(a
             );
         }
     }
-    // One more tick finds nothing new: one read, no write, no lease.
+    // One more tick finds nothing new: one read, no write, no lease; the late-arrival window
+    // (on by default) recounted, nothing late in it.
     let (status, _, body) = handler.invoke("orders", host_fixtures()[2].1).await;
     assert_eq!(status, 200);
     let idle = body["Logs"][0].as_str().unwrap();
     assert!(
-        idle.starts_with("tick poller=orders outcome=idle rows=0 batches=0 quarantined=0 duration_ms=")
+        idle.starts_with(
+            "tick poller=orders outcome=idle rows=0 batches=0 quarantined=0 late_arrivals=0 max_lateness_seconds=none late_check=checked duration_ms="
+        )
             && idle.ends_with("lag_rows=0 blob_reads=1 blob_writes=0 fencing_token=none message=\"nothing new\""),
         "{idle}"
     );

@@ -9,6 +9,7 @@ mod generations;
 mod harness;
 mod host;
 mod host_rules;
+mod late;
 mod matrix;
 mod memory;
 mod operations;

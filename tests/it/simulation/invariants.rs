@@ -110,6 +110,16 @@ pub async fn check(world: &mut World) -> Result<(), Violation> {
         let Some(document) = document(world, index).await else {
             continue;
         };
+        // Every simulated row commits in order (a new row takes the next cursor, an update moves
+        // its row past every other): the late-arrival detector, which recounts its window behind
+        // the checkpoint at every tick, must never take a reload, an update or a reset for a row
+        // that arrived late.
+        if let Some(late) = document.late.as_ref().filter(|late| late.found > 0) {
+            return Err(Violation::new(
+                "nothing is late when every row commits in order",
+                format!("{name}: {} rows reported late (the most {:?} s late)", late.found, late.max_lateness_seconds),
+            ));
+        }
         let checkpoint = checkpoint(&document);
         if let Some((generation, cursor, key)) = checkpoint {
             let rows = world.source.table.lock().unwrap().ordered();

@@ -63,7 +63,10 @@
 //! checkpoint a copy was cloned at); it only moves forward within a load unless reset; a quarantine
 //! entry holds only a refused row (an HTTP status, never a transient failure); every entry is
 //! written while its token is the document's, and never for a row already delivered under a newer
-//! token; no panic but the scripted ones. After every tick: a tick loses its lease only if someone
+//! token; no panic but the scripted ones; no row reported late (the late-arrival detector recounts
+//! its window at every tick, through the scripted source's recount and re-read, which take the fault
+//! script like any read; every simulated row commits in order, so whatever it reports is a false
+//! alarm). After every tick: a tick loses its lease only if someone
 //! took it (another owner, a rival, a reset) or one of its writes failed; four ticks in a row that
 //! fail at the same checkpoint (not counting scripted source or store failures, ticks overtaken by
 //! another writer, or failures before an operator acted) leave `status` unhealthy. At the end:

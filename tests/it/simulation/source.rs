@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dbtrigger::domain::event::Op;
+use dbtrigger::domain::late::{BucketEnd, Tally, key_hash};
 use dbtrigger::domain::{CursorValue, PkValue, Position};
-use dbtrigger::source::{FetchLimit, Fetched, Probe, Source, SourceError, SourceRow};
+use dbtrigger::source::{BucketCheck, BucketRange, FetchLimit, Fetched, Probe, Source, SourceError, SourceRow};
 use serde_json::{Value, json};
 
 use super::RowId;
@@ -195,5 +196,71 @@ impl Source for ScriptedSource {
 
     fn describe(&self) -> String {
         "sim:orders".to_string()
+    }
+
+    /// The late-arrival recount, as the SQL sources compute it: per bucket (each from its first
+    /// cursor to the next one's), the rows at or before the checkpoint, with the sums of their key
+    /// hashes. It takes the fault script like a delivering read: a recount can fail or be slow.
+    async fn tally_buckets(&self, check: &BucketCheck) -> Result<Option<Vec<Tally>>, SourceError> {
+        self.fault().await?;
+        let checkpoint = cursor_and_key(&check.checkpoint).ok_or_else(|| bad_position(&check.checkpoint))?;
+        let mut bounds = Vec::with_capacity(check.bounds.len());
+        for bound in &check.bounds {
+            let CursorValue::Integer(cursor) = bound else {
+                return Err(SourceError::Position(format!("not a cursor of the simulated table: {bound:?}")));
+            };
+            bounds.push(*cursor);
+        }
+        let mut tallies = vec![Tally::default(); bounds.len()];
+        for row in self.shared.table.lock().unwrap().ordered() {
+            if (row.cursor, row.key) > checkpoint {
+                continue;
+            }
+            // The last bucket whose first cursor is at or before the row's (none: before the window).
+            let Some(bucket) = bounds.iter().rposition(|first| *first <= row.cursor) else {
+                continue;
+            };
+            tallies[bucket].add(key_hash(&[&PkValue::Integer(row.key)]));
+        }
+        Ok(Some(tallies))
+    }
+
+    /// The re-read of one bucket (or of one key hash in it), after `after`, in order.
+    async fn read_bucket(
+        &self,
+        range: &BucketRange,
+        after: Option<&Position>,
+        limit: FetchLimit,
+    ) -> Result<Fetched, SourceError> {
+        self.fault().await?;
+        let integer = |cursor: &CursorValue| match cursor {
+            CursorValue::Integer(cursor) => Ok(*cursor),
+            other => Err(SourceError::Position(format!("not a cursor of the simulated table: {other:?}"))),
+        };
+        let from = integer(&range.from)?;
+        let until = match &range.until {
+            BucketEnd::Before(cursor) => Some(integer(cursor)?),
+            BucketEnd::Checkpoint => None,
+        };
+        let checkpoint = cursor_and_key(&range.checkpoint).ok_or_else(|| bad_position(&range.checkpoint))?;
+        let after = match after {
+            Some(after) => Some(cursor_and_key(after).ok_or_else(|| bad_position(after))?),
+            None => None,
+        };
+        let rows: Vec<RowId> = self
+            .shared
+            .table
+            .lock()
+            .unwrap()
+            .ordered()
+            .into_iter()
+            .filter(|row| row.cursor >= from && (row.cursor, row.key) <= checkpoint)
+            .filter(|row| until.is_none_or(|until| row.cursor < until))
+            .filter(|row| after.is_none_or(|after| (row.cursor, row.key) > after))
+            .filter(|row| range.only.is_none_or(|only| key_hash(&[&PkValue::Integer(row.key)]) == only))
+            .collect();
+        let full = rows.len() >= limit.rows;
+        let rows: Vec<SourceRow> = rows.iter().take(limit.rows).map(source_row).collect();
+        Ok(Fetched { rows, full })
     }
 }

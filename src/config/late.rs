@@ -1,0 +1,80 @@
+//! `poller.source.lateArrivals`: the late-arrival detector (README, "Late arrivals"). On unless
+//! `"enabled": false`.
+//!
+//! ```json
+//! "lateArrivals": {"enabled": true, "windowSeconds": 900, "windowRows": 100000, "everyTicks": 1}
+//! ```
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{ConfigError, Located, in_range, limits};
+use crate::domain::late::WindowPolicy;
+
+/// The detector's defaults: the last 15 minutes of cursor time and the last 100,000 rows behind
+/// the checkpoint, checked at every tick.
+pub mod defaults {
+    pub const WINDOW_SECONDS: u64 = 900;
+    pub const WINDOW_ROWS: u64 = 100_000;
+    pub const EVERY_TICKS: u32 = 1;
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawLateArrivals {
+    enabled: Option<bool>,
+    window_seconds: Option<u64>,
+    window_rows: Option<u64>,
+    every_ticks: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LateArrivalsConfig {
+    pub enabled: bool,
+    /// Cursor time behind the checkpoint the window covers (timestamp cursors).
+    pub window: Duration,
+    /// Rows behind the checkpoint the window covers (every cursor).
+    pub window_rows: u64,
+    /// The check runs at one tick in this many (of this process).
+    pub every_ticks: u32,
+}
+
+impl Default for LateArrivalsConfig {
+    fn default() -> Self {
+        LateArrivalsConfig {
+            enabled: true,
+            window: Duration::from_secs(defaults::WINDOW_SECONDS),
+            window_rows: defaults::WINDOW_ROWS,
+            every_ticks: defaults::EVERY_TICKS,
+        }
+    }
+}
+
+impl LateArrivalsConfig {
+    pub fn policy(&self) -> WindowPolicy {
+        WindowPolicy {
+            span: chrono::Duration::from_std(self.window).unwrap_or(chrono::Duration::MAX),
+            rows: self.window_rows,
+        }
+    }
+}
+
+pub(super) fn build_late_arrivals(
+    raw: Option<&RawLateArrivals>,
+    at: &Located<'_>,
+) -> Result<LateArrivalsConfig, ConfigError> {
+    let empty = RawLateArrivals::default();
+    let raw = raw.unwrap_or(&empty);
+    let field = |name: &str| format!("poller.source.lateArrivals.{name}");
+    let window_seconds =
+        in_range(at, &field("windowSeconds"), raw.window_seconds, defaults::WINDOW_SECONDS, 1..=limits::SECONDS)?;
+    let window_rows = in_range(at, &field("windowRows"), raw.window_rows, defaults::WINDOW_ROWS, 16..=10_000_000)?;
+    let every_ticks = in_range(at, &field("everyTicks"), raw.every_ticks, defaults::EVERY_TICKS, 1..=10_000)?;
+    Ok(LateArrivalsConfig {
+        enabled: raw.enabled.unwrap_or(true),
+        window: Duration::from_secs(window_seconds),
+        window_rows,
+        every_ticks,
+    })
+}

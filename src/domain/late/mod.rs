@@ -1,0 +1,426 @@
+//! The late-arrival detector (design "Commit horizon and late arrivals"): what the state document
+//! keeps of the rows delivered behind the checkpoint, and what a recount by the database says.
+//!
+//! A keyset poller can pass a row whose transaction is still open: when it commits, its cursor is
+//! behind the checkpoint and no seek reads it again. The detector keeps, after each commit, a
+//! **window** of the rows delivered last (the last 15 minutes of cursor time, the last 100,000
+//! rows, at most [`MAX_BUCKETS`] buckets: a few kilobytes), cut into **buckets** by cursor value. A
+//! bucket holds every row from its `from` cursor up to the next bucket's (the last one up to the
+//! checkpoint), and records how many rows were delivered there and two sums of their key hashes
+//! ([`hash`]). A check asks the database for the same numbers over the same ranges, in one
+//! grouped query; [`plan_check`] compares them:
+//!
+//! | the database has            | it means                                              | done            |
+//! |-----------------------------|-------------------------------------------------------|-----------------|
+//! | the same rows and sums      | nothing arrived                                       | nothing         |
+//! | more rows                   | rows committed late (and maybe others left)           | late: delivered |
+//! | as many rows, other sums    | keys arrived and as many left                         | late: delivered |
+//! | fewer rows                  | rows were updated (moved past the checkpoint) or deleted | record adopted |
+//!
+//! A bucket that grew by one row whose hash is the difference of the sums has that one row
+//! delivered; otherwise the whole bucket is delivered again (same event ids, `late: true`), and
+//! its record becomes what was delivered. A bucket that shrank by more rows than arrived in it
+//! hides the arrivals: checking every tick makes that rare (README, "Late arrivals").
+//!
+//! The window is tied to the checkpoint it was extended to (`checkpoint_batch`): a checkpoint moved
+//! by anything else (a reset, a clone, a build that does not keep the window) makes it stale, and
+//! the next commit starts a new one.
+
+pub mod hash;
+
+use std::cmp::Ordering;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::cursor::{CursorJson, CursorValue, Position};
+pub use hash::{KeyHash, KeyHashKind, key_hash, position_key_hash};
+
+/// At most this many buckets are kept, whatever the window: it bounds the state document (a
+/// bucket is about 200 bytes of JSON).
+pub const MAX_BUCKETS: usize = 32;
+
+/// A bucket closes after a sixteenth of the window (in time, and in rows).
+const BUCKETS_PER_WINDOW: i64 = 16;
+
+/// How much of the past the detector covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowPolicy {
+    /// The cursor time behind the checkpoint covered, for timestamp cursors.
+    pub span: chrono::Duration,
+    /// The rows behind the checkpoint covered, for every cursor.
+    pub rows: u64,
+}
+
+/// A bucket's row count and key sums.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Tally {
+    pub rows: u64,
+    pub sum_u: u64,
+    pub sum_v: u64,
+}
+
+impl Tally {
+    pub fn add(&mut self, hash: KeyHash) {
+        self.rows += 1;
+        self.sum_u += u64::from(hash.u);
+        self.sum_v += u64::from(hash.v);
+    }
+}
+
+/// One bucket of the window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Bucket {
+    /// The cursor value of the bucket's first row, as the checkpoint stores a cursor.
+    pub from: Value,
+    /// SQLite: the text that row stored, bound back so that the ranges agree with SQLite's order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_text: Option<String>,
+    #[serde(flatten)]
+    pub tally: Tally,
+    /// When its first row was committed: how late a row of an integer cursor is.
+    pub since: DateTime<Utc>,
+}
+
+/// The buckets behind the checkpoint, oldest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Window {
+    /// The cursor kind of the buckets' `from` values.
+    pub kind: String,
+    /// `last_successful_batch_id` of the checkpoint this window reaches: it is stale otherwise.
+    pub checkpoint_batch: String,
+    pub buckets: Vec<Bucket>,
+}
+
+/// The state document's `late`: the window, and what the detector found so far.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LateRecord {
+    /// Rows found late and delivered, in all (a lower bound when a whole bucket was delivered).
+    #[serde(default)]
+    pub found: u64,
+    /// The most seconds a late row was found after its cursor time (integer cursors: after the
+    /// checkpoint passed it): what `settleSeconds` would have had to be.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_lateness_seconds: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_found_at: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<Window>,
+    /// Fields of a newer build, kept.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// One delivered row, as the window counts it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyRow {
+    pub cursor: CursorValue,
+    pub hash: KeyHash,
+}
+
+impl KeyRow {
+    pub fn of(position: &Position) -> KeyRow {
+        KeyRow { cursor: position.cursor.clone(), hash: position_key_hash(&position.pk) }
+    }
+}
+
+impl Bucket {
+    /// The bucket's lower bound as a cursor value of `kind`.
+    pub fn from_cursor(&self, kind: &str) -> Result<CursorValue, String> {
+        let json = CursorJson {
+            kind: kind.to_string(),
+            value: self.from.clone(),
+            source_text: self.from_text.clone(),
+            tiebreaker: Map::new(),
+        };
+        Position::try_from(&json).map(|position| position.cursor)
+    }
+
+    fn starting_at(cursor: &CursorValue, now: DateTime<Utc>) -> Bucket {
+        let json = CursorJson::from(&Position { cursor: cursor.clone(), pk: Vec::new() });
+        Bucket { from: json.value, from_text: json.source_text, tally: Tally::default(), since: now }
+    }
+}
+
+/// A cursor's instant, for the window's span (naive timestamps read as UTC: only differences are
+/// taken). Integer cursors have none.
+fn instant(cursor: &CursorValue) -> Option<DateTime<Utc>> {
+    match cursor {
+        CursorValue::Integer(_) => None,
+        CursorValue::Timestamp { at, .. } => Some(*at),
+        CursorValue::NaiveTimestamp(at) => Some(at.and_utc()),
+    }
+}
+
+/// The window after a commit of `rows` (in delivery order) moved the checkpoint from `previous`
+/// (its position and batch id, if any) to the batch `checkpoint_batch`.
+///
+/// A window that does not reach `previous` is stale and dropped. A new window starts at the first
+/// row whose cursor is after the previous checkpoint's: rows of the same cursor delivered before
+/// it are not in it, and a range that began at that cursor would count them as late.
+pub fn extend(
+    record: Option<&LateRecord>,
+    previous: Option<(&Position, &str)>,
+    rows: &[&[KeyRow]],
+    checkpoint_batch: &str,
+    policy: &WindowPolicy,
+    now: DateTime<Utc>,
+) -> LateRecord {
+    let mut next = record.cloned().unwrap_or_default();
+    let mut window =
+        next.window.take().filter(|window| previous.is_some_and(|(_, batch)| batch == window.checkpoint_batch));
+    let rows_per_bucket = (policy.rows / BUCKETS_PER_WINDOW as u64).max(1);
+    let span_per_bucket = policy.span / BUCKETS_PER_WINDOW as i32;
+    // The open bucket's first instant, parsed once (timestamps only).
+    let mut open_from: Option<DateTime<Utc>> = window
+        .as_ref()
+        .and_then(|window| window.buckets.last().and_then(|bucket| bucket.from_cursor(&window.kind).ok()))
+        .as_ref()
+        .and_then(instant);
+    let mut last_cursor: Option<&CursorValue> = previous.map(|(position, _)| &position.cursor);
+    for row in rows.iter().flat_map(|part| part.iter()) {
+        let same_cursor_as_last = last_cursor.is_some_and(|last| last.compare(&row.cursor) == Some(Ordering::Equal));
+        last_cursor = Some(&row.cursor);
+        let opens = match window.as_ref() {
+            // A new window skips the rows of the previous checkpoint's cursor.
+            None if same_cursor_as_last => continue,
+            None => true,
+            Some(window) if window.kind != row.cursor.kind() => true,
+            Some(window) => match window.buckets.last() {
+                None => true,
+                // Rows of one cursor value stay in one bucket: a range cannot split them.
+                Some(_) if same_cursor_as_last => false,
+                Some(open) => {
+                    let full = open.tally.rows >= rows_per_bucket;
+                    let old = match (open_from, instant(&row.cursor)) {
+                        (Some(from), Some(at)) => at - from >= span_per_bucket,
+                        _ => false,
+                    };
+                    full || old
+                }
+            },
+        };
+        if opens {
+            let kind = row.cursor.kind();
+            let window = window.get_or_insert_with(|| Window {
+                kind: kind.to_string(),
+                checkpoint_batch: String::new(),
+                buckets: Vec::new(),
+            });
+            if window.kind != kind {
+                // The cursor's kind changed (the column's type did): start again.
+                *window = Window { kind: kind.to_string(), checkpoint_batch: String::new(), buckets: Vec::new() };
+            }
+            window.buckets.push(Bucket::starting_at(&row.cursor, now));
+            open_from = instant(&row.cursor);
+        }
+        let window = window.as_mut().expect("a bucket is open");
+        window.buckets.last_mut().expect("a bucket is open").tally.add(row.hash);
+    }
+    if let Some(window) = window.as_mut() {
+        window.checkpoint_batch = checkpoint_batch.to_string();
+        prune(window, last_cursor, policy);
+    }
+    next.window = window;
+    next
+}
+
+/// Drops the oldest buckets beyond the window: past [`MAX_BUCKETS`], past the rows it covers, and
+/// (timestamps) wholly older than its span behind `newest`.
+fn prune(window: &mut Window, newest: Option<&CursorValue>, policy: &WindowPolicy) {
+    let excess = window.buckets.len().saturating_sub(MAX_BUCKETS);
+    window.buckets.drain(..excess);
+    let mut total: u64 = window.buckets.iter().map(|bucket| bucket.tally.rows).sum();
+    while window.buckets.len() > 1 && total - window.buckets[0].tally.rows >= policy.rows {
+        total -= window.buckets[0].tally.rows;
+        window.buckets.remove(0);
+    }
+    let Some(newest) = newest.and_then(instant) else {
+        return;
+    };
+    let oldest_kept = newest - policy.span;
+    while window.buckets.len() > 1 {
+        let next_from = window.buckets[1].from_cursor(&window.kind).ok();
+        match next_from.as_ref().and_then(instant) {
+            Some(next) if next <= oldest_kept => {
+                window.buckets.remove(0);
+            }
+            _ => break,
+        }
+    }
+}
+
+/// How a bucket's recount compares with its record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BucketChange {
+    Same,
+    /// More rows than delivered: `late_rows` at least arrived late.
+    Grew {
+        late_rows: u64,
+    },
+    /// As many rows, other keys: at least one arrived late, as many left.
+    Replaced,
+    /// Fewer rows: updated past the checkpoint, or deleted. Not a late arrival.
+    Shrank,
+}
+
+pub fn classify(recorded: &Tally, found: &Tally) -> BucketChange {
+    if found.rows > recorded.rows {
+        return BucketChange::Grew { late_rows: found.rows - recorded.rows };
+    }
+    if found.rows < recorded.rows {
+        return BucketChange::Shrank;
+    }
+    if found == recorded { BucketChange::Same } else { BucketChange::Replaced }
+}
+
+/// Where a bucket's range ends.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BucketEnd {
+    /// Before the next bucket's first cursor.
+    Before(CursorValue),
+    /// At the checkpoint, included (the last bucket).
+    Checkpoint,
+}
+
+/// A bucket the database says holds rows that were never delivered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LateBucket {
+    pub from: CursorValue,
+    pub until: BucketEnd,
+    pub recorded: Tally,
+    pub found: Tally,
+    /// Rows that arrived late, at least.
+    pub late_rows: u64,
+    /// The one new row's key hash, when exactly one row came and none left: only it is
+    /// delivered. Otherwise the whole bucket is.
+    pub single: Option<KeyHash>,
+    pub since: DateTime<Utc>,
+}
+
+/// A bucket with fewer rows than recorded: its record becomes the recount.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShrunkBucket {
+    pub from: CursorValue,
+    pub recorded: Tally,
+    pub found: Tally,
+}
+
+/// What a check found.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CheckPlan {
+    pub late: Vec<LateBucket>,
+    pub shrunk: Vec<ShrunkBucket>,
+}
+
+impl CheckPlan {
+    pub fn is_empty(&self) -> bool {
+        self.late.is_empty() && self.shrunk.is_empty()
+    }
+}
+
+/// The bucket bounds a check binds: each bucket's `from`, oldest first.
+pub fn bounds(window: &Window) -> Result<Vec<CursorValue>, String> {
+    window.buckets.iter().map(|bucket| bucket.from_cursor(&window.kind)).collect()
+}
+
+/// Compares the recount `found` (one tally per bucket, in order) with the window.
+pub fn plan_check(window: &Window, found: &[Tally]) -> Result<CheckPlan, String> {
+    if found.len() != window.buckets.len() {
+        return Err(format!("the recount has {} buckets, the window {}", found.len(), window.buckets.len()));
+    }
+    let froms = bounds(window)?;
+    let mut plan = CheckPlan::default();
+    for (index, (bucket, found)) in window.buckets.iter().zip(found).enumerate() {
+        let late_rows = match classify(&bucket.tally, found) {
+            BucketChange::Same => continue,
+            BucketChange::Shrank => {
+                plan.shrunk.push(ShrunkBucket { from: froms[index].clone(), recorded: bucket.tally, found: *found });
+                continue;
+            }
+            BucketChange::Grew { late_rows } => late_rows,
+            BucketChange::Replaced => 1,
+        };
+        let until = match froms.get(index + 1) {
+            Some(next) => BucketEnd::Before(next.clone()),
+            None => BucketEnd::Checkpoint,
+        };
+        plan.late.push(LateBucket {
+            from: froms[index].clone(),
+            until,
+            recorded: bucket.tally,
+            found: *found,
+            late_rows,
+            single: single_new_key(&bucket.tally, found),
+            since: bucket.since,
+        });
+    }
+    Ok(plan)
+}
+
+/// The key hash of the one row that came, when the recount is the record plus exactly one row.
+/// (If rows also left, the difference is not a key's hash, and no row matches it but by a 2^-62
+/// chance; a match is delivered, the rest of the bucket not: see the module's odds.)
+pub fn single_new_key(recorded: &Tally, found: &Tally) -> Option<KeyHash> {
+    if found.rows != recorded.rows + 1 {
+        return None;
+    }
+    let u = found.sum_u.checked_sub(recorded.sum_u)?;
+    let v = found.sum_v.checked_sub(recorded.sum_v)?;
+    Some(KeyHash { u: u32::try_from(u).ok()?, v: u32::try_from(v).ok()? })
+}
+
+/// The record after a late bucket was delivered: its tally becomes what was delivered, plus what
+/// commits added to it since the check (`checked` is its tally then), and the finding is counted
+/// (`late_rows`, found `lateness_seconds` after the late row's time).
+pub fn after_redelivery(
+    record: &LateRecord,
+    from: &CursorValue,
+    checked: Tally,
+    delivered: Tally,
+    late_rows: u64,
+    lateness_seconds: u64,
+    now: DateTime<Utc>,
+) -> LateRecord {
+    let mut next = adopt(record, from, checked, delivered);
+    next.found += late_rows;
+    next.max_lateness_seconds = Some(next.max_lateness_seconds.unwrap_or(0).max(lateness_seconds));
+    next.last_found_at = Some(now);
+    next
+}
+
+/// The record with bucket `from`'s tally made `recount` (a bucket that shrank, or was delivered
+/// again), keeping what commits added to it since it was `checked` (the tick's own rows, committed
+/// between the check and this write, went into the last bucket).
+pub fn adopt(record: &LateRecord, from: &CursorValue, checked: Tally, recount: Tally) -> LateRecord {
+    let mut next = record.clone();
+    if let Some(window) = next.window.as_mut() {
+        let kind = window.kind.clone();
+        for bucket in &mut window.buckets {
+            if bucket.from_cursor(&kind).ok().as_ref() == Some(from) {
+                bucket.tally = Tally {
+                    rows: recount.rows + bucket.tally.rows.saturating_sub(checked.rows),
+                    sum_u: recount.sum_u + bucket.tally.sum_u.saturating_sub(checked.sum_u),
+                    sum_v: recount.sum_v + bucket.tally.sum_v.saturating_sub(checked.sum_v),
+                };
+            }
+        }
+    }
+    next
+}
+
+/// How late a late row was found, in whole seconds (rounded up): after its cursor time for a
+/// timestamp (a naive one only when it means UTC), else after its bucket was first committed.
+pub fn lateness_seconds(now: DateTime<Utc>, cursor: &CursorValue, since: DateTime<Utc>, naive_is_utc: bool) -> u64 {
+    let at = match cursor {
+        CursorValue::Timestamp { at, .. } => *at,
+        CursorValue::NaiveTimestamp(at) if naive_is_utc => at.and_utc(),
+        CursorValue::NaiveTimestamp(_) | CursorValue::Integer(_) => since,
+    };
+    let milliseconds = (now - at).num_milliseconds().max(0) as u64;
+    milliseconds.div_ceil(1000)
+}
+
+#[cfg(test)]
+mod tests;

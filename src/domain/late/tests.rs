@@ -1,0 +1,295 @@
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Duration, Utc};
+use proptest::prelude::*;
+
+use super::hash::integer_key_hash;
+use super::*;
+use crate::domain::cursor::PkValue;
+
+/// A fixed instant: the domain never reads the clock, its tests neither.
+fn at(seconds: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp(1_780_000_000 + seconds, 0).unwrap()
+}
+
+fn position(cursor: i64, id: i64) -> Position {
+    Position { cursor: CursorValue::Integer(cursor), pk: vec![("id".to_string(), PkValue::Integer(id))] }
+}
+
+fn row(cursor: i64, id: i64) -> KeyRow {
+    KeyRow::of(&position(cursor, id))
+}
+
+fn time_row(second: i64, id: i64) -> KeyRow {
+    KeyRow { cursor: CursorValue::Timestamp { at: at(second), source_text: None }, hash: integer_key_hash(id) }
+}
+
+fn policy(rows: u64) -> WindowPolicy {
+    WindowPolicy { span: Duration::minutes(16), rows }
+}
+
+fn rows_of(window: &Window) -> Vec<u64> {
+    window.buckets.iter().map(|bucket| bucket.tally.rows).collect()
+}
+
+/// What the grouped query computes: the tally of `keys` (cursor, id) per bucket range of
+/// `window`, the last range ending at `checkpoint` (included).
+fn recount(window: &Window, keys: &[(i64, i64)], checkpoint: (i64, i64)) -> Vec<Tally> {
+    let froms: Vec<i64> = bounds(window)
+        .unwrap()
+        .into_iter()
+        .map(|cursor| match cursor {
+            CursorValue::Integer(value) => value,
+            other => panic!("integer windows only: {other:?}"),
+        })
+        .collect();
+    let mut tallies = vec![Tally::default(); froms.len()];
+    for &(cursor, id) in keys {
+        if (cursor, id) > checkpoint || cursor < froms[0] {
+            continue;
+        }
+        let index = froms.iter().rposition(|from| *from <= cursor).unwrap();
+        tallies[index].add(integer_key_hash(id));
+    }
+    tallies
+}
+
+#[test]
+fn buckets_close_after_a_sixteenth_of_the_rows_and_never_split_a_cursor() {
+    let rows: Vec<KeyRow> = (1..=40).map(|id| row(id / 2, id)).collect();
+    let record = extend(None, None, &[&rows], "b1", &policy(160), at(0));
+    let window = record.window.unwrap();
+    assert_eq!(window.kind, "integer");
+    assert_eq!(window.checkpoint_batch, "b1");
+    // Ten rows a bucket, but cursor 5 holds ids 10 and 11: the bucket takes both.
+    assert_eq!(rows_of(&window), vec![11, 10, 10, 9]);
+    assert_eq!(window.buckets[1].from, serde_json::json!(6));
+    assert_eq!(window.buckets.iter().map(|bucket| bucket.tally.rows).sum::<u64>(), 40);
+}
+
+#[test]
+fn buckets_close_after_a_sixteenth_of_the_span_for_timestamps() {
+    // One minute a bucket (16 minutes / 16): a row every 20 seconds, three a bucket.
+    let rows: Vec<KeyRow> = (0..9).map(|index| time_row(index * 20, index)).collect();
+    let record = extend(None, None, &[&rows], "b1", &policy(1_000_000), at(200));
+    let window = record.window.unwrap();
+    assert_eq!(window.kind, "timestamp");
+    assert_eq!(rows_of(&window), vec![3, 3, 3]);
+    assert_eq!(window.buckets[0].since, at(200));
+}
+
+#[test]
+fn the_window_keeps_its_span_its_rows_and_at_most_max_buckets() {
+    // Span: a row a minute for an hour, 16 minutes kept (and the bucket the span starts in).
+    let rows: Vec<KeyRow> = (0..60).map(|index| time_row(index * 60, index)).collect();
+    let window = extend(None, None, &[&rows], "b", &policy(1_000_000), at(0)).window.unwrap();
+    assert_eq!(window.buckets.len(), 17);
+    assert_eq!(window.buckets[0].from, CursorValue::Timestamp { at: at(43 * 60), source_text: None }.to_json());
+    // Rows: 160 kept (10 a bucket), whatever the span.
+    let rows: Vec<KeyRow> = (1..=1000).map(|id| row(id, id)).collect();
+    let window = extend(None, None, &[&rows], "b", &policy(160), at(0)).window.unwrap();
+    assert_eq!(window.buckets.iter().map(|bucket| bucket.tally.rows).sum::<u64>(), 160);
+    // Buckets: never more than MAX_BUCKETS, even when each holds one cursor value.
+    let rows: Vec<KeyRow> = (1..=100).map(|id| row(id, id)).collect();
+    let window = extend(None, None, &[&rows], "b", &policy(16), at(0)).window.unwrap();
+    assert!(window.buckets.len() <= MAX_BUCKETS);
+}
+
+/// The window is bounded in bytes: a full one, with SQLite's stored text, in the state
+/// document's pretty JSON.
+#[test]
+fn a_full_window_stays_a_few_kilobytes() {
+    let rows: Vec<KeyRow> = (0..10_000)
+        .map(|index| KeyRow {
+            cursor: CursorValue::Timestamp {
+                at: at(index),
+                source_text: Some(format!("2026-04-07 01:23:{:02}.123456+02:00", index % 60)),
+            },
+            hash: integer_key_hash(index),
+        })
+        .collect();
+    let record = extend(None, None, &[&rows], "batch_0123456789abcdef", &policy(100_000), at(0));
+    assert_eq!(record.window.as_ref().unwrap().buckets.len(), 17);
+    let record = LateRecord {
+        window: Some(Window {
+            buckets: vec![record.window.as_ref().unwrap().buckets[0].clone(); MAX_BUCKETS],
+            ..record.window.clone().unwrap()
+        }),
+        ..record
+    };
+    let bytes = serde_json::to_vec_pretty(&record).unwrap().len();
+    assert!(bytes < 12 * 1024, "{bytes} bytes");
+}
+
+#[test]
+fn a_window_grows_across_commits_and_is_dropped_when_the_checkpoint_moved_without_it() {
+    let first: Vec<KeyRow> = (1..=5).map(|id| row(id, id)).collect();
+    let record = extend(None, None, &[&first], "b1", &policy(160), at(0));
+    let second: Vec<KeyRow> = (6..=8).map(|id| row(id, id)).collect();
+    let checkpoint = position(5, 5);
+    let grown = extend(Some(&record), Some((&checkpoint, "b1")), &[&second], "b2", &policy(160), at(1));
+    assert_eq!(rows_of(grown.window.as_ref().unwrap()), vec![8]);
+    assert_eq!(grown.window.as_ref().unwrap().checkpoint_batch, "b2");
+    // A reset moved the checkpoint to batch "r": the window is stale, a new one starts.
+    let after_reset = extend(Some(&grown), Some((&position(2, 2), "r")), &[&[row(3, 3)]], "b3", &policy(160), at(2));
+    assert_eq!(rows_of(after_reset.window.as_ref().unwrap()), vec![1]);
+    assert_eq!(after_reset.window.as_ref().unwrap().buckets[0].from, serde_json::json!(3));
+}
+
+/// Regression guard: a new window does not start at the previous checkpoint's cursor, whose
+/// earlier rows it never counted (they would look late at the first check).
+#[test]
+fn a_new_window_starts_after_the_previous_checkpoints_cursor() {
+    let rows = [row(5, 8), row(5, 9), row(6, 1)];
+    let record = extend(None, Some((&position(5, 7), "old")), &[&rows], "b", &policy(160), at(0));
+    let window = record.window.unwrap();
+    assert_eq!(rows_of(&window), vec![1]);
+    assert_eq!(window.buckets[0].from, serde_json::json!(6));
+    // Only rows of that cursor: no window yet.
+    let none = extend(None, Some((&position(5, 7), "old")), &[&rows[..2]], "b", &policy(160), at(0));
+    assert_eq!(none.window, None);
+}
+
+#[test]
+fn a_recount_is_late_only_when_it_grew_or_its_keys_changed() {
+    let recorded = Tally { rows: 3, sum_u: 30, sum_v: 300 };
+    assert_eq!(classify(&recorded, &recorded), BucketChange::Same);
+    assert_eq!(classify(&recorded, &Tally { rows: 5, ..recorded }), BucketChange::Grew { late_rows: 2 });
+    assert_eq!(classify(&recorded, &Tally { sum_v: 301, ..recorded }), BucketChange::Replaced);
+    assert_eq!(classify(&recorded, &Tally { rows: 2, sum_u: 20, sum_v: 200 }), BucketChange::Shrank);
+}
+
+#[test]
+fn one_new_row_is_named_by_its_hash_and_the_plan_says_what_to_do() {
+    let rows: Vec<KeyRow> = (1..=30).map(|id| row(id, id)).collect();
+    let window = extend(None, None, &[&rows], "b", &policy(160), at(0)).window.unwrap();
+    assert_eq!(rows_of(&window), vec![10, 10, 10]);
+    let mut keys: Vec<(i64, i64)> = (1..=30).map(|id| (id, id)).collect();
+    // Row (15, 1000) committed late in the second bucket; (25, 25) was updated away.
+    keys.push((15, 1000));
+    keys.retain(|key| *key != (25, 25));
+    let plan = plan_check(&window, &recount(&window, &keys, (30, 30))).unwrap();
+    assert_eq!(plan.late.len(), 1);
+    let late = &plan.late[0];
+    assert_eq!(
+        (late.from.clone(), late.until.clone()),
+        (CursorValue::Integer(11), BucketEnd::Before(CursorValue::Integer(21)))
+    );
+    assert_eq!(late.late_rows, 1);
+    assert_eq!(late.single, Some(integer_key_hash(1000)));
+    let shrunk = ShrunkBucket {
+        from: CursorValue::Integer(21),
+        recorded: window.buckets[2].tally,
+        found: recount(&window, &keys, (30, 30))[2],
+    };
+    assert_eq!(plan.shrunk, vec![shrunk.clone()]);
+    // After its delivery the record is the recount: the next check finds nothing.
+    let record = LateRecord { window: Some(window.clone()), ..LateRecord::default() };
+    let delivered = after_redelivery(&record, &late.from, late.recorded, late.found, late.late_rows, 7, at(9));
+    let adopted = adopt(&delivered, &shrunk.from, shrunk.recorded, shrunk.found);
+    assert_eq!((adopted.found, adopted.max_lateness_seconds, adopted.last_found_at), (1, Some(7), Some(at(9))));
+    let again = plan_check(adopted.window.as_ref().unwrap(), &recount(&window, &keys, (30, 30))).unwrap();
+    assert!(again.is_empty(), "{again:?}");
+}
+
+/// Rows the tick committed between the check and the late write (they went into the last bucket)
+/// stay counted: the recount replaces only what the check saw.
+#[test]
+fn a_late_write_keeps_what_commits_added_since_the_check() {
+    let rows: Vec<KeyRow> = (1..=5).map(|id| row(id, id)).collect();
+    let record = extend(None, None, &[&rows], "b1", &policy(160), at(0));
+    let checked = record.window.as_ref().unwrap().buckets[0].tally;
+    let mut found = checked;
+    found.add(integer_key_hash(100));
+    // The tick's own batch (rows 6, 7) is committed before the late bucket is written.
+    let more: Vec<KeyRow> = (6..=7).map(|id| row(id, id)).collect();
+    let grown = extend(Some(&record), Some((&position(5, 5), "b1")), &[&more], "b2", &policy(160), at(1));
+    let written = after_redelivery(&grown, &CursorValue::Integer(1), checked, found, 1, 3, at(2));
+    let mut expected = found;
+    expected.add(integer_key_hash(6));
+    expected.add(integer_key_hash(7));
+    assert_eq!(written.window.unwrap().buckets[0].tally, expected);
+}
+
+#[test]
+fn lateness_is_measured_from_the_cursor_time_or_from_when_the_bucket_was_committed() {
+    let timestamp = CursorValue::Timestamp { at: at(0), source_text: None };
+    assert_eq!(lateness_seconds(at(0) + Duration::milliseconds(2_100), &timestamp, at(50), true), 3);
+    assert_eq!(lateness_seconds(at(10), &CursorValue::Integer(5), at(4), true), 6);
+    let naive = CursorValue::NaiveTimestamp(at(0).naive_utc());
+    assert_eq!(lateness_seconds(at(10), &naive, at(8), true), 10);
+    assert_eq!(lateness_seconds(at(10), &naive, at(8), false), 2);
+}
+
+proptest! {
+    /// The detector's promise, over any delivery and any later changes: a bucket that received
+    /// rows and lost none is found late with exactly that many rows (the one row named when it
+    /// is one); a bucket that received nothing is never called late.
+    #[test]
+    fn every_bucket_that_only_grew_is_found_and_no_other_is_called_late(
+        delivered_count in 1usize..120,
+        batch in 1usize..40,
+        arrivals in proptest::collection::vec((0i64..200, 1_000i64..1_000_000), 0..6),
+        departures in proptest::collection::vec(0usize..120, 0..6),
+    ) {
+        // Delivered: ids 1..=n at cursors id / 3 (ties), committed in batches.
+        let delivered: Vec<(i64, i64)> = (1..=delivered_count as i64).map(|id| (id / 3, id)).collect();
+        let checkpoint = *delivered.last().unwrap();
+        let mut record: Option<LateRecord> = None;
+        let mut previous: Option<(Position, String)> = None;
+        for (index, chunk) in delivered.chunks(batch).enumerate() {
+            let rows: Vec<KeyRow> = chunk.iter().map(|(cursor, id)| row(*cursor, *id)).collect();
+            let batch_id = format!("b{index}");
+            let before = previous.as_ref().map(|(position, id)| (position, id.as_str()));
+            record = Some(extend(record.as_ref(), before, &[&rows], &batch_id, &policy(64), at(0)));
+            let last = chunk.last().unwrap();
+            previous = Some((position(last.0, last.1), batch_id));
+        }
+        let window = record.unwrap().window.unwrap();
+        let froms: Vec<i64> = bounds(&window).unwrap().iter().map(|cursor| match cursor { CursorValue::Integer(value) => *value, _ => unreachable!() }).collect();
+        let bucket_of = |cursor: i64| froms.iter().rposition(|from| *from <= cursor);
+
+        // Later: late rows (new ids) at cursors behind the checkpoint, and rows deleted.
+        let mut keys = delivered.clone();
+        let mut added: BTreeMap<usize, Vec<i64>> = BTreeMap::new();
+        let mut removed: BTreeMap<usize, u64> = BTreeMap::new();
+        for (cursor, id) in &arrivals {
+            let cursor = cursor % (checkpoint.0 + 1);
+            if keys.iter().any(|key| key.1 == *id) || (cursor, *id) > checkpoint {
+                continue;
+            }
+            keys.push((cursor, *id));
+            if let Some(bucket) = bucket_of(cursor) {
+                added.entry(bucket).or_default().push(*id);
+            }
+        }
+        for index in &departures {
+            if *index >= keys.len() || keys[*index].1 >= 1_000 {
+                continue;
+            }
+            let (cursor, _) = keys.remove(*index);
+            if let Some(bucket) = bucket_of(cursor) {
+                *removed.entry(bucket).or_default() += 1;
+            }
+        }
+
+        let plan = plan_check(&window, &recount(&window, &keys, checkpoint)).unwrap();
+        let late_froms: Vec<i64> = plan.late.iter().map(|late| match &late.from { CursorValue::Integer(value) => *value, _ => unreachable!() }).collect();
+        for (bucket, ids) in &added {
+            if removed.get(bucket).copied().unwrap_or(0) > 0 {
+                continue;
+            }
+            let position = late_froms.iter().position(|from| *from == froms[*bucket]);
+            prop_assert!(position.is_some(), "bucket {bucket} grew by {ids:?} and was not found");
+            let late = &plan.late[position.unwrap()];
+            prop_assert_eq!(late.late_rows, ids.len() as u64);
+            if ids.len() == 1 {
+                prop_assert_eq!(late.single, Some(integer_key_hash(ids[0])));
+            }
+        }
+        for from in &late_froms {
+            let bucket = froms.iter().position(|value| value == from).unwrap();
+            prop_assert!(added.contains_key(&bucket), "bucket {bucket} called late without an arrival");
+        }
+    }
+}

@@ -1,0 +1,621 @@
+//! The late-arrival detector's two questions to the database (the window and its buckets are in
+//! [`crate::domain::late`]):
+//!
+//! - **the recount**: for each bucket of the window, the rows at or before the checkpoint, counted
+//!   with the sums of their key hashes, in one indexed grouped query (one range scan of the
+//!   `(cursor, pk…)` index; the bucket of a row found by `width_bucket` over the bounds on
+//!   PostgreSQL, by a balanced `CASE` of the bounds elsewhere);
+//! - **the re-read** of one bucket: its rows, in order, after a position, as batches are read (or
+//!   only the rows of one key hash).
+//!
+//! The key hash is computed in SQL as [`crate::domain::late::hash`] computes it: integer
+//! arithmetic for one integer key, SHA-256 of the key's text otherwise; SQLite calls
+//! `dbtrigger_key_hash`, which the SQLite source registers on its connections (the same Rust
+//! function). The SQL is built from validated identifiers and binds every value.
+
+use chrono::{DateTime, NaiveDateTime, Utc};
+use futures::TryStreamExt;
+use sqlx::{Database, Encode, Type};
+
+use super::fetch::Collector;
+use super::position::bind_position;
+use super::query::{SeekPlan, Slot, quote_identifier};
+use super::{ColumnDecoder, FetchLimit, Fetched, Layout, SourceError, classify};
+use crate::config::redact::Redaction;
+use crate::config::{Engine, SourceConfig, SourceTarget};
+use crate::domain::late::hash::KEY_HASH_MODULUS;
+use crate::domain::late::{BucketEnd, KeyHash, KeyHashKind, Tally};
+use crate::domain::{CursorValue, PkValue, Position};
+
+/// The SQLite function that hashes a key (`u << 31 | v`): registered on every SQLite connection.
+pub const SQLITE_KEY_HASH_FUNCTION: &str = "dbtrigger_key_hash";
+
+/// A recount: the window's bucket bounds (each bucket's first cursor, oldest first) and the
+/// checkpoint the last bucket ends at.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BucketCheck {
+    pub bounds: Vec<CursorValue>,
+    pub checkpoint: Position,
+}
+
+/// The rows of one bucket at or before the checkpoint; with `only`, just the rows of that key hash.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BucketRange {
+    pub from: CursorValue,
+    pub until: BucketEnd,
+    pub checkpoint: Position,
+    pub only: Option<KeyHash>,
+}
+
+impl BucketCheck {
+    fn key_kind(&self) -> KeyHashKind {
+        KeyHashKind::of(&self.checkpoint.pk.iter().map(|(_, value)| value).collect::<Vec<&PkValue>>())
+    }
+}
+
+impl BucketRange {
+    fn key_kind(&self) -> KeyHashKind {
+        KeyHashKind::of(&self.checkpoint.pk.iter().map(|(_, value)| value).collect::<Vec<&PkValue>>())
+    }
+}
+
+/// What a placeholder of these queries binds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LateSlot {
+    /// The n-th bucket's first cursor.
+    Bound(usize),
+    /// The first cursor of the bucket after the one read.
+    Until,
+    /// The checkpoint's cursor or key column.
+    Checkpoint(Slot),
+    /// The position a re-read goes on after.
+    After(Slot),
+    /// The key hash a re-read looks for.
+    HashU,
+    HashV,
+    Limit,
+}
+
+/// A query and what its placeholders bind, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LateSql {
+    pub sql: String,
+    pub slots: Vec<LateSlot>,
+}
+
+/// Builds SQL with numbered (PostgreSQL, cast to the column's type) or positional placeholders.
+struct Builder<'a> {
+    engine: Engine,
+    plan: &'a SeekPlan,
+    slots: Vec<LateSlot>,
+}
+
+impl Builder<'_> {
+    fn placeholder(&mut self, slot: LateSlot) -> String {
+        self.slots.push(slot);
+        if self.engine != Engine::Postgres {
+            return "?".to_string();
+        }
+        let typed = match slot {
+            LateSlot::Bound(_)
+            | LateSlot::Until
+            | LateSlot::Checkpoint(Slot::Cursor)
+            | LateSlot::After(Slot::Cursor) => Some(0),
+            LateSlot::Checkpoint(Slot::Key(index)) | LateSlot::After(Slot::Key(index)) => Some(index + 1),
+            LateSlot::HashU | LateSlot::HashV | LateSlot::Limit => None,
+        };
+        let cast = typed
+            .and_then(|index| self.plan.placeholder_types.as_ref().and_then(|types| types.get(index)))
+            .map(|name| format!("::{}", super::query::postgres_type_name(name)))
+            .unwrap_or_default();
+        format!("${}{cast}", self.slots.len())
+    }
+
+    /// `(c, k…) <= checkpoint` (`Le`) or `(c, k…) > after` (`Gt`), in the form the engine seeks on.
+    fn compare(&mut self, columns: &[String], greater: bool, slot: fn(Slot) -> LateSlot) -> String {
+        let cursor = &columns[0];
+        let keys = &columns[1..];
+        match self.engine {
+            Engine::Postgres | Engine::Sqlite => {
+                let mut values = vec![self.placeholder(slot(Slot::Cursor))];
+                for index in 0..keys.len() {
+                    values.push(self.placeholder(slot(Slot::Key(index))));
+                }
+                let operator = if greater { ">" } else { "<=" };
+                format!("({}) {operator} ({})", columns.join(", "), values.join(", "))
+            }
+            Engine::MySql => {
+                let (outer, strict, last) = if greater { (">=", ">", ">") } else { ("<=", "<", "<=") };
+                let bound = format!("{cursor} {outer} {}", self.placeholder(slot(Slot::Cursor)));
+                let mut alternatives = vec![format!("{cursor} {strict} {}", self.placeholder(slot(Slot::Cursor)))];
+                for depth in 0..keys.len() {
+                    let mut terms = vec![format!("{cursor} = {}", self.placeholder(slot(Slot::Cursor)))];
+                    for (index, key) in keys.iter().enumerate().take(depth) {
+                        terms.push(format!("{key} = {}", self.placeholder(slot(Slot::Key(index)))));
+                    }
+                    let operator = if depth + 1 == keys.len() { last } else { strict };
+                    terms.push(format!("{} {operator} {}", keys[depth], self.placeholder(slot(Slot::Key(depth)))));
+                    alternatives.push(format!("({})", terms.join(" AND ")));
+                }
+                format!("{bound} AND ({})", alternatives.join(" OR "))
+            }
+        }
+    }
+
+    /// The index of the bucket `cursor` falls in, among `buckets` whose first cursors are bound.
+    fn bucket_of(&mut self, cursor: &str, buckets: usize) -> String {
+        if buckets <= 1 {
+            return "0".to_string();
+        }
+        if self.engine == Engine::Postgres {
+            let thresholds: Vec<String> = (1..buckets).map(|index| self.placeholder(LateSlot::Bound(index))).collect();
+            return format!("width_bucket({cursor}, ARRAY[{}])::bigint", thresholds.join(", "));
+        }
+        self.case_tree(cursor, 0, buckets - 1)
+    }
+
+    /// A balanced `CASE` over buckets `low..=high`: log2 comparisons a row.
+    fn case_tree(&mut self, cursor: &str, low: usize, high: usize) -> String {
+        if low == high {
+            return low.to_string();
+        }
+        let middle = (low + high).div_ceil(2);
+        let threshold = self.placeholder(LateSlot::Bound(middle));
+        let below = self.case_tree(cursor, low, middle - 1);
+        let above = self.case_tree(cursor, middle, high);
+        format!("CASE WHEN {cursor} < {threshold} THEN {below} ELSE {above} END")
+    }
+}
+
+/// The quoted cursor and key columns, and the source's FROM.
+fn columns_and_from(config: &SourceConfig) -> (Vec<String>, String) {
+    let quote = |identifier: &str| quote_identifier(config.engine, identifier);
+    let mut columns = vec![quote(&config.cursor)];
+    columns.extend(config.pk.iter().map(|key| quote(key)));
+    let from = match &config.target {
+        SourceTarget::Table { schema: Some(schema), name } => format!("{}.{}", quote(schema), quote(name)),
+        SourceTarget::Table { schema: None, name } => quote(name),
+        SourceTarget::Query(query) => format!("({query}) AS dbtrigger_source"),
+    };
+    (columns, from)
+}
+
+/// The key's text, as [`crate::domain::late::hash::key_hash`] joins it.
+fn key_text(engine: Engine, keys: &[String]) -> String {
+    match (engine, keys) {
+        (Engine::Postgres, [key]) => format!("{key}::text"),
+        (Engine::Postgres, _) => {
+            let parts: Vec<String> = keys.iter().map(|key| format!("{key}::text")).collect();
+            format!("concat_ws(chr(31), {})", parts.join(", "))
+        }
+        (_, [key]) => format!("CONVERT({key} USING utf8mb4)"),
+        (_, _) => format!("CONVERT(CONCAT_WS(CHAR(31), {}) USING utf8mb4)", keys.join(", ")),
+    }
+}
+
+/// `x`: what the hash is computed from, once a row: `u` for an integer key, the digest's hex for
+/// another (PostgreSQL, MySQL), `u << 31 | v` on SQLite.
+fn hash_source(engine: Engine, kind: KeyHashKind, keys: &[String]) -> String {
+    let modulus = KEY_HASH_MODULUS;
+    match (engine, kind) {
+        (Engine::Sqlite, _) => format!("{SQLITE_KEY_HASH_FUNCTION}({})", keys.join(", ")),
+        (Engine::Postgres, KeyHashKind::Integer) => {
+            format!("((({}::bigint % {modulus}) + {modulus}) % {modulus})", keys[0])
+        }
+        (Engine::MySql, KeyHashKind::Integer) => format!("MOD(MOD({}, {modulus}) + {modulus}, {modulus})", keys[0]),
+        (Engine::Postgres, KeyHashKind::Digest) => {
+            format!("encode(sha256(convert_to({}, 'UTF8')), 'hex')", key_text(engine, keys))
+        }
+        (Engine::MySql, KeyHashKind::Digest) => format!("SHA2({}, 256)", key_text(engine, keys)),
+    }
+}
+
+/// `u` and `v` of a row, from its `x` ([`hash_source`]).
+fn hash_parts(engine: Engine, kind: KeyHashKind, x: &str) -> (String, String) {
+    let modulus = KEY_HASH_MODULUS;
+    match (engine, kind) {
+        (Engine::Sqlite, _) => (format!("({x} >> 31)"), format!("({x} & {modulus})")),
+        (Engine::Postgres, KeyHashKind::Integer) => {
+            (format!("({x})::int"), format!("(({x}) * ({x}) % {modulus})::int"))
+        }
+        (Engine::MySql, KeyHashKind::Integer) => (format!("({x})"), format!("(({x}) * ({x}) % {modulus})")),
+        (Engine::Postgres, KeyHashKind::Digest) => {
+            let word = |start: usize| format!("((('x' || substr({x}, {start}, 8))::bit(32)::bigint >> 1)::int)");
+            (word(1), word(9))
+        }
+        (Engine::MySql, KeyHashKind::Digest) => {
+            let word = |start: usize| format!("(CAST(CONV(SUBSTRING({x}, {start}, 8), 16, 10) AS UNSIGNED) >> 1)");
+            (word(1), word(9))
+        }
+    }
+}
+
+/// The recount of `buckets` buckets: `(bucket, rows, Σu, Σv)` for each bucket holding a row.
+pub fn tally_sql(config: &SourceConfig, plan: &SeekPlan, buckets: usize, kind: KeyHashKind) -> LateSql {
+    let engine = config.engine;
+    let (columns, from) = columns_and_from(config);
+    let mut builder = Builder { engine, plan, slots: Vec::new() };
+    let bucket = builder.bucket_of(&columns[0], buckets);
+    let x = hash_source(engine, kind, &columns[1..]);
+    let mut predicates = vec![format!("{} >= {}", columns[0], builder.placeholder(LateSlot::Bound(0)))];
+    predicates.push(builder.compare(&columns, false, LateSlot::Checkpoint));
+    if let Some(clause) = &config.where_clause {
+        predicates.push(format!("({clause})"));
+    }
+    let (u, v) = hash_parts(engine, kind, "dbtrigger_x");
+    let (count, sum_u, sum_v) = match engine {
+        Engine::MySql => (
+            "CAST(COUNT(*) AS SIGNED)".to_string(),
+            format!("CAST(SUM({u}) AS SIGNED)"),
+            format!("CAST(SUM({v}) AS SIGNED)"),
+        ),
+        Engine::Postgres | Engine::Sqlite => ("count(*)".to_string(), format!("sum({u})"), format!("sum({v})")),
+    };
+    let sql = format!(
+        "SELECT dbtrigger_bucket, {count}, {sum_u}, {sum_v} FROM (SELECT {bucket} AS dbtrigger_bucket, {x} AS dbtrigger_x FROM {from} WHERE {}) AS dbtrigger_keys GROUP BY dbtrigger_bucket",
+        predicates.join(" AND ")
+    );
+    LateSql { sql, slots: builder.slots }
+}
+
+/// The re-read of a bucket: its rows from `from` to the next bucket (`until`) or the checkpoint,
+/// after a position (`after`), of one key hash (`only`), in order, up to a bound limit.
+pub fn bucket_sql(
+    config: &SourceConfig,
+    plan: &SeekPlan,
+    until_checkpoint: bool,
+    after: bool,
+    only: Option<KeyHashKind>,
+) -> LateSql {
+    let engine = config.engine;
+    let (columns, from) = columns_and_from(config);
+    let mut builder = Builder { engine, plan, slots: Vec::new() };
+    let mut predicates = vec![format!("{} >= {}", columns[0], builder.placeholder(LateSlot::Bound(0)))];
+    if until_checkpoint {
+        predicates.push(builder.compare(&columns, false, LateSlot::Checkpoint));
+    } else {
+        predicates.push(format!("{} < {}", columns[0], builder.placeholder(LateSlot::Until)));
+    }
+    if after {
+        predicates.push(builder.compare(&columns, true, LateSlot::After));
+    }
+    if let Some(kind) = only {
+        let x = hash_source(engine, kind, &columns[1..]);
+        let (u, v) = hash_parts(engine, kind, &x);
+        predicates.push(format!("{u} = {}", builder.placeholder(LateSlot::HashU)));
+        predicates.push(format!("{v} = {}", builder.placeholder(LateSlot::HashV)));
+    }
+    if let Some(clause) = &config.where_clause {
+        predicates.push(format!("({clause})"));
+    }
+    let projection = match &config.columns {
+        None => "*".to_string(),
+        Some(selected) => {
+            let mut names: Vec<&String> = Vec::new();
+            let op_column = config.ops.column().map(str::to_string);
+            for column in
+                selected.iter().chain(std::iter::once(&config.cursor)).chain(config.pk.iter()).chain(op_column.iter())
+            {
+                if !names.contains(&column) {
+                    names.push(column);
+                }
+            }
+            names.iter().map(|name| quote_identifier(engine, name)).collect::<Vec<_>>().join(", ")
+        }
+    };
+    let limit = builder.placeholder(LateSlot::Limit);
+    let sql = format!(
+        "SELECT {projection} FROM {from} WHERE {} ORDER BY {} LIMIT {limit}",
+        predicates.join(" AND "),
+        columns.join(", ")
+    );
+    LateSql { sql, slots: builder.slots }
+}
+
+/// The recount's SQL for `check`.
+pub(crate) fn tally_sql_for(config: &SourceConfig, plan: &SeekPlan, check: &BucketCheck) -> LateSql {
+    tally_sql(config, plan, check.bounds.len(), check.key_kind())
+}
+
+/// The re-read's SQL for `range`.
+pub(crate) fn bucket_sql_for(config: &SourceConfig, plan: &SeekPlan, range: &BucketRange, after: bool) -> LateSql {
+    let until_checkpoint = matches!(range.until, BucketEnd::Checkpoint);
+    bucket_sql(config, plan, until_checkpoint, after, range.only.map(|_| range.key_kind()))
+}
+
+/// What one slot binds: a position (and which of its values), or an integer.
+pub(crate) enum SlotValue {
+    Position(Position, Slot),
+    Integer(i64),
+}
+
+/// The value each slot binds, for a recount or a re-read.
+pub(crate) fn slot_values(
+    slots: &[LateSlot],
+    bounds: &[CursorValue],
+    until: Option<&CursorValue>,
+    checkpoint: &Position,
+    after: Option<&Position>,
+    only: Option<KeyHash>,
+    limit: i64,
+) -> Result<Vec<SlotValue>, SourceError> {
+    let at = |cursor: &CursorValue| Position { cursor: cursor.clone(), pk: checkpoint.pk.clone() };
+    let mut values = Vec::with_capacity(slots.len());
+    for slot in slots {
+        let value = match slot {
+            LateSlot::Bound(index) => match bounds.get(*index) {
+                Some(cursor) => SlotValue::Position(at(cursor), Slot::Cursor),
+                None => return Err(SourceError::Position(format!("no bucket bound {index}"))),
+            },
+            LateSlot::Until => match until {
+                Some(cursor) => SlotValue::Position(at(cursor), Slot::Cursor),
+                None => return Err(SourceError::Position("a bucket range without its end".into())),
+            },
+            LateSlot::Checkpoint(slot) => SlotValue::Position(checkpoint.clone(), *slot),
+            LateSlot::After(slot) => match after {
+                Some(position) => SlotValue::Position(position.clone(), *slot),
+                None => return Err(SourceError::Position("a re-read without its position".into())),
+            },
+            LateSlot::HashU => SlotValue::Integer(only.map(|hash| i64::from(hash.u)).unwrap_or_default()),
+            LateSlot::HashV => SlotValue::Integer(only.map(|hash| i64::from(hash.v)).unwrap_or_default()),
+            LateSlot::Limit => SlotValue::Integer(limit),
+        };
+        values.push(value);
+    }
+    Ok(values)
+}
+
+/// Binds the values of a recount or a re-read (sqlx engines).
+fn bind_values<'q, DB>(
+    mut query: sqlx::query::Query<'q, DB, <DB as Database>::Arguments>,
+    values: &[SlotValue],
+) -> Result<sqlx::query::Query<'q, DB, <DB as Database>::Arguments>, SourceError>
+where
+    DB: Database,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+    String: for<'t> Encode<'t, DB> + Type<DB>,
+    DateTime<Utc>: for<'t> Encode<'t, DB> + Type<DB>,
+    NaiveDateTime: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    for value in values {
+        query = match value {
+            SlotValue::Position(position, slot) => bind_position(query, std::slice::from_ref(slot), position)?,
+            SlotValue::Integer(number) => query.bind(*number),
+        };
+    }
+    Ok(query)
+}
+
+/// The recount's rows as one tally per bucket (a bucket without a row has none).
+pub(crate) fn tallies(buckets: usize, rows: &[(i64, i64, i64, i64)]) -> Result<Vec<Tally>, SourceError> {
+    let mut tallies = vec![Tally::default(); buckets];
+    for (bucket, count, sum_u, sum_v) in rows {
+        let tally = usize::try_from(*bucket)
+            .ok()
+            .and_then(|index| tallies.get_mut(index))
+            .ok_or_else(|| SourceError::Position(format!("the recount returned bucket {bucket} of {buckets}")))?;
+        *tally = Tally { rows: (*count).max(0) as u64, sum_u: (*sum_u).max(0) as u64, sum_v: (*sum_v).max(0) as u64 };
+    }
+    Ok(tallies)
+}
+
+/// Runs a recount (PostgreSQL, MySQL).
+pub(crate) async fn tally_buckets<DB>(
+    pool: &sqlx::Pool<DB>,
+    config: &SourceConfig,
+    plan: &SeekPlan,
+    check: &BucketCheck,
+    redaction: &Redaction,
+) -> Result<Vec<Tally>, SourceError>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    <DB as Database>::Arguments: sqlx::IntoArguments<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB> + for<'r> sqlx::Decode<'r, DB>,
+    String: for<'t> Encode<'t, DB> + Type<DB>,
+    DateTime<Utc>: for<'t> Encode<'t, DB> + Type<DB>,
+    NaiveDateTime: for<'t> Encode<'t, DB> + Type<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+{
+    super::position::check_key(config, &check.checkpoint)?;
+    let late = tally_sql_for(config, plan, check);
+    let values = slot_values(&late.slots, &check.bounds, None, &check.checkpoint, None, None, 0)?;
+    let query = bind_values(sqlx::query(sqlx::AssertSqlSafe(late.sql)), &values)?;
+    let rows = query.fetch_all(pool).await.map_err(|error| classify(redaction, error))?;
+    let mut numbers = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let get = |index: usize| -> Result<i64, SourceError> {
+            sqlx::Row::try_get_unchecked::<Option<i64>, usize>(row, index)
+                .map(Option::unwrap_or_default)
+                .map_err(|error| SourceError::Query { location: redaction.location.clone(), reason: error.to_string() })
+        };
+        numbers.push((get(0)?, get(1)?, get(2)?, get(3)?));
+    }
+    tallies(check.bounds.len(), &numbers)
+}
+
+/// Runs a re-read (PostgreSQL, MySQL): up to `limit` rows of the bucket after `after`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn read_bucket<DB, D>(
+    pool: &sqlx::Pool<DB>,
+    config: &SourceConfig,
+    plan: &SeekPlan,
+    range: &BucketRange,
+    after: Option<&Position>,
+    limit: FetchLimit,
+    redaction: &Redaction,
+    decoder: &D,
+) -> Result<Fetched, SourceError>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    <DB as Database>::Arguments: sqlx::IntoArguments<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+    String: for<'t> Encode<'t, DB> + Type<DB>,
+    DateTime<Utc>: for<'t> Encode<'t, DB> + Type<DB>,
+    NaiveDateTime: for<'t> Encode<'t, DB> + Type<DB>,
+    D: ColumnDecoder<DB::Row> + Sync,
+{
+    super::position::check_key(config, &range.checkpoint)?;
+    let late = bucket_sql_for(config, plan, range, after.is_some());
+    let until = match &range.until {
+        BucketEnd::Before(cursor) => Some(cursor),
+        BucketEnd::Checkpoint => None,
+    };
+    let bounds = [range.from.clone()];
+    let values = slot_values(&late.slots, &bounds, until, &range.checkpoint, after, range.only, limit.rows as i64)?;
+    let query = bind_values(sqlx::query(sqlx::AssertSqlSafe(late.sql)), &values)?;
+    let mut connection = pool.acquire().await.map_err(|error| classify(redaction, error))?;
+    let mut stream = sqlx::Executor::fetch(&mut *connection, query);
+    let mut collector: Option<Collector<'_>> = None;
+    while let Some(row) = stream.try_next().await.map_err(|error| classify(redaction, error))? {
+        if collector.is_none() {
+            let names = sqlx::Row::columns(&row).iter().map(sqlx::Column::name);
+            let layout = Layout::new(config, names)
+                .map_err(|reason| SourceError::Query { location: redaction.location.clone(), reason })?;
+            collector = Some(Collector::new(config, layout, limit));
+        }
+        let collected = collector.as_mut().expect("made at the first row");
+        let at_limit = collected
+            .add(|index, name| decoder.decode_column(&row, index, name), |index| decoder.column_type(&row, index))?;
+        if at_limit {
+            drop(stream);
+            return Ok(collector.take().expect("made at the first row").finish(true));
+        }
+    }
+    Ok(collector.map(|collected| collected.finish(false)).unwrap_or_default())
+}
+
+/// Registers [`SQLITE_KEY_HASH_FUNCTION`] on a SQLite connection: the key hash of its arguments
+/// (the key's columns, integers or text), as `u << 31 | v`; NULL for a value that cannot be a key.
+pub(crate) fn register_sqlite_key_hash(connection: &rusqlite::Connection) -> rusqlite::Result<()> {
+    use rusqlite::functions::FunctionFlags;
+    use rusqlite::types::ValueRef;
+    let flags = FunctionFlags::SQLITE_UTF8 | FunctionFlags::SQLITE_DETERMINISTIC;
+    connection.create_scalar_function(SQLITE_KEY_HASH_FUNCTION, -1, flags, |context| {
+        let pack = |hash: KeyHash| Some((i64::from(hash.u) << 31) | i64::from(hash.v));
+        if context.len() == 1
+            && let ValueRef::Integer(number) = context.get_raw(0)
+        {
+            return Ok(pack(crate::domain::late::hash::integer_key_hash(number)));
+        }
+        let mut values = Vec::with_capacity(context.len());
+        for index in 0..context.len() {
+            match context.get_raw(index) {
+                ValueRef::Integer(number) => values.push(PkValue::Integer(number)),
+                ValueRef::Text(bytes) => match std::str::from_utf8(bytes) {
+                    Ok(text) => values.push(PkValue::Text(text.to_string())),
+                    Err(_) => return Ok(None),
+                },
+                _ => return Ok(None),
+            }
+        }
+        let keys: Vec<&PkValue> = values.iter().collect();
+        Ok(pack(crate::domain::late::key_hash(&keys)))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::query::CursorType;
+    use crate::source::query::tests::config;
+
+    fn plan() -> SeekPlan {
+        SeekPlan { cursor_type: CursorType::Timestamp, placeholder_types: None }
+    }
+
+    fn typed_plan() -> SeekPlan {
+        SeekPlan {
+            cursor_type: CursorType::Timestamp,
+            placeholder_types: Some(vec!["TIMESTAMPTZ".into(), "INT4".into(), "INT8".into()]),
+        }
+    }
+
+    #[test]
+    fn postgres_recounts_with_width_bucket_and_a_digest_for_a_composite_key() {
+        let late =
+            tally_sql(&config(Engine::Postgres, None, Some("tenant = 7")), &typed_plan(), 3, KeyHashKind::Digest);
+        assert_eq!(
+            late.sql,
+            "SELECT dbtrigger_bucket, count(*), sum(((('x' || substr(dbtrigger_x, 1, 8))::bit(32)::bigint >> 1)::int)), sum(((('x' || substr(dbtrigger_x, 9, 8))::bit(32)::bigint >> 1)::int)) \
+             FROM (SELECT width_bucket(\"updated_at\", ARRAY[$1::TIMESTAMPTZ, $2::TIMESTAMPTZ])::bigint AS dbtrigger_bucket, \
+             encode(sha256(convert_to(concat_ws(chr(31), \"tenant\"::text, \"id\"::text), 'UTF8')), 'hex') AS dbtrigger_x \
+             FROM \"public\".\"orders\" WHERE \"updated_at\" >= $3::TIMESTAMPTZ AND (\"updated_at\", \"tenant\", \"id\") <= ($4::TIMESTAMPTZ, $5::INT4, $6::INT8) AND (tenant = 7)) AS dbtrigger_keys GROUP BY dbtrigger_bucket"
+        );
+        assert_eq!(
+            late.slots,
+            vec![
+                LateSlot::Bound(1),
+                LateSlot::Bound(2),
+                LateSlot::Bound(0),
+                LateSlot::Checkpoint(Slot::Cursor),
+                LateSlot::Checkpoint(Slot::Key(0)),
+                LateSlot::Checkpoint(Slot::Key(1))
+            ]
+        );
+    }
+
+    #[test]
+    fn mysql_and_sqlite_find_the_bucket_with_a_balanced_case() {
+        let mut source = config(Engine::MySql, None, None);
+        source.pk = vec!["id".into()];
+        let late = tally_sql(&source, &plan(), 4, KeyHashKind::Integer);
+        assert!(
+            late.sql.contains(
+                "CASE WHEN `updated_at` < ? THEN CASE WHEN `updated_at` < ? THEN 0 ELSE 1 END ELSE CASE WHEN `updated_at` < ? THEN 2 ELSE 3 END END AS dbtrigger_bucket"
+            ),
+            "{}",
+            late.sql
+        );
+        assert!(
+            late.sql.contains("MOD(MOD(`id`, 2147483647) + 2147483647, 2147483647) AS dbtrigger_x"),
+            "{}",
+            late.sql
+        );
+        assert!(
+            late.sql.contains("`updated_at` <= ? AND (`updated_at` < ? OR (`updated_at` = ? AND `id` <= ?))"),
+            "{}",
+            late.sql
+        );
+        assert_eq!(&late.slots[..3], &[LateSlot::Bound(2), LateSlot::Bound(1), LateSlot::Bound(3)]);
+        source.engine = Engine::Sqlite;
+        let sqlite = tally_sql(&source, &plan(), 1, KeyHashKind::Integer);
+        assert!(sqlite.sql.starts_with("SELECT dbtrigger_bucket, count(*), sum((dbtrigger_x >> 31)), sum((dbtrigger_x & 2147483647)) FROM (SELECT 0 AS dbtrigger_bucket, dbtrigger_key_hash(\"id\") AS dbtrigger_x"), "{}", sqlite.sql);
+    }
+
+    #[test]
+    fn a_bucket_is_reread_after_a_position_up_to_the_next_bucket_or_the_checkpoint() {
+        let source = config(Engine::Postgres, Some(vec!["status"]), None);
+        let late = bucket_sql(&source, &typed_plan(), false, true, None);
+        assert_eq!(
+            late.sql,
+            "SELECT \"status\", \"updated_at\", \"tenant\", \"id\" FROM \"public\".\"orders\" WHERE \"updated_at\" >= $1::TIMESTAMPTZ AND \"updated_at\" < $2::TIMESTAMPTZ \
+             AND (\"updated_at\", \"tenant\", \"id\") > ($3::TIMESTAMPTZ, $4::INT4, $5::INT8) ORDER BY \"updated_at\", \"tenant\", \"id\" LIMIT $6"
+        );
+        let mut mysql = config(Engine::MySql, None, None);
+        mysql.pk = vec!["id".into()];
+        let only = bucket_sql(&mysql, &plan(), true, false, Some(KeyHashKind::Integer));
+        assert!(only.sql.contains("(MOD(MOD(`id`, 2147483647) + 2147483647, 2147483647)) = ?"), "{}", only.sql);
+        assert_eq!(
+            only.slots,
+            vec![
+                LateSlot::Bound(0),
+                LateSlot::Checkpoint(Slot::Cursor),
+                LateSlot::Checkpoint(Slot::Cursor),
+                LateSlot::Checkpoint(Slot::Cursor),
+                LateSlot::Checkpoint(Slot::Key(0)),
+                LateSlot::HashU,
+                LateSlot::HashV,
+                LateSlot::Limit
+            ]
+        );
+    }
+
+    #[test]
+    fn a_recount_row_of_a_bucket_out_of_range_is_an_error_not_a_panic() {
+        assert_eq!(tallies(2, &[(1, 3, 30, 300)]).unwrap()[1], Tally { rows: 3, sum_u: 30, sum_v: 300 });
+        assert!(tallies(2, &[(2, 1, 1, 1)]).is_err());
+        assert!(tallies(2, &[(-1, 1, 1, 1)]).is_err());
+    }
+}

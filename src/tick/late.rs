@@ -1,0 +1,315 @@
+//! The late-arrival detector in the tick ([`crate::domain::late`] decides, this file acts).
+//!
+//! - **Record**: every commit extends the window of the state document with the keys of the rows
+//!   it covers ([`Poller::record_late`]), in the same compare-and-swap.
+//! - **Check**: at one tick in `everyTicks`, before the first fetch, the source recounts the
+//!   window's buckets in one grouped query ([`Poller::check_late`]). Reading only, no lease.
+//! - **Deliver**: buckets that grew are delivered again under the tick's lease, after the tick's
+//!   own batches (so that a late batch that keeps failing never holds up new rows): the one new row
+//!   when its hash names it, else the bucket's rows page by page, each page a batch with
+//!   `late: true` and the event ids those rows always had, through the same sink and deadline.
+//!   After each bucket one write (by CAS, renewing the lease) records its new tally and the
+//!   finding. A failed delivery fails the tick (recorded for status and the watchdog); the bucket,
+//!   not recorded, is found again by the next check. The checkpoint never moves here.
+//! - Buckets that shrank (rows updated past the checkpoint, or deleted) are adopted: not late.
+
+use std::sync::atomic::Ordering;
+
+use tracing::{info, warn};
+
+use crate::domain::StateDocument;
+use crate::domain::late::{self, CheckPlan, KeyRow, LateBucket, LateRecord, Tally};
+use crate::domain::lease;
+use crate::domain::state::describe;
+use crate::domain::transitions;
+use crate::domain::{CursorValue, Position};
+use crate::source::{BucketCheck, BucketRange, FetchLimit, SourceRow};
+use crate::store::{StateWriter, WriteFailure};
+
+use super::Poller;
+use super::clock::runtime_deadline;
+use super::outcome::{LateCheck, TickError};
+use super::reader::BatchMaker;
+
+/// What a check found, and the checkpoint it was made behind.
+pub(super) struct LateFound {
+    pub(super) plan: CheckPlan,
+    pub(super) checkpoint: Position,
+}
+
+impl LateFound {
+    /// Buckets to deliver again (a lease is needed).
+    pub(super) fn has_late(&self) -> bool {
+        !self.plan.late.is_empty()
+    }
+}
+
+impl Poller {
+    /// The keys of `positions` as the window counts them (none while the detector is off).
+    pub(super) fn late_keys(&self, positions: &[Position]) -> Vec<KeyRow> {
+        if !self.config.late_arrivals.enabled {
+            return Vec::new();
+        }
+        positions.iter().map(KeyRow::of).collect()
+    }
+
+    /// Extends `next`'s window (a commit from `before`) with the rows it covers.
+    pub(super) fn record_late(&self, before: &StateDocument, next: &mut StateDocument, keys: &[&[KeyRow]]) {
+        if !self.config.late_arrivals.enabled {
+            if let Some(record) = next.late.as_mut() {
+                record.window = None;
+            }
+            return;
+        }
+        let Some(checkpoint) = next.checkpoint.as_ref() else {
+            return;
+        };
+        let previous_position = before.position().ok().flatten();
+        let previous = before
+            .checkpoint
+            .as_ref()
+            .zip(previous_position.as_ref())
+            .map(|(checkpoint, position)| (position, checkpoint.last_successful_batch_id.as_str()));
+        next.late = Some(late::extend(
+            before.late.as_ref(),
+            previous,
+            keys,
+            &checkpoint.last_successful_batch_id,
+            &self.config.late_arrivals.policy(),
+            self.clock.now(),
+        ));
+    }
+
+    /// The recount, when one is due at this tick and the window reaches the checkpoint. A recount
+    /// that fails is reported (a warning, and `late_check=failed` in the summary line) but does not
+    /// fail the tick: the rows after the checkpoint are delivered all the same.
+    pub(super) async fn check_late(&self, document: &StateDocument) -> Option<LateFound> {
+        let config = &self.config.late_arrivals;
+        if !config.enabled {
+            return None;
+        }
+        let tick = self.late_ticks.fetch_add(1, Ordering::Relaxed);
+        if !tick.is_multiple_of(u64::from(config.every_ticks)) {
+            return None;
+        }
+        let checkpoint = document.checkpoint.as_ref()?;
+        let window = document.late.as_ref()?.window.as_ref()?;
+        if window.checkpoint_batch != checkpoint.last_successful_batch_id || window.buckets.is_empty() {
+            return None;
+        }
+        let position = document.position().ok().flatten()?;
+        let bounds = match late::bounds(window) {
+            Ok(bounds) => bounds,
+            Err(reason) => {
+                warn!(poller = %self.config.poller_name, "the late-arrival window cannot be read ({reason}): a new one starts");
+                return None;
+            }
+        };
+        let check = BucketCheck { bounds, checkpoint: position.clone() };
+        let tallies = match self.source.tally_buckets(&check).await {
+            Ok(Some(tallies)) => tallies,
+            Ok(None) => return None,
+            Err(error) => {
+                warn!(poller = %self.config.poller_name, error = %error, "the late-arrival check failed; delivering on without it");
+                self.learn(|learnt| learnt.late_check = LateCheck::Failed);
+                return None;
+            }
+        };
+        self.learn(|learnt| learnt.late_check = LateCheck::Checked);
+        match late::plan_check(window, &tallies) {
+            Ok(plan) if plan.is_empty() => None,
+            Ok(plan) => Some(LateFound { plan, checkpoint: position }),
+            Err(reason) => {
+                warn!(poller = %self.config.poller_name, "the late-arrival check cannot be compared: {reason}");
+                None
+            }
+        }
+    }
+
+    /// `document` with the buckets that shrank adopted (`false`: none did).
+    pub(super) fn adopt_shrunk(&self, document: &mut StateDocument, found: &LateFound) -> bool {
+        let Some(mut record) = document.late.clone() else {
+            return false;
+        };
+        if found.plan.shrunk.is_empty() {
+            return false;
+        }
+        for shrunk in &found.plan.shrunk {
+            record = late::adopt(&record, &shrunk.from, shrunk.recorded, shrunk.found);
+        }
+        document.late = Some(record);
+        true
+    }
+
+    /// Delivers the late buckets again, under the lease this tick holds; records each one as it is
+    /// delivered. Stops (leaving the rest to the next check) at the tick's deadline or when the
+    /// lease cannot be kept.
+    pub(super) async fn deliver_late(
+        &self,
+        writer: &mut StateWriter<'_>,
+        document: &mut StateDocument,
+        found: LateFound,
+        maker: &BatchMaker,
+        deadline: chrono::DateTime<chrono::Utc>,
+    ) -> Result<(), TickError> {
+        for bucket in &found.plan.late {
+            if self.clock.now() >= deadline {
+                warn!(poller = %self.config.poller_name, "the tick budget ran out before every late bucket was delivered; the next check finds the rest");
+                break;
+            }
+            let Some((delivered, late_rows, lateness_of)) =
+                self.deliver_bucket(writer, document, bucket, &found.checkpoint, maker, deadline).await?
+            else {
+                return Ok(());
+            };
+            let now = self.clock.now();
+            let naive_is_utc = self.config.source.cursor_time_zone == "UTC";
+            let lateness = late::lateness_seconds(now, &lateness_of, bucket.since, naive_is_utc);
+            let record = document.late.clone().unwrap_or_default();
+            let next_record =
+                late::after_redelivery(&record, &bucket.from, bucket.recorded, delivered, late_rows, lateness, now);
+            if !self.write_late(writer, document, next_record).await? {
+                return Ok(());
+            }
+            warn!(
+                poller = %self.config.poller_name,
+                late_rows,
+                lateness_seconds = lateness,
+                bucket = %bucket.from.to_json(),
+                "rows committed behind the checkpoint were found and delivered (late: true)"
+            );
+            self.learn(|learnt| {
+                learnt.late_arrivals += late_rows;
+                learnt.max_lateness_seconds = Some(learnt.max_lateness_seconds.unwrap_or(0).max(lateness));
+            });
+        }
+        Ok(())
+    }
+
+    /// Delivers one late bucket: its one new row, if its hash names one row, else every row of the
+    /// bucket. `None`: the lease could not be kept, stop. Otherwise the tally of what was
+    /// delivered's bucket, the rows counted late, and the cursor lateness is measured from.
+    async fn deliver_bucket(
+        &self,
+        writer: &mut StateWriter<'_>,
+        document: &mut StateDocument,
+        bucket: &LateBucket,
+        checkpoint: &Position,
+        maker: &BatchMaker,
+        deadline: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Option<(Tally, u64, CursorValue)>, TickError> {
+        let range = |only| BucketRange {
+            from: bucket.from.clone(),
+            until: bucket.until.clone(),
+            checkpoint: checkpoint.clone(),
+            only,
+        };
+        if let Some(hash) = bucket.single {
+            let found =
+                self.source.read_bucket(&range(Some(hash)), None, FetchLimit { rows: 2, bytes: usize::MAX }).await?;
+            if let [row] = found.rows.as_slice() {
+                let cursor = row.position.cursor.clone();
+                if !self.send_late(writer, document, found.rows, maker, deadline).await? {
+                    return Ok(None);
+                }
+                let mut tally = bucket.recorded;
+                tally.add(hash);
+                return Ok(Some((tally, 1, cursor)));
+            }
+        }
+        // Every row of the bucket, page by page; what is delivered becomes its tally.
+        let whole = range(None);
+        let mut tally = Tally::default();
+        let mut oldest: Option<CursorValue> = None;
+        let mut after: Option<Position> = None;
+        loop {
+            let page = self.source.read_bucket(&whole, after.as_ref(), self.fetch_limit()).await?;
+            let Some(last) = page.rows.last() else {
+                break;
+            };
+            after = Some(last.position.clone());
+            for row in &page.rows {
+                tally.add(late::position_key_hash(&row.position.pk));
+            }
+            if oldest.is_none() {
+                oldest = page.rows.first().map(|row| row.position.cursor.clone());
+            }
+            let more = page.full;
+            if !self.send_late(writer, document, page.rows, maker, deadline).await? {
+                return Ok(None);
+            }
+            if !more {
+                break;
+            }
+        }
+        let lateness_of = oldest.unwrap_or_else(|| bucket.from.clone());
+        Ok(Some((tally, bucket.late_rows, lateness_of)))
+    }
+
+    /// Sends `rows` as one late batch, renewing the lease first when a heartbeat is due. `false`:
+    /// the lease could not be kept.
+    async fn send_late(
+        &self,
+        writer: &mut StateWriter<'_>,
+        document: &mut StateDocument,
+        rows: Vec<SourceRow>,
+        maker: &BatchMaker,
+        deadline: chrono::DateTime<chrono::Utc>,
+    ) -> Result<bool, TickError> {
+        let terms = &self.config.lease;
+        let Some(current) = document.lease.clone() else {
+            return Ok(false);
+        };
+        let now = self.clock.now();
+        if lease::next_heartbeat_due(&current, terms).is_some_and(|due| now >= due)
+            && !matches!(self.heartbeat(writer, document).await, Ok(true))
+        {
+            return Ok(false);
+        }
+        let current = document.lease.clone().expect("the lease is held");
+        if !lease::holder_may_act(&current, &self.owner_id, self.clock.now(), terms) {
+            return Ok(false);
+        }
+        let mut prepared = maker.prepare(rows);
+        prepared.batch.late = true;
+        let sink_deadline = runtime_deadline(deadline, self.clock.now());
+        if let Err(error) = self.sink.deliver(&prepared.batch, sink_deadline).await {
+            let first = prepared.positions.first().map(describe).unwrap_or_default();
+            return Err(TickError::LateDelivery { error, first });
+        }
+        info!(
+            poller = %self.config.poller_name,
+            batch = %prepared.batch.batch_id,
+            rows = prepared.positions.len(),
+            "late batch delivered"
+        );
+        Ok(true)
+    }
+
+    /// Writes `record` as the document's `late`, renewing the lease, by CAS. `false`: the lease is
+    /// not ours any more.
+    async fn write_late(
+        &self,
+        writer: &mut StateWriter<'_>,
+        document: &mut StateDocument,
+        record: LateRecord,
+    ) -> Result<bool, TickError> {
+        let Ok(mut next) = transitions::heartbeat(document, &self.owner_id, self.clock.now(), &self.config.lease)
+        else {
+            writer.lost = true;
+            return Ok(false);
+        };
+        next.late = Some(record);
+        match writer.write(&mut next).await {
+            Ok(()) => {
+                *document = next;
+                Ok(true)
+            }
+            Err(WriteFailure::Conflict(_)) => {
+                writer.lost = true;
+                Ok(false)
+            }
+            Err(WriteFailure::Store(error)) => Err(error.into()),
+        }
+    }
+}
