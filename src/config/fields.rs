@@ -219,6 +219,9 @@ fn source() -> Vec<Field> {
         field("queryTimeoutSeconds", Kind::integer(ranges::QUERY_TIMEOUT_SECONDS, defaults::QUERY_TIMEOUT_SECONDS), "A fetch is cancelled after this long (PostgreSQL also gets it as statement_timeout) and the tick fails with that reason.", json!(60)),
         field("softDelete", Kind::text(TextRule::Identifier), "A column marking deleted rows: a row whose value is not NULL (nor false or 0) is delivered with op \"delete\". Not with `opColumn`.", json!("deleted_at")),
         field("opColumn", Kind::text(TextRule::Identifier), "A column saying each row's operation (insert, update, upsert, delete): an outbox or tombstone table. Not with `softDelete`.", json!("op")),
+        field("lateArrivals", Kind::Object { fields: late_arrivals(), rules: vec![] }, "The late-arrival detector: a count and key hash per cursor bucket behind the checkpoint, recounted by the source; a bucket that grew is delivered again with `late: true` (README, \"Late arrivals\").", json!({"enabled": true, "windowSeconds": 900, "windowRows": 100000, "everyTicks": 1}))
+            .when_absent("on, with the defaults below")
+            .nullable(),
         field("generation", Kind::Object { fields: generation(), rules: vec![] }, "The load the table holds, for a table that is truncated and reloaded.", json!({"query": "SELECT max(load_id) FROM load_log", "onChange": "stop"}))
             .when_absent("no generation")
             .nullable(),
@@ -242,6 +245,31 @@ fn source_rules() -> Vec<Rule> {
                 "properties": {"softDelete": {"type": "string"}, "opColumn": {"type": "string"}}
             }}),
         },
+    ]
+}
+
+fn late_arrivals() -> Vec<Field> {
+    use super::late::{defaults as late_defaults, ranges as late_ranges};
+    vec![
+        field("enabled", Kind::Boolean { default: true }, "Whether the detector runs.", json!(false)),
+        field(
+            "windowSeconds",
+            Kind::integer(late_ranges::WINDOW_SECONDS, late_defaults::WINDOW_SECONDS),
+            "Cursor time behind the checkpoint the window covers (timestamp cursors).",
+            json!(900),
+        ),
+        field(
+            "windowRows",
+            Kind::integer(late_ranges::WINDOW_ROWS, late_defaults::WINDOW_ROWS),
+            "Rows behind the checkpoint the window covers (every cursor); the smaller of the two bounds wins.",
+            json!(100000),
+        ),
+        field(
+            "everyTicks",
+            Kind::integer(late_ranges::EVERY_TICKS, late_defaults::EVERY_TICKS),
+            "The check runs at one tick in this many: a check reads every row of the window, so a large window is cheaper checked less often.",
+            json!(10),
+        ),
     ]
 }
 

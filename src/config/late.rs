@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{ConfigError, Located, in_range, limits};
+use super::{ConfigError, Located, in_range};
 use crate::domain::late::WindowPolicy;
 
 /// The detector's defaults: the last 15 minutes of cursor time and the last 100,000 rows behind
@@ -18,6 +18,17 @@ pub mod defaults {
     pub const WINDOW_SECONDS: u64 = 900;
     pub const WINDOW_ROWS: u64 = 100_000;
     pub const EVERY_TICKS: u32 = 1;
+}
+
+/// What the loader accepts (the field table in `fields.rs` reads these too).
+pub mod ranges {
+    use std::ops::RangeInclusive;
+
+    use super::super::limits;
+
+    pub const WINDOW_SECONDS: RangeInclusive<u64> = 1..=limits::SECONDS;
+    pub const WINDOW_ROWS: RangeInclusive<u64> = 16..=10_000_000;
+    pub const EVERY_TICKS: RangeInclusive<u32> = 1..=10_000;
 }
 
 #[derive(Deserialize, Default)]
@@ -68,9 +79,9 @@ pub(super) fn build_late_arrivals(
     let raw = raw.unwrap_or(&empty);
     let field = |name: &str| format!("poller.source.lateArrivals.{name}");
     let window_seconds =
-        in_range(at, &field("windowSeconds"), raw.window_seconds, defaults::WINDOW_SECONDS, 1..=limits::SECONDS)?;
-    let window_rows = in_range(at, &field("windowRows"), raw.window_rows, defaults::WINDOW_ROWS, 16..=10_000_000)?;
-    let every_ticks = in_range(at, &field("everyTicks"), raw.every_ticks, defaults::EVERY_TICKS, 1..=10_000)?;
+        in_range(at, &field("windowSeconds"), raw.window_seconds, defaults::WINDOW_SECONDS, ranges::WINDOW_SECONDS)?;
+    let window_rows = in_range(at, &field("windowRows"), raw.window_rows, defaults::WINDOW_ROWS, ranges::WINDOW_ROWS)?;
+    let every_ticks = in_range(at, &field("everyTicks"), raw.every_ticks, defaults::EVERY_TICKS, ranges::EVERY_TICKS)?;
     Ok(LateArrivalsConfig {
         enabled: raw.enabled.unwrap_or(true),
         window: Duration::from_secs(window_seconds),

@@ -94,7 +94,7 @@ fn base(section: &str, path: &str) -> Value {
             };
             json!({
                 "source": {"connection": "ORDERS_DB", "table": "orders", "cursor": "updated_at", "pk": ["id"],
-                           "generation": {"query": "SELECT max(load_id) FROM load_log"}},
+                           "generation": {"query": "SELECT max(load_id) FROM load_log"}, "lateArrivals": {}},
                 "batch": {},
                 "sink": sink,
                 "lease": {},
