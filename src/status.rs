@@ -48,6 +48,19 @@ pub async fn of_poller(function: &str, poller: &Poller, now: DateTime<Utc>) -> P
         Err(_) => None,
     };
     let generation = poller.source.generation().await.map_err(|error| error.to_string());
+    // Only while rows wait: what holds them back (the question reads the server's sessions).
+    let rows_wait = matches!(&lag, Some(Ok(lag)) if lag.rows > 0);
+    let horizon_holder = if rows_wait {
+        match poller.source.horizon_holder().await {
+            Ok(holder) => holder,
+            Err(error) => {
+                tracing::warn!(poller = %config.poller_name, %error, "what holds the horizon back could not be read");
+                None
+            }
+        }
+    } else {
+        None
+    };
     let generation_stops = config
         .source
         .generation
@@ -65,6 +78,7 @@ pub async fn of_poller(function: &str, poller: &Poller, now: DateTime<Utc>) -> P
             naive_cursors_are_utc: zone_is_utc(&config.source.cursor_time_zone),
             generation,
             generation_stops,
+            horizon_holder,
         },
         now,
     )

@@ -52,6 +52,12 @@ pub struct SourceConfig {
     pub where_clause: Option<String>,
     /// Timestamp cursors only read rows older than the database's `now - settle`.
     pub settle: Duration,
+    /// `source.settle`: whether the bound is that guess alone, or the database's oldest open
+    /// transaction too (`"auto"`).
+    pub settle_mode: SettleMode,
+    /// `source.cursorKind`: what the cursor column must hold, when declared (`None`: whatever its
+    /// type says, learnt before the first seek).
+    pub cursor_kind: Option<CursorKind>,
     /// Whether `settleSeconds` was written in function.json (an integer cursor ignores it, and
     /// says so once when it was asked for).
     pub settle_configured: bool,
@@ -64,6 +70,123 @@ pub struct SourceConfig {
     pub ops: OpRule,
     /// The source's load generation, if the table is truncated and reloaded.
     pub generation: Option<GenerationConfig>,
+}
+
+/// What a cursor column holds, as `source.cursorKind` declares it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CursorKind {
+    Integer,
+    /// A timestamp, with or without time zone.
+    Timestamp,
+    /// PostgreSQL `xid8`, stamped by the writing transaction and read below the commit horizon.
+    Xid,
+}
+
+impl CursorKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            CursorKind::Integer => "integer",
+            CursorKind::Timestamp => "timestamp",
+            CursorKind::Xid => "xid",
+        }
+    }
+}
+
+/// How far a timestamp cursor reads (`source.settle`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SettleMode {
+    /// Rows older than the database's `now - settleSeconds`: a guess at the longest transaction.
+    #[default]
+    Fixed,
+    /// Rows older than the start of the oldest transaction the database reports open, and never
+    /// younger than `now - settleSeconds` (the margin for what that report cannot show yet).
+    Auto,
+}
+
+/// Under `settle: "auto"` `settleSeconds` is only a margin (the moment a transaction starts
+/// before the database lists it, InnoDB's 0.1 s cache of INNODB_TRX), so it defaults lower.
+pub const AUTO_SETTLE_SECONDS: u64 = 1;
+
+/// `cursorKind`, `settle` and `settleSeconds` together: what each engine can honour.
+fn build_cursor_rules(
+    cursor_kind: Option<&str>,
+    settle: Option<&str>,
+    settle_seconds: Option<u64>,
+    engine: Engine,
+    at: &Located<'_>,
+) -> Result<(Option<CursorKind>, SettleMode, u64), ConfigError> {
+    let cursor_kind = match cursor_kind {
+        None => None,
+        Some("integer") => Some(CursorKind::Integer),
+        Some("timestamp") => Some(CursorKind::Timestamp),
+        Some("xid") => Some(CursorKind::Xid),
+        Some(other) => {
+            return Err(at.error(
+                "poller.source.cursorKind",
+                format!("{other:?}: expected \"integer\", \"timestamp\" or \"xid\" (leave it out to go by the column's type)"),
+            ));
+        }
+    };
+    let settle_mode = match settle {
+        None => SettleMode::Fixed,
+        Some("auto") => SettleMode::Auto,
+        Some(other) => {
+            return Err(at.error(
+                "poller.source.settle",
+                format!("{other:?}: expected \"auto\" (leave it out for settleSeconds alone)"),
+            ));
+        }
+    };
+    if cursor_kind == Some(CursorKind::Xid) {
+        if engine != Engine::Postgres {
+            return Err(at.error(
+                "poller.source.cursorKind",
+                format!(
+                    "\"xid\" is a PostgreSQL cursor (an xid8 column stamped by the writing transaction); this source is {}",
+                    engine.name()
+                ),
+            ));
+        }
+        if settle.is_some() {
+            return Err(at.error(
+                "poller.source.settle",
+                "an xid cursor is read below the commit horizon, which is exact: leave `settle` out",
+            ));
+        }
+        if settle_seconds.is_some() {
+            return Err(at.error(
+                "poller.source.settleSeconds",
+                "an xid cursor is read below the commit horizon, which is exact: leave settleSeconds out",
+            ));
+        }
+    }
+    if settle_mode == SettleMode::Auto {
+        if engine == Engine::Sqlite {
+            return Err(at.error(
+                "poller.source.settle",
+                "\"auto\" needs the database's view of its open transactions, which SQLite does not give: leave `settle` out (settleSeconds applies)",
+            ));
+        }
+        if cursor_kind == Some(CursorKind::Integer) {
+            return Err(at.error(
+                "poller.source.settle",
+                "\"auto\" bounds a timestamp the database stamps; an integer cursor has none (on PostgreSQL, cursorKind \"xid\" is exact)",
+            ));
+        }
+    }
+    let default_seconds = match settle_mode {
+        SettleMode::Fixed => defaults::SETTLE_SECONDS,
+        SettleMode::Auto => AUTO_SETTLE_SECONDS,
+    };
+    let settle_seconds =
+        in_range(at, "poller.source.settleSeconds", settle_seconds, default_seconds, 0..=limits::SECONDS)?;
+    if settle_mode == SettleMode::Auto && settle_seconds == 0 {
+        return Err(at.error(
+            "poller.source.settleSeconds",
+            "with settle \"auto\" it is the margin for a transaction the database does not list yet: at least 1",
+        ));
+    }
+    Ok((cursor_kind, settle_mode, settle_seconds))
 }
 
 /// Which `op` an event gets.
@@ -464,8 +587,8 @@ pub(super) fn build_source(
             Some(GenerationConfig { query, on_change })
         }
     };
-    let settle_seconds =
-        in_range(at, "poller.source.settleSeconds", raw.settle_seconds, defaults::SETTLE_SECONDS, 0..=limits::SECONDS)?;
+    let (cursor_kind, settle_mode, settle_seconds) =
+        build_cursor_rules(raw.cursor_kind.as_deref(), raw.settle.as_deref(), raw.settle_seconds, identity.engine, at)?;
     let query_timeout_seconds = in_range(
         at,
         "poller.source.queryTimeoutSeconds",
@@ -526,6 +649,8 @@ pub(super) fn build_source(
         columns: raw.columns,
         where_clause: raw.where_clause,
         settle: Duration::from_secs(settle_seconds),
+        settle_mode,
+        cursor_kind,
         settle_configured: raw.settle_seconds.is_some(),
         query_timeout: Duration::from_secs(query_timeout_seconds),
         cursor_time_zone,
@@ -609,6 +734,86 @@ impl fmt::Display for SourceTarget {
             SourceTarget::Table { schema: Some(schema), name } => write!(formatter, "{schema}.{name}"),
             SourceTarget::Table { schema: None, name } => formatter.write_str(name),
             SourceTarget::Query(_) => formatter.write_str("(query)"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::PollerConfig;
+    use serde_json::json;
+
+    /// Loads a poller whose `source` is `source` (connection `DB` set to `url`).
+    fn load(url: &str, source: serde_json::Value) -> Result<SourceConfig, ConfigError> {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("orders")).unwrap();
+        let mut full = json!({"connection": "DB", "table": "orders", "cursor": "c", "pk": ["id"]});
+        for (key, value) in source.as_object().unwrap() {
+            full[key] = value.clone();
+        }
+        let document = json!({
+            "bindings": [{"type": "timerTrigger", "direction": "in", "name": "timer", "schedule": "0 */1 * * * *"}],
+            "poller": {"source": full, "sink": {"type": "webhook", "url": "http://127.0.0.1:9/hook"},
+                       "state": {"connection": "STATE"}}
+        });
+        std::fs::write(root.path().join("orders/function.json"), serde_json::to_vec(&document).unwrap()).unwrap();
+        let settings = Settings::from_pairs([("DB", url), ("STATE", "file:state")]);
+        PollerConfig::load(root.path(), "orders", &settings, None).map(|config| config.source)
+    }
+
+    const POSTGRES: &str = "postgres://u@db/shop";
+    const MYSQL: &str = "mysql://u@db/shop";
+    const SQLITE: &str = "sqlite://shop.db";
+
+    fn refusal(url: &str, source: serde_json::Value) -> (String, String) {
+        let error = load(url, source).unwrap_err();
+        (error.field.clone(), error.reason.clone())
+    }
+
+    /// Issue 26, items 1 and 4: `cursorKind` and `settle` are parsed with their defaults, and
+    /// `settleSeconds` is the margin (1 s by default) under `settle: "auto"`.
+    #[test]
+    fn cursor_kind_and_settle_auto_are_read_with_their_defaults() {
+        let plain = load(POSTGRES, json!({})).unwrap();
+        assert_eq!((plain.cursor_kind, plain.settle_mode, plain.settle.as_secs()), (None, SettleMode::Fixed, 2));
+        let xid = load(POSTGRES, json!({"cursorKind": "xid"})).unwrap();
+        assert_eq!(xid.cursor_kind, Some(CursorKind::Xid));
+        let auto = load(MYSQL, json!({"settle": "auto"})).unwrap();
+        assert_eq!((auto.settle_mode, auto.settle.as_secs()), (SettleMode::Auto, AUTO_SETTLE_SECONDS));
+        let margin = load(POSTGRES, json!({"settle": "auto", "settleSeconds": 3, "cursorKind": "timestamp"})).unwrap();
+        assert_eq!((margin.settle.as_secs(), margin.cursor_kind), (3, Some(CursorKind::Timestamp)));
+    }
+
+    /// Issue 26, items 1 and 4: what an engine or a cursor cannot honour is refused at load,
+    /// naming the field.
+    #[test]
+    fn what_a_cursor_or_an_engine_cannot_honour_is_refused_with_its_field() {
+        let cases = [
+            (MYSQL, json!({"cursorKind": "xid"}), "poller.source.cursorKind", "is a PostgreSQL cursor"),
+            (SQLITE, json!({"cursorKind": "xid"}), "poller.source.cursorKind", "this source is sqlite"),
+            (POSTGRES, json!({"cursorKind": "xid", "settleSeconds": 2}), "poller.source.settleSeconds", "exact"),
+            (POSTGRES, json!({"cursorKind": "xid", "settle": "auto"}), "poller.source.settle", "exact"),
+            (
+                POSTGRES,
+                json!({"cursorKind": "txid"}),
+                "poller.source.cursorKind",
+                "expected \"integer\", \"timestamp\" or \"xid\"",
+            ),
+            (SQLITE, json!({"settle": "auto"}), "poller.source.settle", "SQLite does not give"),
+            (
+                POSTGRES,
+                json!({"settle": "auto", "cursorKind": "integer"}),
+                "poller.source.settle",
+                "an integer cursor has none",
+            ),
+            (MYSQL, json!({"settle": "auto", "settleSeconds": 0}), "poller.source.settleSeconds", "at least 1"),
+            (POSTGRES, json!({"settle": "fixed"}), "poller.source.settle", "expected \"auto\""),
+        ];
+        for (url, source, field, reason) in cases {
+            let (got_field, got_reason) = refusal(url, source.clone());
+            assert_eq!(got_field, field, "{source}: {got_reason}");
+            assert!(got_reason.contains(reason), "{source}: {got_reason}");
         }
     }
 }

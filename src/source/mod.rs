@@ -7,6 +7,7 @@
 //! when no index starts with (cursor, pk...), since the seek's cost then grows with the table.
 
 mod fetch;
+pub mod horizon;
 pub mod mysql;
 pub mod position;
 pub mod postgres;
@@ -82,6 +83,12 @@ pub trait Source: Send + Sync {
     /// The source's load generation (`source.generation`'s one value: text, an integer or null),
     /// or `None` when it has none configured.
     async fn generation(&self) -> Result<Option<Value>, SourceError>;
+
+    /// What holds the source's commit horizon (or its `settle: "auto"` bound) back: the oldest
+    /// transaction the database reports open, when the cursor is read below one; `None` otherwise.
+    async fn horizon_holder(&self) -> Result<Option<crate::domain::health::HorizonHolder>, SourceError> {
+        Ok(None)
+    }
 
     /// Where the source is, for messages; never includes a password.
     fn describe(&self) -> String;
@@ -172,12 +179,16 @@ macro_rules! sql_source {
             ) -> Result<$crate::source::Fetched, $crate::source::SourceError> {
                 let fetch = async {
                     let seek = self.seek().await?;
+                    // `settle: "auto"`: the bound is asked for before the rows, in its own
+                    // statement, so that the rows' snapshot is taken after it (see `horizon`).
+                    let bound = if seek.binds_bound(probe) { Some(self.settle_bound().await?) } else { None };
                     $crate::source::fetch_rows(
                         &self.pool,
                         &self.config,
                         seek,
                         probe,
                         after,
+                        bound.as_ref(),
                         limit,
                         &self.redaction,
                         self,
@@ -202,10 +213,11 @@ macro_rules! sql_source {
                 cap: u64,
             ) -> Result<u64, $crate::source::SourceError> {
                 let count = async {
+                    let seek = self.seek().await?;
                     if let Some(position) = after {
                         $crate::source::position::check_key(&self.config, position)?;
+                        $crate::source::position::check_xid_kind(seek.is_xid(), position)?;
                     }
-                    let seek = self.seek().await?;
                     $crate::source::count_rows(&self.pool, seek, after, cap, &self.redaction).await
                 };
                 $crate::source::timed(&self.config, &self.redaction.location, count).await
@@ -217,6 +229,16 @@ macro_rules! sql_source {
                 };
                 let value = $crate::source::fetch_scalar(&self.pool, &generation.query, &self.redaction, self);
                 $crate::source::timed(&self.config, &self.redaction.location, value).await.map(Some)
+            }
+
+            async fn horizon_holder(
+                &self,
+            ) -> Result<Option<$crate::domain::health::HorizonHolder>, $crate::source::SourceError> {
+                let holder = async {
+                    let seek = self.seek().await?;
+                    self.holder(seek).await
+                };
+                $crate::source::timed(&self.config, &self.redaction.location, holder).await
             }
 
             fn describe(&self) -> String {
@@ -244,6 +266,52 @@ where
     Ok(fetched)
 }
 
+/// Refuses a cursor column whose type the configuration cannot honour: not the declared
+/// `cursorKind`, or not a timestamp under `settle: "auto"`. Said before the first seek, naming
+/// the column and its type, never a guess.
+pub(crate) fn check_cursor_rules(
+    config: &SourceConfig,
+    cursor_type: query::CursorType,
+    type_name: &str,
+) -> Result<(), SourceError> {
+    use crate::config::source::{CursorKind, SettleMode};
+    use query::CursorType;
+    let column = &config.cursor;
+    let fits = match config.cursor_kind {
+        None => true,
+        Some(CursorKind::Integer) => cursor_type == CursorType::Integer,
+        Some(CursorKind::Timestamp) => matches!(cursor_type, CursorType::Timestamp | CursorType::NaiveTimestamp),
+        Some(CursorKind::Xid) => cursor_type == CursorType::Xid,
+    };
+    if !fits {
+        let kind = config.cursor_kind.map(CursorKind::name).unwrap_or_default();
+        let hint = if config.cursor_kind == Some(CursorKind::Xid) {
+            " (an xid8 column stamped by the writing transaction: `dbtrigger sql <poller>` prints its DDL)"
+        } else {
+            ""
+        };
+        return Err(SourceError::Position(format!(
+            "cursorKind is \"{kind}\" but cursor column {column:?} has type {type_name}{hint}"
+        )));
+    }
+    if config.settle_mode == SettleMode::Auto {
+        match cursor_type {
+            CursorType::Timestamp | CursorType::NaiveTimestamp => {}
+            CursorType::Xid => {
+                return Err(SourceError::Position(format!(
+                    "cursor column {column:?} is an xid8, read below the commit horizon, which is exact: leave settle \"auto\" out"
+                )));
+            }
+            CursorType::Integer | CursorType::Dynamic => {
+                return Err(SourceError::Position(format!(
+                    "settle \"auto\" bounds a timestamp the database stamps; cursor column {column:?} has type {type_name}"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Warns once per source when `settleSeconds` was set but the cursor turned out to be an integer:
 /// settle holds back young timestamps only. What protects an integer cursor from late commits is
 /// that its values are handed out in commit order (a sequence read after commit, or a version
@@ -255,12 +323,14 @@ fn warn_if_settle_ignored(config: &SourceConfig, fetched: &Fetched, warned: &Ato
     let Some(first) = fetched.rows.first() else {
         return;
     };
-    if matches!(first.position.cursor, CursorValue::Integer(_)) && !warned.swap(true, Ordering::Relaxed) {
+    let kind = &first.position.cursor;
+    if matches!(kind, CursorValue::Integer(_) | CursorValue::Xid(_)) && !warned.swap(true, Ordering::Relaxed) {
         tracing::warn!(
             source = %location,
             cursor = %config.cursor,
             settle_seconds = config.settle.as_secs(),
-            "settleSeconds applies to timestamp cursors only: this integer cursor is read without it (see the README, \"Sources\")"
+            "settleSeconds applies to timestamp cursors only: this {} cursor is read without it (see the README, \"Sources\")",
+            kind.kind()
         );
     }
 }
@@ -384,6 +454,11 @@ impl<'r> Decoded<'r> {
 
     pub fn naive_timestamp(at: NaiveDateTime) -> Self {
         Decoded::moment(CursorValue::NaiveTimestamp(at))
+    }
+
+    /// A PostgreSQL `xid8`, delivered as its decimal digits (see [`CursorValue::Xid`]).
+    pub fn xid(xid: u64) -> Self {
+        Decoded::moment(CursorValue::Xid(xid))
     }
 
     /// A value delivered as it is but unusable as a cursor position.
