@@ -10,6 +10,7 @@ mod progress;
 mod quarantine;
 mod scaffold;
 mod serve;
+mod sql;
 mod status;
 
 use std::io::IsTerminal;
@@ -114,6 +115,14 @@ pub enum Command {
     /// Validates every function.json against the app settings (environment, then
     /// local.settings.json) without touching a database or a store: one line per problem, exit 1.
     Check {
+        #[command(flatten)]
+        app_root: AppRoot,
+    },
+    /// The DDL a poller's cursor needs on its engine (an xid column and its trigger, the stamp
+    /// and privilege of `settle: "auto"`, the index), printed for a person to review and run:
+    /// dbtrigger never runs it.
+    Sql {
+        poller: String,
         #[command(flatten)]
         app_root: AppRoot,
     },
@@ -279,6 +288,7 @@ impl Command {
             Command::Quarantine { .. }
             | Command::Package { .. }
             | Command::Inspect { .. }
+            | Command::Sql { .. }
             | Command::Status { .. }
             | Command::New { .. }
             | Command::Check { .. }
@@ -369,6 +379,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Check { app_root } => scaffold::check(&app_root.resolve()?),
         Command::Status { json, poller, app_root } => status::run(&app_root.resolve()?, json, poller.as_deref()).await,
         Command::Inspect { poller, app_root } => ops::inspect(&app_root.resolve()?, &poller).await,
+        Command::Sql { poller, app_root } => sql::run(&app_root.resolve()?, &poller),
         Command::Reset { poller, to_beginning, to_end, to_cursor, pk, from_file, guard, app_root } => {
             let to = match (to_beginning, to_end, to_cursor, from_file) {
                 (true, false, None, None) => ops::ResetTo::Beginning,

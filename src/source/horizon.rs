@@ -24,11 +24,12 @@
 //!
 //! **MySQL/MariaDB** (`DEFAULT CURRENT_TIMESTAMP(6)` stamps the statement's start): the least of
 //! `min(trx_started)` of `information_schema.INNODB_TRX` (other connections; needs `PROCESS`) and
-//! `now - settleSeconds`. `trx_started` is in whole seconds, truncated (an earlier bound: safe),
-//! and in the server's system time zone, converted here. InnoDB lists a transaction from its first
-//! access to a table, a moment after its statement took its time, and serves that list from a
-//! cache refreshed every 0.1 s: `settleSeconds` (at least 1) covers both. Without `PROCESS` the
-//! bound is `now - settleSeconds`, with a warning once.
+//! now, minus `settleSeconds`. `trx_started` is in whole seconds, truncated, and in the server's
+//! system time zone, converted here. InnoDB lists a transaction from its first access to a table,
+//! a moment after its first statement took its time (later still when that statement waited for a
+//! table lock), and serves that list from a cache refreshed every 0.1 s: `settleSeconds` (at
+//! least 1), taken off both, covers these gaps. Without `PROCESS` the bound is
+//! `now - settleSeconds`, with a warning once.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -67,19 +68,19 @@ pub(crate) fn postgres_bound_sql(config: &SourceConfig, cursor_type: CursorType)
     format!("SELECT {typed} AS bound, pg_has_role('pg_read_all_stats', 'USAGE') AS sees_every_session")
 }
 
-/// MySQL's bound, as a UTC DATETIME(6) (or the cursor's zone for a DATETIME cursor); without
-/// INNODB_TRX (no `PROCESS`), `now - settleSeconds` alone.
+/// MySQL's bound, as a UTC DATETIME(6) (or the cursor's zone for a DATETIME cursor): the oldest
+/// transaction's start (or now), minus `settleSeconds`; without INNODB_TRX (no `PROCESS`),
+/// `now - settleSeconds` alone.
 pub(crate) fn mysql_bound_sql(config: &SourceConfig, cursor_type: CursorType, with_transactions: bool) -> String {
     let seconds = config.settle.as_secs();
-    let settle = format!("UTC_TIMESTAMP(6) - INTERVAL {seconds} SECOND");
-    let utc_bound = if with_transactions {
-        format!(
-            "LEAST(COALESCE((SELECT CONVERT_TZ(MIN(trx_started), 'SYSTEM', '+00:00') FROM information_schema.INNODB_TRX \
-             WHERE trx_mysql_thread_id <> CONNECTION_ID()), UTC_TIMESTAMP(6)), {settle})"
-        )
+    let oldest = if with_transactions {
+        "LEAST(COALESCE((SELECT CONVERT_TZ(MIN(trx_started), 'SYSTEM', '+00:00') FROM information_schema.INNODB_TRX \
+         WHERE trx_mysql_thread_id <> CONNECTION_ID()), UTC_TIMESTAMP(6)), UTC_TIMESTAMP(6))"
+            .to_string()
     } else {
-        settle
+        "UTC_TIMESTAMP(6)".to_string()
     };
+    let utc_bound = format!("{oldest} - INTERVAL {seconds} SECOND");
     let zone = &config.cursor_time_zone;
     let typed = if cursor_type == CursorType::NaiveTimestamp && zone != "UTC" {
         format!("CONVERT_TZ({utc_bound}, '+00:00', '{zone}')")
@@ -309,7 +310,10 @@ mod tests {
         let sql = mysql_bound_sql(&config, CursorType::Timestamp, true);
         assert!(sql.contains("CONVERT_TZ(MIN(trx_started), 'SYSTEM', '+00:00')"), "{sql}");
         assert!(sql.contains("trx_mysql_thread_id <> CONNECTION_ID()"));
-        assert!(sql.ends_with("UTC_TIMESTAMP(6) - INTERVAL 1 SECOND) AS DATETIME(6)) AS bound"), "{sql}");
+        assert!(
+            sql.ends_with("UTC_TIMESTAMP(6)), UTC_TIMESTAMP(6)) - INTERVAL 1 SECOND AS DATETIME(6)) AS bound"),
+            "the margin is taken off the oldest start too: {sql}"
+        );
         assert_eq!(
             mysql_bound_sql(&config, CursorType::Timestamp, false),
             "SELECT CAST(UTC_TIMESTAMP(6) - INTERVAL 1 SECOND AS DATETIME(6)) AS bound"

@@ -6,6 +6,7 @@
 //! cursor's type (which shapes the settle predicate and the placeholders' casts), and warns once
 //! when no index starts with (cursor, pk...), since the seek's cost then grows with the table.
 
+pub mod ddl;
 mod fetch;
 pub mod horizon;
 pub mod mysql;
