@@ -26,6 +26,8 @@ pub struct WatchdogConfig {
     pub stalled_after_intervals: u32,
     /// Run a tick of a stalled poller (or one whose lease was abandoned) right away, in this process.
     pub kick: bool,
+    /// Rows waiting behind a transaction open this long are reported (`horizon_held`).
+    pub horizon_held_after: chrono::Duration,
     pub alert: Option<AlertConfig>,
     /// Where it lists the app's state documents and keeps what it saw last time.
     pub state: StateConfig,
@@ -43,6 +45,7 @@ pub struct AlertConfig {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct RawWatchdog {
     stalled_after_intervals: Option<u32>,
+    horizon_held_after_seconds: Option<u64>,
     kick: Option<bool>,
     alert: Option<RawAlert>,
     #[serde(default)]
@@ -58,6 +61,10 @@ struct RawAlert {
 }
 
 pub const DEFAULT_STALLED_AFTER_INTERVALS: u32 = 3;
+
+/// Five minutes: longer than a healthy batch job's transaction, short enough that a session
+/// forgotten `idle in transaction` is found the same hour.
+pub const DEFAULT_HORIZON_HELD_AFTER_SECONDS: u64 = 300;
 
 pub(super) fn build_watchdog(
     document: &Value,
@@ -84,6 +91,13 @@ pub(super) fn build_watchdog(
         DEFAULT_STALLED_AFTER_INTERVALS,
         1..=1000,
     )?;
+    let horizon_held_after_seconds = in_range(
+        at,
+        "watchdog.horizonHeldAfterSeconds",
+        raw.horizon_held_after_seconds,
+        DEFAULT_HORIZON_HELD_AFTER_SECONDS,
+        1..=limits::SECONDS,
+    )?;
     let alert = match raw.alert {
         None => None,
         Some(alert) => {
@@ -105,6 +119,7 @@ pub(super) fn build_watchdog(
         schedule,
         run_on_startup,
         stalled_after_intervals,
+        horizon_held_after: chrono::Duration::seconds(horizon_held_after_seconds as i64),
         kick: raw.kick.unwrap_or(false),
         alert,
         state,

@@ -13,13 +13,23 @@ use dbtrigger::store::memory::MemoryStore;
 use dbtrigger::tick::{Poller, TickOutcome};
 use serde_json::{Value, json};
 
-use crate::harness::{AppRoot, run_dbtrigger};
+use crate::harness::{AppRoot, Receiver, run_dbtrigger};
 use crate::services::{mariadb, postgres};
 use crate::sources::{execute, poller_with};
 
 /// The poller `orders` on table `items` (pk `id`) of `url`, with `source` fields added, its app
 /// root in `directory`; its settings for the binary.
 fn items_app(directory: &std::path::Path, url: &str, source: Value) -> (AppRoot, Vec<(String, String)>, PollerConfig) {
+    items_app_into(directory, url, source, "http://127.0.0.1:9/unused")
+}
+
+/// [`items_app`], delivering to `hook`.
+fn items_app_into(
+    directory: &std::path::Path,
+    url: &str,
+    source: Value,
+    hook: &str,
+) -> (AppRoot, Vec<(String, String)>, PollerConfig) {
     let mut full = json!({"connection": "ITEMS_DB", "table": "items", "cursor": "c", "pk": ["id"]});
     for (key, value) in source.as_object().unwrap() {
         full[key] = value.clone();
@@ -29,7 +39,7 @@ fn items_app(directory: &std::path::Path, url: &str, source: Value) -> (AppRoot,
         json!({
             "source": full,
             "batch": {"size": 100},
-            "sink": {"type": "webhook", "url": "http://127.0.0.1:9/unused"},
+            "sink": {"type": "webhook", "url": hook},
             "state": {"connection": "STATE"}
         }),
     );
@@ -431,4 +441,98 @@ async fn the_printed_settle_auto_ddl_runs_twice_on_postgres_and_mariadb() {
         tick(&poller).await;
         assert_eq!(ids(&sink), vec![1, 2, 1], "{url}: the update restamped the row");
     }
+}
+
+/// Issue 26, item 4: an account that cannot see other sessions (PostgreSQL without
+/// pg_read_all_stats, MariaDB without PROCESS) still polls under `settle: "auto"`, bounded by
+/// settleSeconds alone for what it cannot see, and the tick says so in its log, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_privilege_settle_auto_falls_back_to_settle_seconds_and_says_so() {
+    let reader = format!("reader_{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let postgres_admin = postgres().fresh_database().await;
+    execute(
+        &postgres_admin,
+        &format!(
+            "CREATE TABLE items (id BIGINT PRIMARY KEY, c TIMESTAMPTZ NOT NULL DEFAULT now());\n\
+             CREATE ROLE {reader} LOGIN;\nGRANT SELECT ON items TO {reader};\n"
+        ),
+    )
+    .await;
+    let maria_admin = mariadb().fresh_database().await;
+    let database = maria_admin.rsplit('/').next().unwrap().to_string();
+    execute(
+        &maria_admin,
+        &format!(
+            "CREATE TABLE items (id BIGINT PRIMARY KEY, c TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6));\n\
+             CREATE USER '{reader}'@'%';\nGRANT SELECT ON {database}.* TO '{reader}'@'%';\n"
+        ),
+    )
+    .await;
+    let cases = [
+        (postgres_admin.clone(), postgres_admin.replacen("postgres@", &format!("{reader}@"), 1), "pg_read_all_stats"),
+        (maria_admin.clone(), maria_admin.replacen("root@", &format!("{reader}@"), 1), "PROCESS"),
+    ];
+    for (admin, url, privilege) in cases {
+        let receiver = Receiver::start().await;
+        let directory = tempfile::tempdir().unwrap();
+        let (app, settings, _) = items_app_into(directory.path(), &url, json!({"settle": "auto"}), &receiver.url);
+        execute(&admin, "INSERT INTO items (id) VALUES (1);\nINSERT INTO items (id) VALUES (2);\n").await;
+        tokio::time::sleep(Duration::from_millis(1_300)).await;
+        let (ticked, stdout, stderr) = run_dbtrigger(&app, &settings, &["tick", "orders"]);
+        assert!(ticked, "{url}: {stdout}{stderr}");
+        assert_eq!(receiver.acknowledged_ids(), vec![1, 2], "{url}");
+        assert_eq!(stderr.matches(privilege).count(), 1, "{url}: one warning naming {privilege}: {stderr}");
+        assert!(stderr.contains("bounded by settleSeconds alone"), "{stderr}");
+    }
+}
+
+/// Issue 26, item 3, through the real binary: while a transaction holds the commit horizon with
+/// rows waiting behind it, `status` names its session, and the watchdog reports `horizon_held`
+/// once it is older than `horizonHeldAfterSeconds`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_and_the_watchdog_name_what_holds_the_horizon() {
+    let url = postgres().fresh_database().await;
+    execute(&url, "CREATE TABLE items (id BIGINT PRIMARY KEY, c xid8 NOT NULL DEFAULT pg_current_xact_id());\n").await;
+    let receiver = Receiver::start().await;
+    let directory = tempfile::tempdir().unwrap();
+    let (app, settings, _) = items_app_into(directory.path(), &url, json!({"cursorKind": "xid"}), &receiver.url);
+    std::fs::create_dir_all(app.root.join("watchdog")).unwrap();
+    let watchdog = json!({
+        "bindings": [{"type": "timerTrigger", "direction": "in", "name": "timer", "schedule": "0 */5 * * * *"}],
+        "watchdog": {"horizonHeldAfterSeconds": 2, "state": {"connection": "STATE"}}
+    });
+    std::fs::write(app.root.join("watchdog/function.json"), serde_json::to_vec(&watchdog).unwrap()).unwrap();
+
+    let (mut holder, pid) =
+        open_late_writer(&url, "BEGIN", "INSERT INTO items (id) VALUES (1)", "SELECT pg_backend_pid()::int8").await;
+    execute(&url, "INSERT INTO items (id) VALUES (2);\n").await;
+    let (ticked, stdout, stderr) = run_dbtrigger(&app, &settings, &["tick", "orders"]);
+    assert!(ticked, "{stdout}{stderr}");
+    let (_, status, _) = run_dbtrigger(&app, &settings, &["status"]);
+    assert!(
+        status.contains(&format!(
+            "orders: rows wait behind the commit horizon (cluster-wide), held by pid {pid} (database t_"
+        )),
+        "{status}"
+    );
+    assert!(
+        status.contains("idle in transaction") && status.contains(": INSERT INTO items (id) VALUES (1)"),
+        "{status}"
+    );
+    let (quiet, stdout, _) = run_dbtrigger(&app, &settings, &["tick", "watchdog"]);
+    assert!(quiet && stdout.contains("findings=0"), "younger than the threshold: {stdout}");
+
+    tokio::time::sleep(Duration::from_millis(2_200)).await;
+    let (found, stdout, _) = run_dbtrigger(&app, &settings, &["tick", "watchdog"]);
+    assert!(!found, "a finding exits 1: {stdout}");
+    assert!(stdout.contains("finding=horizon_held function=orders poller=orders"), "{stdout}");
+    assert!(stdout.contains(&format!("1 rows wait behind the commit horizon (cluster-wide: it holds every xid poller of the server), held by pid {pid}")), "{stdout}");
+    if let LateWriter::Postgres(connection) = &mut holder {
+        sqlx::raw_sql("ROLLBACK").execute(connection).await.unwrap();
+    }
+    let (ticked, _, _) = run_dbtrigger(&app, &settings, &["tick", "orders"]);
+    assert!(ticked);
+    assert_eq!(receiver.acknowledged_ids(), vec![2]);
+    let (quiet, stdout, _) = run_dbtrigger(&app, &settings, &["tick", "watchdog"]);
+    assert!(quiet && stdout.contains("findings=0"), "the horizon moved on: {stdout}");
 }
