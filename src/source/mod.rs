@@ -267,52 +267,6 @@ where
     Ok(fetched)
 }
 
-/// Refuses a cursor column whose type the configuration cannot honour: not the declared
-/// `cursorKind`, or not a timestamp under `settle: "auto"`. Said before the first seek, naming
-/// the column and its type, never a guess.
-pub(crate) fn check_cursor_rules(
-    config: &SourceConfig,
-    cursor_type: query::CursorType,
-    type_name: &str,
-) -> Result<(), SourceError> {
-    use crate::config::source::{CursorKind, SettleMode};
-    use query::CursorType;
-    let column = &config.cursor;
-    let fits = match config.cursor_kind {
-        None => true,
-        Some(CursorKind::Integer) => cursor_type == CursorType::Integer,
-        Some(CursorKind::Timestamp) => matches!(cursor_type, CursorType::Timestamp | CursorType::NaiveTimestamp),
-        Some(CursorKind::Xid) => cursor_type == CursorType::Xid,
-    };
-    if !fits {
-        let kind = config.cursor_kind.map(CursorKind::name).unwrap_or_default();
-        let hint = if config.cursor_kind == Some(CursorKind::Xid) {
-            " (an xid8 column stamped by the writing transaction: `dbtrigger sql <poller>` prints its DDL)"
-        } else {
-            ""
-        };
-        return Err(SourceError::Position(format!(
-            "cursorKind is \"{kind}\" but cursor column {column:?} has type {type_name}{hint}"
-        )));
-    }
-    if config.settle_mode == SettleMode::Auto {
-        match cursor_type {
-            CursorType::Timestamp | CursorType::NaiveTimestamp => {}
-            CursorType::Xid => {
-                return Err(SourceError::Position(format!(
-                    "cursor column {column:?} is an xid8, read below the commit horizon, which is exact: leave settle \"auto\" out"
-                )));
-            }
-            CursorType::Integer | CursorType::Dynamic => {
-                return Err(SourceError::Position(format!(
-                    "settle \"auto\" bounds a timestamp the database stamps; cursor column {column:?} has type {type_name}"
-                )));
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Warns once per source when `settleSeconds` was set but the cursor turned out to be an integer:
 /// settle holds back young timestamps only. What protects an integer cursor from late commits is
 /// that its values are handed out in commit order (a sequence read after commit, or a version

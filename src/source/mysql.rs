@@ -100,7 +100,7 @@ impl MySqlSource {
                 )));
             }
         };
-        super::check_cursor_rules(&self.config, cursor_type, &cursor_type_name)?;
+        super::query::check_cursor_rules(&self.config, cursor_type, &cursor_type_name)?;
         if let SourceTarget::Table { schema, name } = &self.config.target {
             let indexed: i64 = sqlx::query_scalar(
                 "SELECT COUNT(*) FROM information_schema.statistics \

@@ -118,7 +118,7 @@ impl PostgresSource {
                 )));
             }
         };
-        super::check_cursor_rules(&self.config, cursor_type, &cursor_type_name)?;
+        super::query::check_cursor_rules(&self.config, cursor_type, &cursor_type_name)?;
         let mut placeholder_types = vec![cursor_type_name];
         for key in &self.config.pk {
             placeholder_types.push(type_of(key)?);

@@ -169,6 +169,51 @@ fn settle_predicate(config: &SourceConfig, cursor_type: CursorType, cursor: &str
     }
 }
 
+/// Refuses a cursor column whose type the configuration cannot honour: not the declared
+/// `cursorKind`, or not a timestamp under `settle: "auto"`. Said before the first seek, naming
+/// the column and its type, never a guess.
+pub(crate) fn check_cursor_rules(
+    config: &SourceConfig,
+    cursor_type: CursorType,
+    type_name: &str,
+) -> Result<(), super::SourceError> {
+    use crate::config::source::{CursorKind, SettleMode};
+    let column = &config.cursor;
+    let fits = match config.cursor_kind {
+        None => true,
+        Some(CursorKind::Integer) => cursor_type == CursorType::Integer,
+        Some(CursorKind::Timestamp) => matches!(cursor_type, CursorType::Timestamp | CursorType::NaiveTimestamp),
+        Some(CursorKind::Xid) => cursor_type == CursorType::Xid,
+    };
+    if !fits {
+        let kind = config.cursor_kind.map(CursorKind::name).unwrap_or_default();
+        let hint = if config.cursor_kind == Some(CursorKind::Xid) {
+            " (an xid8 column stamped by the writing transaction: `dbtrigger sql <poller>` prints its DDL)"
+        } else {
+            ""
+        };
+        return Err(super::SourceError::Position(format!(
+            "cursorKind is \"{kind}\" but cursor column {column:?} has type {type_name}{hint}"
+        )));
+    }
+    if config.settle_mode == SettleMode::Auto {
+        match cursor_type {
+            CursorType::Timestamp | CursorType::NaiveTimestamp => {}
+            CursorType::Xid => {
+                return Err(super::SourceError::Position(format!(
+                    "cursor column {column:?} is an xid8, read below the commit horizon, which is exact: leave settle \"auto\" out"
+                )));
+            }
+            CursorType::Integer | CursorType::Dynamic => {
+                return Err(super::SourceError::Position(format!(
+                    "settle \"auto\" bounds a timestamp the database stamps; cursor column {column:?} has type {type_name}"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The types PostgreSQL's driver names in upper case, written unquoted; anything else came from
 /// the catalog (a domain, an enum, an extension's type) and is quoted as an identifier, so a type
 /// name can never inject SQL.
