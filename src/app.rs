@@ -309,7 +309,7 @@ impl App {
                 continue;
             }
             match function {
-                Function::Poller(poller) => reports.push(crate::status::of_poller(name, poller, now)),
+                Function::Poller(poller) => reports.push(crate::status::of_poller_cached(name, poller, now)),
                 Function::Unusable(reason) => healths.push(PollerHealth::unusable(name, reason.to_string())),
                 _ => {}
             }

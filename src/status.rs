@@ -3,63 +3,157 @@
 //! to [`LAG_CAP`] so that the question stays cheap on a deep backlog, and the first of them. Used
 //! by `dbtrigger status` and by the app's `status` HTTP function alike.
 
-use chrono::{DateTime, Utc};
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, Instant};
 
-use crate::domain::health::{self, Lag, Observed, PollerHealth};
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+
+use crate::domain::health::{self, HorizonHolder, Lag, Observed, PollerHealth};
 use crate::tick::Poller;
 
 /// Lag is counted up to this many rows ("at least 1,000,000" beyond).
 pub const LAG_CAP: u64 = 1_000_000;
 
-/// The status of one poller at `now`.
+/// How long the status function reuses what it read from a poller's source (the capped count,
+/// the first pending row, the generation) while the checkpoint stays where it was.
+pub const SOURCE_READS_REUSED_FOR: Duration = Duration::from_secs(5);
+
+/// What a status reads from the source, beside the state document.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FromSource {
+    /// `None` when the checkpoint is unknown (the document could not be read).
+    pub lag: Option<Result<Lag, String>>,
+    pub generation: Result<Option<Value>, String>,
+    /// While rows wait behind a commit horizon or a `settle: "auto"` bound: the oldest open
+    /// transaction (the status function may show it up to [`SOURCE_READS_REUSED_FOR`] old).
+    pub horizon_holder: Option<HorizonHolder>,
+}
+
+/// The source reads of each poller, reused for a while: a capped count is up to a million rows
+/// scanned, and whoever holds a function key may ask as often as they like. Each poller has one
+/// slot, locked while its source is read, so that requests arriving together wait for one read
+/// instead of each starting its own; a poller's ticks then never compete with more than one
+/// status count at a time, and with at most one every [`SOURCE_READS_REUSED_FOR`].
+pub struct SourceReadCache {
+    reused_for: Duration,
+    slots: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Cached>>>>>,
+}
+
+struct Cached {
+    /// The checkpoint the reads were made from: a commit since makes them stale at once.
+    checkpoint: String,
+    read_at: Instant,
+    reads: FromSource,
+}
+
+impl SourceReadCache {
+    pub fn new(reused_for: Duration) -> Self {
+        SourceReadCache { reused_for, slots: Mutex::new(HashMap::new()) }
+    }
+
+    /// What `read` gives for `poller` at `checkpoint`, or what it gave less than `reused_for`
+    /// before `now` at the same checkpoint.
+    pub async fn get_or_read<F, Fut>(&self, poller: &str, checkpoint: &str, now: Instant, read: F) -> FromSource
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = FromSource>,
+    {
+        let slot = {
+            let mut slots = self.slots.lock().unwrap_or_else(|poison| poison.into_inner());
+            slots.entry(poller.to_string()).or_default().clone()
+        };
+        let mut cached = slot.lock().await;
+        if let Some(fresh) = cached.as_ref().filter(|cached| {
+            cached.checkpoint == checkpoint && now.saturating_duration_since(cached.read_at) < self.reused_for
+        }) {
+            return fresh.reads.clone();
+        }
+        let reads = read().await;
+        *cached = Some(Cached { checkpoint: checkpoint.to_string(), read_at: now, reads: reads.clone() });
+        reads
+    }
+}
+
+/// The cache of the app's status function: one per process (each poller is keyed by its app,
+/// name and fingerprint, so two apps or a changed definition never share an entry).
+static STATUS_FUNCTION_READS: LazyLock<SourceReadCache> =
+    LazyLock::new(|| SourceReadCache::new(SOURCE_READS_REUSED_FOR));
+
+/// The status of one poller at `now`, its source read afresh (the `status` command, the watchdog).
 pub async fn of_poller(function: &str, poller: &Poller, now: DateTime<Utc>) -> PollerHealth {
+    observe(function, poller, now, None).await
+}
+
+/// The status of one poller at `now`, its source reads reused for [`SOURCE_READS_REUSED_FOR`]
+/// (what the status function answers: it is reachable by anyone holding a function key).
+pub async fn of_poller_cached(function: &str, poller: &Poller, now: DateTime<Utc>) -> PollerHealth {
+    observe(function, poller, now, Some(&STATUS_FUNCTION_READS)).await
+}
+
+async fn observe(function: &str, poller: &Poller, now: DateTime<Utc>, cache: Option<&SourceReadCache>) -> PollerHealth {
     let config = &poller.config;
     let read = poller.store.read(&poller.key()).await;
     let document = match &read {
         Ok(found) => Ok(found.as_ref().map(|versioned| &versioned.document)),
         Err(error) => Err(error.to_string()),
     };
-    let lag = match &document {
-        Ok(document) => {
-            let position = match document.map(|document| document.position()) {
-                Some(Ok(position)) => Ok(position),
-                Some(Err(error)) => Err(error.to_string()),
-                None => Ok(None),
-            };
+    // The checkpoint the count starts from (`Err`: the document cannot say; `None` inside: none
+    // is known, the whole source waits).
+    let position = match &document {
+        Ok(document) => match document.map(|document| document.position()) {
             // A checkpoint of another key (the key changed) cannot be counted from: say so.
-            let position = match position {
-                Ok(Some(position)) => match position.fits_key(&config.source.pk) {
-                    Ok(()) => Ok(Some(position)),
-                    Err(mismatch) => Err(mismatch.to_string()),
-                },
-                other => other,
-            };
-            match position {
-                Ok(position) => Some(
-                    crate::source::backlog(poller.source.as_ref(), position.as_ref(), LAG_CAP)
-                        .await
-                        .map(|backlog| Lag { rows: backlog.rows, capped: backlog.capped, oldest: backlog.oldest })
-                        .map_err(|error| error.to_string()),
-                ),
-                Err(reason) => Some(Err(reason)),
-            }
-        }
+            Some(Ok(Some(position))) => match position.fits_key(&config.source.pk) {
+                Ok(()) => Some(Ok(Some(position))),
+                Err(mismatch) => Some(Err(mismatch.to_string())),
+            },
+            Some(Ok(None)) => Some(Ok(None)),
+            Some(Err(error)) => Some(Err(error.to_string())),
+            None => Some(Ok(None)),
+        },
         // The checkpoint is unknown: nothing to count from.
         Err(_) => None,
     };
-    let generation = poller.source.generation().await.map_err(|error| error.to_string());
-    // Only while rows wait: what holds them back (the question reads the server's sessions).
-    let rows_wait = matches!(&lag, Some(Ok(lag)) if lag.rows > 0);
-    let horizon_holder = if rows_wait {
-        match poller.source.horizon_holder().await {
-            Ok(holder) => holder,
-            Err(error) => {
-                tracing::warn!(poller = %config.poller_name, %error, "what holds the horizon back could not be read");
-                None
+    let read_source = || async {
+        let lag = match &position {
+            Some(Ok(position)) => Some(
+                crate::source::backlog(poller.source.as_ref(), position.as_ref(), LAG_CAP)
+                    .await
+                    .map(|backlog| Lag { rows: backlog.rows, capped: backlog.capped, oldest: backlog.oldest })
+                    .map_err(|error| error.to_string()),
+            ),
+            Some(Err(reason)) => Some(Err(reason.clone())),
+            None => None,
+        };
+        let generation = poller.source.generation().await.map_err(|error| error.to_string());
+        // Only while rows wait: what holds them back (the question reads the server's sessions).
+        let rows_wait = matches!(&lag, Some(Ok(lag)) if lag.rows > 0);
+        let horizon_holder = if rows_wait {
+            match poller.source.horizon_holder().await {
+                Ok(holder) => holder,
+                Err(error) => {
+                    tracing::warn!(poller = %config.poller_name, %error, "what holds the horizon back could not be read");
+                    None
+                }
             }
+        } else {
+            None
+        };
+        FromSource { lag, generation, horizon_holder }
+    };
+    let from_source = match cache {
+        None => read_source().await,
+        Some(cache) => {
+            let key = format!("{}/{}/{}", config.app_name, config.poller_name, config.fingerprint);
+            let checkpoint = match &position {
+                Some(Ok(Some(position))) => format!("{position:?}"),
+                Some(Ok(None)) => "start".to_string(),
+                Some(Err(reason)) => format!("unreadable: {reason}"),
+                None => "unknown".to_string(),
+            };
+            cache.get_or_read(&key, &checkpoint, Instant::now(), read_source).await
         }
-    } else {
-        None
     };
     let generation_stops = config
         .source
@@ -71,14 +165,14 @@ pub async fn of_poller(function: &str, poller: &Poller, now: DateTime<Utc>) -> P
             function,
             poller: &config.poller_name,
             document,
-            lag,
+            lag: from_source.lag,
             fingerprint: &config.fingerprint,
             earlier_fingerprint: config.legacy_fingerprint.as_deref(),
             terms: &config.lease,
             naive_cursors_are_utc: zone_is_utc(&config.source.cursor_time_zone),
-            generation,
+            generation: from_source.generation,
             generation_stops,
-            horizon_holder,
+            horizon_holder: from_source.horizon_holder,
         },
         now,
     )
@@ -124,6 +218,44 @@ fn thousands(number: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    fn reads(rows: u64) -> FromSource {
+        FromSource {
+            lag: Some(Ok(Lag { rows, capped: false, oldest: None })),
+            generation: Ok(None),
+            horizon_holder: None,
+        }
+    }
+
+    /// Regression (issue 30, item 9): the status function's source reads (a capped count of up to
+    /// a million rows) are made once per poller for a few seconds, however many requests arrive,
+    /// together or one after another; a new checkpoint or the end of the window reads again.
+    #[tokio::test]
+    async fn status_requests_share_one_source_read_per_poller_for_a_few_seconds() {
+        let cache = SourceReadCache::new(Duration::from_secs(5));
+        let counts = std::sync::atomic::AtomicU64::new(0);
+        let start = Instant::now();
+        let read = || async {
+            let count = counts.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            tokio::task::yield_now().await;
+            reads(count)
+        };
+        let together: Vec<FromSource> =
+            futures::future::join_all((0..10).map(|_| cache.get_or_read("app/orders/f", "c1", start, read))).await;
+        assert!(together.iter().all(|answer| *answer == reads(1)), "ten requests at once, one read: {together:?}");
+        let later = cache.get_or_read("app/orders/f", "c1", start + Duration::from_secs(4), read).await;
+        assert_eq!(later, reads(1), "within the window: reused");
+        assert_eq!(counts.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+        let other_poller = cache.get_or_read("app/shipments/f", "c1", start, read).await;
+        assert_eq!(other_poller, reads(2), "each poller has its own");
+        let moved = cache.get_or_read("app/orders/f", "c2", start + Duration::from_secs(4), read).await;
+        assert_eq!(moved, reads(3), "a new checkpoint reads again");
+        let expired = cache.get_or_read("app/orders/f", "c2", start + Duration::from_secs(9), read).await;
+        assert_eq!(expired, reads(4), "after the window: read again");
+    }
+
     #[test]
     fn big_numbers_get_thousands_separators() {
         assert_eq!(super::thousands(0), "0");

@@ -325,12 +325,23 @@ impl AppRoot {
     }
 }
 
+/// A warning at start-up for every poller whose database connection does not verify its server
+/// (the same that `check` prints).
+fn warn_unverified_connections(app: &App) {
+    for (function, poller) in app.pollers() {
+        if let Some(warning) = crate::config::tls::tls_warning(&poller.config.source) {
+            tracing::warn!(function = %function, "{warning}");
+        }
+    }
+}
+
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Serve { app_root, port, bind, grace_seconds } => {
             let root = app_root.resolve()?;
             let settings = Settings::from_env();
             let app = Arc::new(App::load(&root, &settings)?);
+            warn_unverified_connections(&app);
             let address = SocketAddr::new(bind, port);
             let listener =
                 tokio::net::TcpListener::bind(address).await.with_context(|| format!("cannot listen on {address}"))?;

@@ -1,9 +1,11 @@
 //! `dbtrigger package`: a zip for zip deploy. It refuses an app with a configuration error (the
 //! same validation the handler does at start-up, settings resolved as `dev` resolves them), then
-//! writes host.json, every function folder and the binary, the binary with its executable bit in
-//! the zip's Unix attributes (zip deploy runs it as it finds it). Local-only files
-//! (local.settings.json, state directories, `.tools/`) are never in it: only what the host reads
-//! is taken, by name.
+//! writes exactly what the host reads: host.json, each function's function.json, and the binary,
+//! the binary with its executable bit in the zip's Unix attributes (zip deploy runs it as it finds
+//! it). Nothing else in the app root or in a function folder is taken (a `.env`, a
+//! local.settings.json, a `file:` state directory, a SQLite database), and no symbolic link is
+//! followed: a link where a packed file should be is refused. The command lists what it packed
+//! and what it left out.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -23,6 +25,14 @@ struct Entry {
     name: String,
     source: PathBuf,
     executable: bool,
+}
+
+/// What goes into the zip, and what was seen and left out (names relative to the app root; a
+/// folder left out ends with `/` and is not looked into).
+#[derive(Debug)]
+struct Plan {
+    entries: Vec<Entry>,
+    left_out: Vec<String>,
 }
 
 pub fn run(app_root: &Path, out: &Path, binary: Option<&Path>) -> anyhow::Result<ExitCode> {
@@ -47,19 +57,26 @@ pub fn run(app_root: &Path, out: &Path, binary: Option<&Path>) -> anyhow::Result
         Some(path) => path.to_path_buf(),
         None => std::env::current_exe().context("cannot find this program's own executable; give --binary")?,
     };
-    let entries = entries(app_root, &config, &binary)?;
-    write_zip(out, &entries)?;
-    println!("packaged {} files into {}:", entries.len(), out.display());
-    for entry in &entries {
+    let plan = plan(app_root, &config, &binary)?;
+    write_zip(out, &plan.entries)?;
+    println!("packaged {} files into {}:", plan.entries.len(), out.display());
+    for entry in &plan.entries {
         println!("  {}{}", entry.name, if entry.executable { "  (executable)" } else { "" });
+    }
+    if !plan.left_out.is_empty() {
+        println!("left out (the host reads none of it; local settings, state and data stay on this machine):");
+        for name in &plan.left_out {
+            println!("  {name}");
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// host.json, each function folder (every file under it), and the binary under the name host.json
-/// starts it by.
-fn entries(app_root: &Path, config: &AppConfig, binary: &Path) -> anyhow::Result<Vec<Entry>> {
+/// host.json, each function's function.json, and the binary under the name host.json starts it
+/// by; everything else in the app root and in the function folders is listed as left out.
+fn plan(app_root: &Path, config: &AppConfig, binary: &Path) -> anyhow::Result<Plan> {
     let host_json = app_root.join("host.json");
+    refuse_link(&host_json, "host.json")?;
     let host: Value = serde_json::from_str(
         &std::fs::read_to_string(&host_json).with_context(|| format!("{}: cannot read", host_json.display()))?,
     )
@@ -75,32 +92,59 @@ fn entries(app_root: &Path, config: &AppConfig, binary: &Path) -> anyhow::Result
         );
     }
     let mut entries = vec![Entry { name: "host.json".into(), source: host_json, executable: false }];
+    let mut left_out = Vec::new();
     for function in config.functions.keys() {
         let folder = app_root.join(function);
-        let mut files = Vec::new();
-        collect_files(&folder, &mut files)?;
-        files.sort();
-        for file in files {
-            let relative = file.strip_prefix(app_root).expect("under the app root");
-            let name =
-                relative.components().map(|part| part.as_os_str().to_string_lossy()).collect::<Vec<_>>().join("/");
-            entries.push(Entry { name, source: file, executable: false });
+        refuse_link(&folder, function)?;
+        let function_json = folder.join("function.json");
+        let name = format!("{function}/function.json");
+        refuse_link(&function_json, &name)?;
+        entries.push(Entry { name, source: function_json, executable: false });
+        for other in folder_entries(&folder)? {
+            if other != "function.json" {
+                left_out.push(format!("{function}/{other}"));
+            }
         }
     }
+    for other in folder_entries(app_root)? {
+        let packed = other == "host.json" || config.functions.contains_key(other.trim_end_matches('/'));
+        if !packed && other != executable_name {
+            left_out.push(other);
+        }
+    }
+    left_out.sort();
     entries.push(Entry { name: executable_name.to_string(), source: binary.to_path_buf(), executable: true });
-    Ok(entries)
+    Ok(Plan { entries, left_out })
 }
 
-fn collect_files(folder: &Path, files: &mut Vec<PathBuf>) -> anyhow::Result<()> {
-    for entry in std::fs::read_dir(folder).with_context(|| format!("{}: cannot read", folder.display()))? {
-        let path = entry?.path();
-        if path.is_dir() {
-            collect_files(&path, files)?;
-        } else {
-            files.push(path);
-        }
+/// A packed file must be the file itself: a symbolic link could carry anything on this machine
+/// into the zip.
+fn refuse_link(path: &Path, name: &str) -> anyhow::Result<()> {
+    let metadata = std::fs::symlink_metadata(path).with_context(|| format!("{}: cannot read", path.display()))?;
+    if metadata.file_type().is_symlink() {
+        bail!("{name} is a symbolic link ({}): package never follows links; put the file itself there", path.display());
     }
     Ok(())
+}
+
+/// The names in `folder`, a folder's (or a link's to one) with a trailing `/`; links are never
+/// followed, only named.
+fn folder_entries(folder: &Path) -> anyhow::Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(folder).with_context(|| format!("{}: cannot read", folder.display()))? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let file_type = entry.file_type()?;
+        if file_type.is_symlink() {
+            names.push(format!("{name} (symbolic link, not followed)"));
+        } else if file_type.is_dir() {
+            names.push(format!("{name}/"));
+        } else {
+            names.push(name);
+        }
+    }
+    names.sort();
+    Ok(names)
 }
 
 fn write_zip(out: &Path, entries: &[Entry]) -> anyhow::Result<()> {

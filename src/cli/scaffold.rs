@@ -59,6 +59,13 @@ pub fn new(app_root: &Path, function: &str, template: &str, sets: &[String]) -> 
     let mut document: Value = serde_json::from_str(&text).expect("the templates are valid JSON");
     for pair in sets {
         let (path, value) = pair.split_once('=').with_context(|| format!("--set {pair:?}: expected KEY=VALUE"))?;
+        if names_a_setting(path) && value.contains('%') {
+            bail!(
+                "--set {path}: this field names an app setting: write the name ({}), not %NAME% (which would put \
+                 the setting's value, a password or a key, where its name belongs)",
+                value.trim_matches('%')
+            );
+        }
         set(&mut document, path, value)?;
     }
     if !app_root.join("host.json").exists() {
@@ -78,8 +85,17 @@ pub fn new(app_root: &Path, function: &str, template: &str, sets: &[String]) -> 
             println!("  {name} = {}", example_for(&name));
         }
     }
+    println!(
+        "`connection` and `secret` fields name an app setting (write NAME, never %NAME%); other fields take %NAME%"
+    );
     println!("then: dbtrigger check, and dbtrigger tick {function} (or dbtrigger dev)");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether a `--set` path is a field that names an app setting (`source.connection`,
+/// `sink.secret`, `alert.secret`, …): its value is a name, never `%NAME%`.
+fn names_a_setting(path: &str) -> bool {
+    matches!(path.rsplit('.').next(), Some("connection" | "secret"))
 }
 
 /// Sets `path` (dotted, inside the template's section: `poller`, `watchdog`; `schedule` is the timer's) to `value` (JSON
@@ -148,7 +164,10 @@ fn settings_named(document: &Value) -> BTreeSet<String> {
 fn example_for(name: &str) -> &'static str {
     match name {
         "AzureWebJobsStorage" => "UseDevelopmentStorage=true (Azurite), or a Storage connection string",
-        _ if name.ends_with("_DB") => "postgres://user:password@host:5432/db (or mysql://…, sqlite://…)",
+        _ if name.ends_with("_DB") => {
+            "postgres://user:password@host:5432/db?sslmode=verify-full \
+             (or mysql://…?ssl-mode=VERIFY_IDENTITY, sqlite://…)"
+        }
         _ if name.ends_with("_SCHEDULE") => "0 */1 * * * * (NCRONTAB: every minute)",
         _ if name.ends_with("_SECRET") => "a long random string, shared with the receiver",
         _ if name.ends_with("_URL") => "https://receiver.example.com/hook",
@@ -190,9 +209,15 @@ pub fn check(app_root: &Path) -> anyhow::Result<ExitCode> {
         problems.push(format!("{}: no function folder with a function.json", app_root.display()));
     }
     let mut good = Vec::new();
+    let mut warnings = Vec::new();
     for (name, parsed) in &config.functions {
         match parsed {
-            Ok(FunctionConfig::Poller(poller)) => good.push(format!("{name} (poller {})", poller.poller_name)),
+            Ok(FunctionConfig::Poller(poller)) => {
+                good.push(format!("{name} (poller {})", poller.poller_name));
+                if let Some(warning) = crate::config::tls::tls_warning(&poller.source) {
+                    warnings.push(format!("warning: {}: poller.source.connection: {warning}", poller.file.display()));
+                }
+            }
             Ok(FunctionConfig::Status(_)) => good.push(format!("{name} (status)")),
             Ok(FunctionConfig::Watchdog(_)) => good.push(format!("{name} (watchdog)")),
             Err(error) => problems.push(error.to_string()),
@@ -200,6 +225,10 @@ pub fn check(app_root: &Path) -> anyhow::Result<ExitCode> {
     }
     for problem in &problems {
         println!("{problem}");
+    }
+    // Warnings do not fail the check: a private network may be trusted. They are said every time.
+    for warning in &warnings {
+        println!("{warning}");
     }
     if problems.is_empty() {
         println!("ok: {}", good.join(", "));

@@ -130,9 +130,10 @@ pub(crate) fn timer_schedule(
         }
         let field = format!("bindings[{index}].schedule");
         let mut schedule = binding.get("schedule").cloned().unwrap_or(Value::Null);
-        substitute_settings(&mut schedule, &field, settings, at)?;
+        let mut used = UsedSettings::default();
+        substitute_settings(&mut schedule, &field, settings, &mut used, at)?;
         let schedule = match schedule.as_str() {
-            Some(text) => Some(Schedule::parse(text).map_err(|reason| at.error(&field, reason))?),
+            Some(text) => Some(Schedule::parse(text).map_err(|reason| used.scrub(at.error(&field, reason)))?),
             None => None,
         };
         let run_on_startup = binding.get("runOnStartup").and_then(Value::as_bool).unwrap_or(false);
@@ -155,29 +156,146 @@ pub(crate) fn binding_is(binding: &Value, kind: &str, direction: &str) -> bool {
     type_matches && direction_matches
 }
 
-/// Replaces every `%NAME%` in string values by app setting NAME (the Functions convention).
+/// The fields of a `poller` section that name an app setting: never substituted (a `%NAME%` there
+/// would put the setting's value, a password or a key, where a name is expected, and every error
+/// about the field would then quote it).
+pub(crate) const POLLER_SETTING_NAME_FIELDS: [&str; 4] =
+    ["source.connection", "sink.secret", "sink.connection", "state.connection"];
+
+/// The fields of a `watchdog` section that name an app setting.
+pub(crate) const WATCHDOG_SETTING_NAME_FIELDS: [&str; 2] = ["alert.secret", "state.connection"];
+
+/// Whether `name` can be an app setting's name: letters, digits and `_ . : -` (Azure's names,
+/// with `:` for nested names). A URL, a connection string or a key is not one.
+fn looks_like_a_setting_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 256
+        && name.chars().all(|character| character.is_ascii_alphanumeric() || matches!(character, '_' | '.' | ':' | '-'))
+}
+
+/// Checks the fields of `section` (at `section_path`) that name an app setting, before any
+/// substitution: a field written `%NAME%` is refused with the fix (write `NAME`), and a field that
+/// does not look like a name is refused without being quoted (it may be a value pasted in). The
+/// values of the settings they name are remembered in `used`, so that no error can quote them.
+pub(crate) fn check_setting_name_fields(
+    section: &Value,
+    section_path: &str,
+    fields: &[&str],
+    settings: &Settings,
+    used: &mut UsedSettings,
+    at: &Located<'_>,
+) -> Result<(), ConfigError> {
+    for field in fields {
+        let pointer = format!("/{}", field.replace('.', "/"));
+        let Some(name) = section.pointer(&pointer).and_then(Value::as_str) else {
+            // Missing, or not text: the section's own parsing says what is wrong.
+            continue;
+        };
+        let field_path = format!("{section_path}.{field}");
+        let inner = name.strip_prefix('%').and_then(|rest| rest.strip_suffix('%'));
+        if let Some(inner) = inner.filter(|inner| looks_like_a_setting_name(inner)) {
+            return Err(at.error(
+                &field_path,
+                format!(
+                    "names an app setting: write {inner:?}, not \"%{inner}%\" (a %NAME% would put the setting's \
+                     value, a password or a key, where its name belongs)"
+                ),
+            ));
+        }
+        if !looks_like_a_setting_name(name) {
+            return Err(at.error(
+                &field_path,
+                "must be the name of an app setting (letters, digits, '_', '.', ':', '-'), not a value: put the \
+                 value in an app setting and write that setting's name here (the text written is not shown: it may \
+                 be a secret)",
+            ));
+        }
+        used.named(name, settings);
+    }
+    Ok(())
+}
+
+/// The values of the app settings a section used (substituted, or named by a connection or
+/// secret field). An error about the section is scrubbed of every one of them before it leaves
+/// the loader: whichever message a mistake leads to, it never quotes a setting's value.
+#[derive(Default)]
+pub(crate) struct UsedSettings {
+    /// (what replaces it, the text), longest text first once scrubbing.
+    values: Vec<(String, String)>,
+}
+
+/// Values shorter than this are not scrubbed: they cannot be a credential, and replacing them
+/// would garble the numbers and words of the message itself.
+const SHORTEST_SCRUBBED_VALUE: usize = 4;
+
+impl UsedSettings {
+    /// A setting a field names.
+    pub(crate) fn named(&mut self, name: &str, settings: &Settings) {
+        if let Some(value) = settings.get(name) {
+            self.remember(name, value);
+        }
+    }
+
+    /// A setting's value: whole, and its secret parts on their own (a URL's password and
+    /// credential parameters, a connection string's key, a `whsec_` key's base64), since an error
+    /// may quote a piece of a value (one dotted part of a table name, say).
+    fn remember(&mut self, name: &str, value: &str) {
+        self.values.push((format!("<value of {name}>"), value.to_string()));
+        for part in super::redact::url_secrets(value) {
+            self.values.push((super::redact::MASK.to_string(), part));
+        }
+        for pair in value.split(';') {
+            if let Some((key, secret)) = pair.split_once('=') {
+                let key = key.trim().to_ascii_lowercase();
+                if matches!(key.as_str(), "accountkey" | "sharedaccesssignature" | "password" | "pwd") {
+                    self.values.push((super::redact::MASK.to_string(), secret.trim().to_string()));
+                }
+            }
+        }
+        if let Some(encoded) = value.strip_prefix("whsec_") {
+            self.values.push((super::redact::MASK.to_string(), encoded.to_string()));
+        }
+    }
+
+    /// `error` with every remembered value replaced.
+    pub(crate) fn scrub(&self, mut error: ConfigError) -> ConfigError {
+        let mut values: Vec<&(String, String)> =
+            self.values.iter().filter(|(_, text)| text.len() >= SHORTEST_SCRUBBED_VALUE).collect();
+        values.sort_by_key(|(_, text)| std::cmp::Reverse(text.len()));
+        for (replacement, text) in values {
+            if error.reason.contains(text.as_str()) {
+                error.reason = error.reason.replace(text.as_str(), replacement);
+            }
+        }
+        error
+    }
+}
+
+/// Replaces every `%NAME%` in string values by app setting NAME (the Functions convention),
+/// remembering each value in `used`.
 pub(crate) fn substitute_settings(
     value: &mut Value,
     path: &str,
     settings: &Settings,
+    used: &mut UsedSettings,
     at: &Located<'_>,
 ) -> Result<(), ConfigError> {
     match value {
         Value::String(text) => {
             if text.contains('%') {
-                *text = substitute_in_text(text, settings).map_err(|reason| at.error(path, reason))?;
+                *text = substitute_in_text(text, settings, used).map_err(|reason| at.error(path, reason))?;
             }
             Ok(())
         }
         Value::Array(items) => {
             for (index, item) in items.iter_mut().enumerate() {
-                substitute_settings(item, &format!("{path}[{index}]"), settings, at)?;
+                substitute_settings(item, &format!("{path}[{index}]"), settings, used, at)?;
             }
             Ok(())
         }
         Value::Object(map) => {
             for (key, item) in map.iter_mut() {
-                substitute_settings(item, &format!("{path}.{key}"), settings, at)?;
+                substitute_settings(item, &format!("{path}.{key}"), settings, used, at)?;
             }
             Ok(())
         }
@@ -185,7 +303,7 @@ pub(crate) fn substitute_settings(
     }
 }
 
-fn substitute_in_text(text: &str, settings: &Settings) -> Result<String, String> {
+fn substitute_in_text(text: &str, settings: &Settings, used: &mut UsedSettings) -> Result<String, String> {
     let mut output = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(start) = rest.find('%') {
@@ -200,6 +318,7 @@ fn substitute_in_text(text: &str, settings: &Settings) -> Result<String, String>
         } else {
             let value =
                 settings.get(name).ok_or_else(|| format!("app setting {name} (referenced as %{name}%) is not set"))?;
+            used.remember(name, value);
             output.push_str(value);
         }
         rest = &after[end + 1..];

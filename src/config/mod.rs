@@ -6,7 +6,8 @@
 //!
 //! One file a section: [`function_json`] (the raw document, settings substitution, the timer),
 //! [`source`], [`sink`], [`batch`] (batch, lease, poison), [`state`], [`connection`] (Azure Storage
-//! connections), [`redact`] (credentials never shown). Adapters read these plain, validated types;
+//! connections), [`redact`] (credentials never shown, peer text escaped), [`tls`] (whether a
+//! database connection verifies its server). Adapters read these plain, validated types;
 //! config imports no adapter.
 
 pub mod batch;
@@ -19,6 +20,7 @@ pub mod sink;
 pub mod source;
 pub mod state;
 pub mod status;
+pub mod tls;
 pub mod watchdog;
 
 use std::collections::BTreeMap;
@@ -41,7 +43,9 @@ pub use self::watchdog::{AlertConfig, WatchdogConfig};
 pub use crate::settings::{Secret, Settings};
 
 use self::batch::{build_batch, build_lease, build_poison};
-use self::function_json::{RawPoller, substitute_settings, timer_schedule};
+use self::function_json::{
+    POLLER_SETTING_NAME_FIELDS, RawPoller, UsedSettings, check_setting_name_fields, substitute_settings, timer_schedule,
+};
 use self::sink::build_sink;
 use self::source::build_source;
 use self::state::build_state;
@@ -196,24 +200,36 @@ fn refuse_shared_poller_names(functions: &mut BTreeMap<String, Result<FunctionCo
     }
 }
 
-/// `[d.]hh:mm:ss[.fff]`, the .NET TimeSpan form host.json uses.
-fn parse_timespan(text: &str) -> Option<Duration> {
+/// The longest `functionTimeout` taken as a bound (a year): beyond it a tick's budget is bounded by
+/// its own setting anyway, and no arithmetic on it can overflow.
+const LONGEST_FUNCTION_TIMEOUT_SECONDS: u64 = 366 * 86_400;
+
+/// `[d.]hh:mm:ss[.fff]`, the .NET TimeSpan form host.json uses. Every part is checked and the sum
+/// is bounded, so an absurd value is an error that says so, never an overflow (a panic in a debug
+/// build, a silent wrap in a release one).
+fn parse_timespan(text: &str) -> Result<Duration, String> {
+    let not_a_span = || format!("{text:?} is not a time span like \"00:10:00\" or \"1.00:00:00\"");
     let (days, rest) = match text.split_once('.') {
-        Some((days, rest)) if !days.contains(':') => (days.parse::<u64>().ok()?, rest),
+        Some((days, rest)) if !days.contains(':') => (days.parse::<u64>().map_err(|_| not_a_span())?, rest),
         _ => (0, text),
     };
     let parts: Vec<&str> = rest.split(':').collect();
     if parts.len() != 3 {
-        return None;
+        return Err(not_a_span());
     }
-    let hours: u64 = parts[0].parse().ok()?;
-    let minutes: u64 = parts[1].parse().ok()?;
-    let seconds: f64 = parts[2].parse().ok()?;
+    let hours: u64 = parts[0].parse().map_err(|_| not_a_span())?;
+    let minutes: u64 = parts[1].parse().map_err(|_| not_a_span())?;
+    let seconds: f64 = parts[2].parse().map_err(|_| not_a_span())?;
     if minutes >= 60 || !(0.0..60.0).contains(&seconds) {
-        return None;
+        return Err(not_a_span());
     }
-    let whole = days * 86_400 + hours * 3_600 + minutes * 60;
-    Some(Duration::from_secs(whole) + Duration::from_secs_f64(seconds))
+    let whole = days
+        .checked_mul(86_400)
+        .and_then(|total| hours.checked_mul(3_600).and_then(|hours| total.checked_add(hours)))
+        .and_then(|total| total.checked_add(minutes * 60))
+        .filter(|total| *total < LONGEST_FUNCTION_TIMEOUT_SECONDS)
+        .ok_or_else(|| format!("{text:?} is longer than a year: give a shorter time span, or \"-1\" for no timeout"))?;
+    Ok(Duration::from_secs(whole) + Duration::from_secs_f64(seconds))
 }
 
 /// A validated poller.
@@ -302,7 +318,19 @@ impl PollerConfig {
         let file = app_root.join(function_name).join("function.json");
         let at = Located { file: &file };
         let document = read_function_json(&at, function_name)?;
-        let (schedule, run_on_startup) = timer_schedule(&document, &at, settings)?;
+        PollerConfig::from_document(&document, app_root, function_name, settings, function_timeout, &at)
+    }
+
+    /// A poller from its function.json, already read: no I/O.
+    pub(crate) fn from_document(
+        document: &Value,
+        app_root: &Path,
+        function_name: &str,
+        settings: &Settings,
+        function_timeout: Option<Duration>,
+        at: &Located<'_>,
+    ) -> Result<PollerConfig, ConfigError> {
+        let (schedule, run_on_startup) = timer_schedule(document, at, settings)?;
         let Some(poller) = document.get("poller") else {
             return Err(at.error(
                 "poller",
@@ -310,16 +338,31 @@ impl PollerConfig {
             ));
         };
         let mut poller = poller.clone();
-        substitute_settings(&mut poller, "poller", settings, &at)?;
+        let mut used = UsedSettings::default();
+        check_setting_name_fields(&poller, "poller", &POLLER_SETTING_NAME_FIELDS, settings, &mut used, at)?;
+        // The connections a section may leave out default to this setting.
+        used.named(defaults::STATE_CONNECTION, settings);
+        // Whatever goes wrong from here, the error is scrubbed of every setting value used.
+        substitute_settings(&mut poller, "poller", settings, &mut used, at).map_err(|error| used.scrub(error))?;
         let raw: RawPoller = serde_path_to_error::deserialize(&poller).map_err(|error| {
             let path = error.path().to_string();
             let field = if path == "." { "poller".to_string() } else { format!("poller.{path}") };
-            at.error(&field, error.into_inner().to_string())
+            used.scrub(at.error(&field, error.into_inner().to_string()))
         })?;
-        let mut config = build(raw, function_name, schedule, settings, app_root, function_timeout, &at)?;
+        let mut config = build(raw, function_name, schedule, settings, app_root, function_timeout, at)
+            .map_err(|error| used.scrub(error))?;
         config.run_on_startup = run_on_startup;
         Ok(config)
     }
+}
+
+/// The app's name from the settings, checked by the rule every name in a store path follows (it is
+/// a folder of every state document, quarantine entry and watchdog memory).
+pub(crate) fn checked_app_name(settings: &Settings, at: &Located<'_>) -> Result<String, ConfigError> {
+    let app_name = settings.app_name();
+    crate::domain::ids::check_path_name(&app_name)
+        .map_err(|reason| at.error("(app name)", format!("WEBSITE_SITE_NAME / DBTRIGGER_APP_NAME: {reason}")))?;
+    Ok(app_name)
 }
 
 pub(crate) fn is_valid_function_name(name: &str) -> bool {
@@ -379,12 +422,7 @@ fn build(
             format!("{poller_name:?} is not a valid poller name: letters, digits, '_' and '-', starting with a letter"),
         ));
     }
-    let app_name = settings.app_name();
-    if !app_name.chars().all(|character| character.is_ascii_alphanumeric() || matches!(character, '-' | '_' | '.'))
-        || app_name.starts_with('.')
-    {
-        return Err(at.error("(app name)", format!("app name {app_name:?} (WEBSITE_SITE_NAME / DBTRIGGER_APP_NAME) may hold only letters, digits, '-', '_' and '.'")));
-    }
+    let app_name = checked_app_name(settings, at)?;
 
     let (source, fingerprints) = build_source(raw.source, settings, app_root, at)?;
 
@@ -415,3 +453,7 @@ fn build(
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_proptest;
+#[cfg(test)]
+mod tests_security;

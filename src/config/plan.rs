@@ -122,8 +122,14 @@ pub(super) fn read_function_timeout(app_root: &Path, settings: &Settings) -> Res
     let Ok(text) = std::fs::read_to_string(&path) else {
         return Ok(FunctionTimeout::plan_default(plan));
     };
+    function_timeout_of(&path, &text, plan)
+}
+
+/// host.json's `functionTimeout` from the file's text (`path` names it in errors), on `plan`: no I/O.
+pub(super) fn function_timeout_of(path: &Path, text: &str, plan: HostingPlan) -> Result<FunctionTimeout, ConfigError> {
+    let path = path.to_path_buf();
     let error = |reason: String| ConfigError { file: path.clone(), field: "functionTimeout".to_string(), reason };
-    let value: Value = serde_json::from_str(&text).map_err(|parse_error| ConfigError {
+    let value: Value = serde_json::from_str(text).map_err(|parse_error| ConfigError {
         file: path.clone(),
         field: "(document)".to_string(),
         reason: format!("invalid JSON: {parse_error}"),
@@ -143,8 +149,7 @@ pub(super) fn read_function_timeout(app_root: &Path, settings: &Settings) -> Res
         }
         return Ok(FunctionTimeout { limit: None, source: TimeoutSource::HostJson });
     }
-    let limit =
-        super::parse_timespan(text).ok_or_else(|| error(format!("{text:?} is not a time span like \"00:10:00\"")))?;
+    let limit = super::parse_timespan(text).map_err(error)?;
     if plan == HostingPlan::Consumption && limit > Duration::from_secs(600) {
         return Err(consumption_refuses(&format!("{text:?}")));
     }

@@ -11,6 +11,33 @@ const SECRET_PARAMETER_NAMES: [&str; 2] = ["code", "auth"];
 /// What replaces a secret.
 pub const MASK: &str = "***";
 
+/// Text a peer sent (a receiver's answer, a database's or a storage service's error message),
+/// made safe for one log line or one stored error: every control character (newlines, carriage
+/// returns, escape sequences, C1 controls) and every character that reorders or separates lines
+/// (Unicode line and paragraph separators, bidirectional overrides) is written as an escape
+/// (`\n`, `\u{1b}`). A peer can then never start a line of its own in the log, such as a forged
+/// `tick … outcome=caught_up` that an alert rule would match. Applied where the text enters.
+pub fn escape_peer_text(text: &str) -> String {
+    let needs_escaping = |character: char| {
+        character.is_control()
+            || matches!(character, '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}')
+            || ('\u{202a}'..='\u{202e}').contains(&character)
+            || ('\u{2066}'..='\u{2069}').contains(&character)
+    };
+    if !text.chars().any(needs_escaping) {
+        return text.to_string();
+    }
+    let mut escaped = String::with_capacity(text.len() + 8);
+    for character in text.chars() {
+        if needs_escaping(character) {
+            escaped.extend(character.escape_default());
+        } else {
+            escaped.push(character);
+        }
+    }
+    escaped
+}
+
 /// Whether a query parameter of this name carries a credential.
 pub fn is_secret_parameter(name: &str) -> bool {
     let lowered = name.to_ascii_lowercase();
@@ -114,9 +141,10 @@ impl Redaction {
         Redaction { location: redacted_url(url), secrets: url_secrets(url) }
     }
 
-    /// `text` with every secret of the URL replaced by `***`.
+    /// `text` with every secret of the URL replaced by `***`, and escaped as text from a peer
+    /// ([`escape_peer_text`]): what is scrubbed is a driver's or a server's message.
     pub fn scrub(&self, text: &str) -> String {
-        let mut scrubbed = text.to_string();
+        let mut scrubbed = escape_peer_text(text);
         for secret in &self.secrets {
             if scrubbed.contains(secret.as_str()) {
                 scrubbed = scrubbed.replace(secret.as_str(), MASK);
@@ -150,6 +178,20 @@ mod tests {
         assert_eq!(shown, "https://fn.example/api/hook?code=***&x=1");
         assert_eq!(redacted_url("not a url?password=S3cret"), "not a url");
         assert_eq!(redacted_url("user:S3cret@host/db"), "***@host/db");
+    }
+
+    /// Regression (issue 30, item 4): text a peer sends (a receiver's answer, a server's error)
+    /// cannot start a line of its own: newlines, carriage returns, escape sequences, line
+    /// separators and bidirectional overrides are escaped, the rest kept as it is.
+    #[test]
+    fn peer_text_is_escaped_onto_one_line() {
+        let forged = "no\nINFO tick outcome=caught_up\r\x1b[2J\u{2028}\u{202e}é \"quoted\" \\ end";
+        let escaped = escape_peer_text(forged);
+        assert_eq!(escaped, "no\\nINFO tick outcome=caught_up\\r\\u{1b}[2J\\u{2028}\\u{202e}é \"quoted\" \\ end");
+        assert!(!escaped.chars().any(|character| character.is_control()), "{escaped:?}");
+        assert_eq!(escape_peer_text("plain text"), "plain text");
+        let redaction = Redaction::of_url("postgres://app:S3cret@db/orders");
+        assert_eq!(redaction.scrub("bad\npassword S3cret"), "bad\\npassword ***");
     }
 
     #[test]

@@ -172,15 +172,27 @@ impl std::fmt::Debug for SigningKey {
     }
 }
 
+/// The shortest signing key accepted, in bytes (the Standard Webhooks guidance: 24 to 64 random
+/// bytes). An empty or short key makes every signature forgeable by whoever guesses it.
+pub const MIN_SIGNING_KEY_BYTES: usize = 24;
+
 impl SigningKey {
+    /// The key a secret holds. Errors say what is wrong with it, never what it is.
     pub fn from_secret(secret: &str) -> Result<SigningKey, String> {
-        match secret.strip_prefix("whsec_") {
+        let key = match secret.strip_prefix("whsec_") {
             Some(encoded) => STANDARD
                 .decode(encoded)
-                .map(SigningKey)
-                .map_err(|_| "a secret starting with `whsec_` must continue with base64".to_string()),
-            None => Ok(SigningKey(secret.as_bytes().to_vec())),
+                .map_err(|_| "a secret starting with `whsec_` must continue with base64".to_string())?,
+            None => secret.as_bytes().to_vec(),
+        };
+        if key.len() < MIN_SIGNING_KEY_BYTES {
+            return Err(format!(
+                "the signing key is {} bytes: at least {MIN_SIGNING_KEY_BYTES} are needed (24 to 64 random bytes, \
+                 written `whsec_<base64>`, e.g. `whsec_$(openssl rand -base64 32)`)",
+                key.len()
+            ));
         }
+        Ok(SigningKey(key))
     }
 
     pub fn bytes(&self) -> &[u8] {

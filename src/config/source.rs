@@ -249,11 +249,13 @@ fn validate_time_zone(engine: Engine, zone: &str) -> Result<(), String> {
     if zone == "UTC" {
         return Ok(());
     }
-    let is_offset = zone.len() == 6
-        && (zone.starts_with('+') || zone.starts_with('-'))
-        && zone[1..3].chars().all(|character| character.is_ascii_digit())
-        && &zone[3..4] == ":"
-        && zone[4..6].chars().all(|character| character.is_ascii_digit());
+    // Compared byte by byte: a zone is any text, and a multi-byte character must not be sliced.
+    let bytes = zone.as_bytes();
+    let is_offset = bytes.len() == 6
+        && matches!(bytes[0], b'+' | b'-')
+        && bytes[1..3].iter().all(u8::is_ascii_digit)
+        && bytes[3] == b':'
+        && bytes[4..6].iter().all(u8::is_ascii_digit);
     match engine {
         Engine::Sqlite => Err("SQLite timestamps are read as UTC: only \"UTC\" is supported".to_string()),
         Engine::MySql if !is_offset => Err(format!("{zone:?}: MySQL takes \"UTC\" or an offset like \"+02:00\"")),
@@ -275,7 +277,10 @@ fn validate_time_zone(engine: Engine, zone: &str) -> Result<(), String> {
 /// expression that cannot close them (`tenant = 7) OR (1 = 1` would bypass the seek and redeliver
 /// forever), end the statement, or comment out what follows (`;`, `--`, `/*`, MySQL's `#`).
 /// Parentheses are counted outside quoted text; a quote must be closed, and a backslash inside
-/// quoted text is refused because MySQL and the others disagree on what it escapes.
+/// quoted text is refused because MySQL and the others disagree on what it escapes. A `$` outside
+/// quoted text is refused: PostgreSQL reads `$$…$$` and `$tag$…$tag$` as quoted text, so a
+/// parenthesis inside them would hide from the count here and still be read by nothing, while one
+/// a `$$` seems to quote would close the seek's (and `$1` has nothing to bind).
 fn validate_fragment(value: &str) -> Result<(), String> {
     if value.trim().is_empty() {
         return Err("is empty".to_string());
@@ -300,6 +305,12 @@ fn validate_fragment(value: &str) -> Result<(), String> {
             }
             None => match character {
                 '\'' | '"' | '`' => quote = Some(character),
+                '$' => {
+                    return Err(format!(
+                        "a '$' outside quoted text (at byte {offset}) is not allowed: PostgreSQL reads $$…$$ and \
+                         $tag$…$tag$ as quoted text; write text in single quotes"
+                    ));
+                }
                 '(' => depth += 1,
                 ')' => {
                     depth -= 1;
@@ -335,7 +346,8 @@ fn parse_source_url(url: &str, app_root: &Path) -> Result<(UrlIdentity, String),
     let scheme = url.split(':').next().unwrap_or_default().to_ascii_lowercase();
     match scheme.as_str() {
         "sqlite" => {
-            let rest = url["sqlite:".len()..].trim_start_matches("//");
+            // The scheme may be all there is (`sqlite`): nothing after it is an empty path.
+            let rest = url.get("sqlite:".len()..).unwrap_or_default().trim_start_matches("//");
             let (path, query) = match rest.split_once('?') {
                 Some((path, query)) => (path, Some(query)),
                 None => (rest, None),
@@ -386,7 +398,15 @@ fn parse_source_url(url: &str, app_root: &Path) -> Result<(UrlIdentity, String),
             };
             Ok((identity, resolved))
         }
-        _ => Err(format!("unsupported database URL scheme {scheme:?}: expected postgres://, mysql:// or sqlite://")),
+        // The scheme is quoted only when the text is a URL with one: a value without `://` may
+        // be anything (a password pasted in the wrong setting), and is never repeated.
+        _ if url.contains("://")
+            && scheme.len() <= 16
+            && scheme.chars().all(|character| character.is_ascii_alphanumeric() || "+-.".contains(character)) =>
+        {
+            Err(format!("unsupported database URL scheme {scheme:?}: expected postgres://, mysql:// or sqlite://"))
+        }
+        _ => Err("is not a database URL: expected postgres://, mysql:// or sqlite://".to_string()),
     }
 }
 
@@ -396,11 +416,11 @@ fn check_sqlite_parameters(query: &str) -> Result<(), String> {
     for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
         let accepted = match &*key {
             "mode" => match &*value {
-                "ro" | "rw" => true,
-                "rwc" | "memory" => {
+                "ro" => true,
+                "rw" | "rwc" | "memory" => {
                     return Err(format!(
-                        "mode={value} in a sqlite URL: a poller reads a database that exists and never \
-                         creates one (use mode=ro or mode=rw, or leave mode out)"
+                        "mode={value} in a sqlite URL: a poller reads a database that exists, read-only, and \
+                         never writes or creates one (use mode=ro, or leave mode out)"
                     ));
                 }
                 _ => false,
@@ -416,7 +436,7 @@ fn check_sqlite_parameters(query: &str) -> Result<(), String> {
             }
         };
         if !accepted {
-            return Err(format!("{key}={value:?} in a sqlite URL is not a value SQLite takes for {key}"));
+            return Err(format!("the value of {key} in a sqlite URL is not one SQLite takes for {key}"));
         }
     }
     Ok(())

@@ -163,9 +163,10 @@ fn sqlite_urls_take_the_uri_parameters_a_poller_can_use_and_refuse_the_rest() {
     }
     let refused = [
         ("sqlite://orders.db?mode=rwc", "mode=rwc in a sqlite URL: a poller reads a database that exists"),
+        ("sqlite://orders.db?mode=rw", "mode=rw in a sqlite URL: a poller reads a database that exists, read-only"),
         ("sqlite://:memory:", "an in-memory database (:memory:) has no rows"),
         ("sqlite://orders.db?immutible=1", "unknown parameter \"immutible\" in a sqlite URL"),
-        ("sqlite://orders.db?mode=readonly", "mode=\"readonly\" in a sqlite URL is not a value SQLite takes for mode"),
+        ("sqlite://orders.db?mode=readonly", "the value of mode in a sqlite URL is not one SQLite takes for mode"),
     ];
     for (url, expected) in refused {
         let message = error_for(url).unwrap_or_else(|| panic!("{url} was accepted"));
@@ -198,10 +199,27 @@ fn a_tick_budget_too_close_to_the_function_timeout_is_refused() {
 
 #[test]
 fn time_spans_parse_like_host_json() {
-    assert_eq!(parse_timespan("00:10:00"), Some(Duration::from_secs(600)));
-    assert_eq!(parse_timespan("1.00:00:01"), Some(Duration::from_secs(86_401)));
-    assert_eq!(parse_timespan("00:61:00"), None);
-    assert_eq!(parse_timespan("ten minutes"), None);
+    assert_eq!(parse_timespan("00:10:00"), Ok(Duration::from_secs(600)));
+    assert_eq!(parse_timespan("1.00:00:01"), Ok(Duration::from_secs(86_401)));
+    assert!(parse_timespan("00:61:00").is_err());
+    assert!(parse_timespan("ten minutes").is_err());
+}
+
+/// Regression (issue 30, item 9): a host.json `functionTimeout` whose hours or days overflow the
+/// arithmetic (`5124095576030431:00:59` panicked `serve` and `check`; smaller ones wrapped in a
+/// release build) is a configuration error on `functionTimeout` that says why.
+#[test]
+fn an_overflowing_function_timeout_is_a_configuration_error_not_a_panic() {
+    for absurd in ["5124095576030431:00:59", "18446744073709551615:00:00", "213503982334601.00:00:00", "9000:00:00"] {
+        let root = tempfile::tempdir().unwrap();
+        let host = json!({"version": "2.0", "functionTimeout": absurd});
+        std::fs::write(root.path().join("host.json"), host.to_string()).unwrap();
+        let error = std::panic::catch_unwind(|| AppConfig::load(root.path(), &settings()))
+            .unwrap_or_else(|_| panic!("{absurd} panicked"))
+            .unwrap_err();
+        assert_eq!(error.field, "functionTimeout", "{error}");
+        assert!(error.reason.contains("longer than a year"), "{absurd}: {error}");
+    }
 }
 
 #[test]

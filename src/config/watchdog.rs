@@ -7,7 +7,10 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::function_json::{RawState, substitute_settings, timer_schedule};
+use super::function_json::{
+    RawState, UsedSettings, WATCHDOG_SETTING_NAME_FIELDS, check_setting_name_fields, substitute_settings,
+    timer_schedule,
+};
 use super::sink::{SigningKey, http_url, signing_key};
 use super::state::{StateConfig, build_state};
 use super::{ConfigError, Located, in_range, limits};
@@ -78,12 +81,31 @@ pub(super) fn build_watchdog(
     if !section.is_object() {
         return Err(at.error("watchdog", "expected an object"));
     }
-    substitute_settings(&mut section, "watchdog", settings, at)?;
+    let mut used = UsedSettings::default();
+    check_setting_name_fields(&section, "watchdog", &WATCHDOG_SETTING_NAME_FIELDS, settings, &mut used, at)?;
+    used.named(super::defaults::STATE_CONNECTION, settings);
+    substitute_settings(&mut section, "watchdog", settings, &mut used, at).map_err(|error| used.scrub(error))?;
     let raw: RawWatchdog = serde_path_to_error::deserialize(&section).map_err(|error| {
         let path = error.path().to_string();
         let field = if path == "." { "watchdog".to_string() } else { format!("watchdog.{path}") };
-        at.error(&field, error.into_inner().to_string())
+        used.scrub(at.error(&field, error.into_inner().to_string()))
     })?;
+    build_checked(raw, function_name, settings, app_root, at, schedule, run_on_startup)
+        .map_err(|error| used.scrub(error))
+}
+
+/// The rest of [`build_watchdog`], once the section is parsed: every error it returns is
+/// scrubbed by the caller.
+#[allow(clippy::too_many_arguments)]
+fn build_checked(
+    raw: RawWatchdog,
+    function_name: &str,
+    settings: &Settings,
+    app_root: &std::path::Path,
+    at: &Located<'_>,
+    schedule: Option<Schedule>,
+    run_on_startup: bool,
+) -> Result<WatchdogConfig, ConfigError> {
     let stalled_after_intervals = in_range(
         at,
         "watchdog.stalledAfterIntervals",
@@ -114,7 +136,7 @@ pub(super) fn build_watchdog(
     let state = build_state(raw.state, settings, app_root, at, "watchdog.state")?;
     Ok(WatchdogConfig {
         function_name: function_name.to_string(),
-        app_name: settings.app_name(),
+        app_name: super::checked_app_name(settings, at)?,
         file: at.file.to_path_buf(),
         schedule,
         run_on_startup,

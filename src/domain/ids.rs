@@ -25,6 +25,29 @@ fn position_key(position: &Position) -> String {
     )
 }
 
+/// Whether `name` may be one segment of a store path: the one rule every name that becomes part
+/// of a path is held to (app name, poller name, function name, quarantine entry id), which every
+/// store applies to every path it is given, and the configuration to the names it reads. Letters,
+/// digits, `-`, `_` and `.`, not starting with `.`, at most 200 bytes: no name can climb out of its
+/// folder (`..`, `/`, `\`), hide (`.name`), or carry a character a file system or a blob URL reads
+/// differently. `Err` says why, for messages.
+pub fn check_path_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("a name in a store path is empty".to_string());
+    }
+    if name.len() > 200 {
+        return Err(format!("a name in a store path is {} bytes long: at most 200", name.len()));
+    }
+    if name.starts_with('.') {
+        return Err(format!("{name:?} starts with '.': a name in a store path never does"));
+    }
+    let valid = name.chars().all(|character| character.is_ascii_alphanumeric() || matches!(character, '-' | '_' | '.'));
+    if !valid {
+        return Err(format!("{name:?} is not a name a store path may hold: letters, digits, '-', '_' and '.' only"));
+    }
+    Ok(())
+}
+
 /// `evt_` + 32 hex digits of sha256(poller, fingerprint, cursor, pk): the formula written plainly,
 /// which [`EventIds`] (what ticks use) must agree with.
 #[cfg(test)]

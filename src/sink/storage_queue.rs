@@ -39,7 +39,18 @@ enum Failure {
     Other { status: Option<u16>, reason: String, retryable: bool },
 }
 
+/// The service's answer, in the words dbtrigger keeps (its error code and message are text from a
+/// peer: escaped here, where they enter, before any log line or stored error holds them).
 fn classify(error: azure_core::Error) -> Failure {
+    match classify_unescaped(error) {
+        Failure::Other { reason, retryable, status } => {
+            Failure::Other { reason: crate::config::redact::escape_peer_text(&reason), retryable, status }
+        }
+        other => other,
+    }
+}
+
+fn classify_unescaped(error: azure_core::Error) -> Failure {
     match error.kind() {
         ErrorKind::HttpResponse { status, error_code, .. } => {
             let code = u16::from(*status);

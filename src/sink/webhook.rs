@@ -12,8 +12,10 @@ use tracing::warn;
 use super::retry::{self, RetryDecision};
 use super::{Batch, Event, Sink, SinkError};
 use crate::config::WebhookConfig;
+use crate::config::redact::escape_peer_text;
 
-/// How much of a refusing receiver's body goes into the error.
+/// How much of a refusing receiver's body goes into the error, and so the most of any answer's
+/// body that is read: the rest is never received, the connection is dropped instead.
 const ERROR_BODY_LIMIT: usize = 1024;
 
 pub struct WebhookSink {
@@ -118,14 +120,17 @@ impl WebhookSink {
             Ok(response) => response,
             Err(error) => {
                 let what = if error.is_timeout() { "timed out" } else { "failed" };
+                let error_text = escape_peer_text(&error.without_url().to_string());
                 return Attempt::Transient {
-                    reason: format!("POST {} {what}: {}", redacted_url(&self.config.url), error.without_url()),
+                    reason: format!("POST {} {what}: {error_text}", redacted_url(&self.config.url)),
                     retry_after: None,
                 };
             }
         };
         let status = response.status();
         if status.is_success() {
+            // Nothing of a success body is kept, so none of it is read: dropping the response
+            // drops the connection, however much the receiver meant to send.
             return Attempt::Delivered;
         }
         let retry_after = response
@@ -133,7 +138,7 @@ impl WebhookSink {
             .get("retry-after")
             .and_then(|value| value.to_str().ok())
             .and_then(|value| retry::parse_retry_after(value, SystemTime::now()));
-        let text = truncate(response.text().await.unwrap_or_default(), ERROR_BODY_LIMIT);
+        let text = escape_peer_text(&body_start(response, ERROR_BODY_LIMIT).await);
         let code = status.as_u16();
         if code == 408 || code == 429 || status.is_server_error() {
             Attempt::Transient { reason: format!("HTTP {code}: {text}"), retry_after }
@@ -181,8 +186,25 @@ fn sent_at() -> String {
     Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
-fn truncate(mut text: String, limit: usize) -> String {
+/// At most the first `limit` bytes of a response's body, read chunk by chunk (never the whole body
+/// first), as text cut at a character boundary; then the response is dropped, and with it the
+/// connection and whatever the receiver had yet to send. A body that fails part way gives what
+/// came before.
+async fn body_start(mut response: reqwest::Response, limit: usize) -> String {
+    let mut kept: Vec<u8> = Vec::with_capacity(limit.min(16 * 1024));
+    while kept.len() < limit {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = limit - kept.len();
+                kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    drop(response);
+    let mut text = String::from_utf8_lossy(&kept).into_owned();
     if text.len() > limit {
+        // Lossy decoding may have grown the text (a replacement character for a cut sequence).
         let mut cut = limit;
         while !text.is_char_boundary(cut) {
             cut -= 1;
@@ -192,10 +214,12 @@ fn truncate(mut text: String, limit: usize) -> String {
     text
 }
 
-/// The part of a URL safe to print: no user info, no query (either may hold a key).
+/// The part of a URL safe to print: scheme, host and port. A path may hold a token as much as the
+/// user info or the query may (chat hooks carry theirs in the path), so none of them is shown: in
+/// logs, errors, `last_error`, status, alerts and quarantine entries alike.
 pub fn redacted_url(url: &url::Url) -> String {
     let port = url.port().map(|port| format!(":{port}")).unwrap_or_default();
-    format!("{}://{}{port}{}", url.scheme(), url.host_str().unwrap_or_default(), url.path())
+    format!("{}://{}{port}", url.scheme(), url.host_str().unwrap_or_default())
 }
 
 #[async_trait]
@@ -209,5 +233,18 @@ impl Sink for WebhookSink {
 
     fn describe(&self) -> String {
         redacted_url(&self.config.url)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Regression (issue 30, item 4): a webhook URL is shown as scheme, host and port: a chat
+    /// hook's token in the path, user info and the query never are.
+    #[test]
+    fn a_webhook_url_shows_scheme_host_and_port_only() {
+        let url = url::Url::parse("https://user:pw@hooks.example.com:8443/services/T0KEN/x?code=K3y").unwrap();
+        assert_eq!(super::redacted_url(&url), "https://hooks.example.com:8443");
+        let url = url::Url::parse("http://127.0.0.1/hook/secret-path").unwrap();
+        assert_eq!(super::redacted_url(&url), "http://127.0.0.1");
     }
 }

@@ -40,7 +40,15 @@ impl MySqlSource {
                 reason: redaction.scrub(&error.to_string()),
             })?
             .timezone(Some("+00:00".to_string()));
-        let pool = super::pool_options().connect_lazy_with(options);
+        // Every session is read-only: a poller only reads.
+        let pool = super::pool_options()
+            .after_connect(|connection: &mut sqlx::MySqlConnection, _| {
+                Box::pin(async move {
+                    connection.execute("SET SESSION TRANSACTION READ ONLY").await?;
+                    Ok(())
+                })
+            })
+            .connect_lazy_with(options);
         Ok(MySqlSource {
             pool,
             config: config.clone(),

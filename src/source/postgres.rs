@@ -39,8 +39,12 @@ impl PostgresSource {
                 reason: redaction.scrub(&error.to_string()),
             })?
             .application_name("dbtrigger")
-            // The server gives up on a seek that outlasts the query timeout too, not only the client.
-            .options([("statement_timeout", format!("{}ms", config.query_timeout.as_millis()))]);
+            // The server gives up on a seek that outlasts the query timeout too, not only the client;
+            // and the session is read-only: a poller only reads.
+            .options([
+                ("statement_timeout", format!("{}ms", config.query_timeout.as_millis())),
+                ("default_transaction_read_only", "on".to_string()),
+            ]);
         let pool = super::pool_options().connect_lazy_with(options);
         Ok(PostgresSource {
             pool,

@@ -61,7 +61,8 @@ impl Connections {
         if let Some(connection) = self.idle.lock().unwrap_or_else(|poison| poison.into_inner()).pop() {
             return Ok(connection);
         }
-        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_URI | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        // Read-only: a poller only reads, so no statement (nor a mistake in `where`) can write.
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let connection = Connection::open_with_flags(&self.uri, flags)?;
         connection.busy_timeout(BUSY_TIMEOUT)?;
         // The query planner stability guarantee: a statement keeps the plan it was prepared with.
@@ -609,6 +610,27 @@ mod tests {
             Connections { uri: sqlite_uri("sqlite:///nonexistent/dir/x.db").unwrap(), idle: Mutex::new(Vec::new()) }
                 .take()
                 .is_err()
+        );
+    }
+
+    /// Regression (issue 30, item 9): the poller's connections are read-only, even on a database
+    /// file it could write: no statement through them can change the database.
+    #[test]
+    fn connections_are_opened_read_only() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("items.db");
+        Connection::open(&path).unwrap().execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY)").unwrap();
+        let connections = Connections {
+            uri: sqlite_uri(&format!("sqlite://{}", path.display())).unwrap(),
+            idle: Mutex::new(Vec::new()),
+        };
+        let connection = connections.take().unwrap();
+        let count: i64 = connection.query_row("SELECT count(*) FROM t", [], |row| row.get(0)).unwrap();
+        assert_eq!(count, 0, "it reads");
+        let write = connection.execute("INSERT INTO t (id) VALUES (1)", []);
+        assert!(
+            matches!(&write, Err(rusqlite::Error::SqliteFailure(error, _)) if error.code == ErrorCode::ReadOnly),
+            "{write:?}"
         );
     }
 

@@ -20,7 +20,10 @@ use azure_storage_blob::models::{
 use azure_storage_blob::{BlobContainerClient, BlobContainerClientOptions};
 use futures::StreamExt;
 
-use super::{Blob, BlobStore, ETag, ListPage, Listed, PutMode, StateKey, StoreError};
+use super::{
+    Blob, BlobStore, ETag, ListPage, Listed, MAX_BLOB_BYTES, PutMode, StateKey, StoreError, check_path, check_prefix,
+    too_large,
+};
 use crate::azure::{RequestCounter, StorageConnection, client_options, token_credential};
 
 /// Blobs a list page holds at most (the service's own maximum is 5,000).
@@ -32,6 +35,7 @@ pub struct AzureBlobStore {
     location: String,
     counter: Arc<RequestCounter>,
     list_page_size: i32,
+    max_blob_bytes: usize,
 }
 
 /// What an SDK error means here. Classified before anything else touches the error (it is not
@@ -44,7 +48,18 @@ enum Failure {
     Other { reason: String, retryable: bool },
 }
 
+/// The service's answer, in the words dbtrigger keeps (its error code and message are text from a
+/// peer: escaped here, where they enter, before any log line or stored error holds them).
 fn classify(error: azure_core::Error) -> Failure {
+    match classify_unescaped(error) {
+        Failure::Other { reason, retryable } => {
+            Failure::Other { reason: crate::config::redact::escape_peer_text(&reason), retryable }
+        }
+        other => other,
+    }
+}
+
+fn classify_unescaped(error: azure_core::Error) -> Failure {
     match error.kind() {
         ErrorKind::HttpResponse { status, error_code, .. } => {
             let code = u16::from(*status);
@@ -93,12 +108,19 @@ impl AzureBlobStore {
             location: format!("azure-blob:{}/{container}", connection.account),
             counter,
             list_page_size: LIST_PAGE_SIZE,
+            max_blob_bytes: MAX_BLOB_BYTES,
         })
     }
 
     /// Lists return at most `size` blobs a page (tests exercise paging with a small one).
     pub fn with_list_page_size(mut self, size: i32) -> Self {
         self.list_page_size = size.max(1);
+        self
+    }
+
+    /// Reads refuse blobs over `bytes` (tests check the bound with a small one).
+    pub fn with_max_blob_bytes(mut self, bytes: usize) -> Self {
+        self.max_blob_bytes = bytes;
         self
     }
 
@@ -164,6 +186,7 @@ impl AzureBlobStore {
 #[async_trait]
 impl BlobStore for AzureBlobStore {
     async fn get(&self, path: &str) -> Result<Option<Blob>, StoreError> {
+        check_path(path)?;
         let blob = self.container.blob_client(path);
         let options = BlobClientDownloadOptions { parallel: NonZero::new(1), ..Default::default() };
         let result = match blob.download(Some(options)).await {
@@ -181,15 +204,26 @@ impl BlobStore for AzureBlobStore {
             .etag
             .clone()
             .ok_or_else(|| self.unavailable(path, "the read answered no ETag".into(), true))?;
-        let bytes = result
-            .body
-            .collect()
-            .await
-            .map_err(|error| self.unavailable(path, format!("reading the blob failed: {error}"), true))?;
-        Ok(Some(Blob { bytes: bytes.to_vec(), etag: ETag(etag.to_string()) }))
+        let size = result.properties.content_length;
+        if size.is_some_and(|size| size > self.max_blob_bytes as u64) {
+            return Err(too_large(self.location_of(path), size, self.max_blob_bytes));
+        }
+        // Read chunk by chunk up to the bound: a length header is not what bounds memory.
+        let mut body = result.body;
+        let mut bytes = Vec::new();
+        while let Some(chunk) = body.next().await {
+            let chunk =
+                chunk.map_err(|error| self.unavailable(path, format!("reading the blob failed: {error}"), true))?;
+            if bytes.len() + chunk.len() > self.max_blob_bytes {
+                return Err(too_large(self.location_of(path), size, self.max_blob_bytes));
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        Ok(Some(Blob { bytes, etag: ETag(etag.to_string()) }))
     }
 
     async fn put(&self, path: &str, bytes: Vec<u8>, mode: PutMode) -> Result<ETag, StoreError> {
+        check_path(path)?;
         let mut result = self.upload(path, bytes.clone(), &mode).await;
         if matches!(result, Err(Failure::NotFound { container_missing: true })) {
             self.create_container(path).await?;
@@ -209,6 +243,7 @@ impl BlobStore for AzureBlobStore {
     }
 
     async fn list(&self, prefix: &str, continuation: Option<String>) -> Result<ListPage, StoreError> {
+        check_prefix(prefix)?;
         let options = BlobContainerClientListBlobsOptions {
             prefix: Some(prefix.to_string()),
             marker: continuation,
@@ -250,6 +285,7 @@ impl BlobStore for AzureBlobStore {
     }
 
     async fn delete(&self, path: &str, etag: &ETag) -> Result<(), StoreError> {
+        check_path(path)?;
         let options = BlobClientDeleteOptions { if_match: Some(Etag::from(etag.0.as_str())), ..Default::default() };
         match self.container.blob_client(path).delete(Some(options)).await.map_err(classify) {
             Ok(_) => Ok(()),

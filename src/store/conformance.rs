@@ -25,6 +25,66 @@ pub async fn run_all(blobs: Arc<dyn BlobStore>, namespace: &str, page_size: usiz
     update_of_a_missing_document_conflicts(store, namespace).await;
     state_documents_are_listed_by_app(store, namespace).await;
     concurrent_increments_lose_no_update(blobs.clone(), namespace, 8, 10).await;
+    paths_with_names_that_are_not_path_names_are_refused(blobs.as_ref(), namespace).await;
+}
+
+/// Regression (issue 30, item 6): a path holding a name that could climb out of its folder or
+/// hide (`..`, `.name`, an empty segment, a space or a newline) is refused by every operation of
+/// every store, before it touches anything: `DBTRIGGER_APP_NAME=../../x` wrote outside the file
+/// store's root, and a crafted quarantine id made a lock file outside it.
+pub async fn paths_with_names_that_are_not_path_names_are_refused(blobs: &dyn BlobStore, namespace: &str) {
+    let bad_paths = [
+        format!("{namespace}/../escaped.json"),
+        format!("{namespace}/app/../../escaped.json"),
+        format!("{namespace}/.hidden.json"),
+        format!("{namespace}//empty.json"),
+        format!("{namespace}/with space.json"),
+        format!("{namespace}/new\nline.json"),
+        format!("/{namespace}/absolute.json"),
+        format!("{namespace}/back\\slash.json"),
+    ];
+    let refused = |result: Result<(), StoreError>, what: &str, path: &str| match result {
+        Err(StoreError::InvalidPath { .. }) => {}
+        other => panic!("{what} of {path:?} was not refused as an invalid path: {other:?}"),
+    };
+    for path in &bad_paths {
+        refused(blobs.get(path).await.map(|_| ()), "get", path);
+        refused(blobs.put(path, b"x".to_vec(), PutMode::Overwrite).await.map(|_| ()), "put", path);
+        refused(blobs.delete(path, &ETag("\"x\"".into())).await, "delete", path);
+    }
+    refused(blobs.list(&format!("{namespace}/../"), None).await.map(|_| ()), "list", "../");
+    let listed = blobs.list(&format!("{namespace}/"), None).await.expect("list the namespace");
+    assert!(
+        listed.items.iter().all(|item| !item.path.contains("escaped") && !item.path.contains("hidden")),
+        "nothing was written: {listed:?}"
+    );
+}
+
+/// Regression (issue 30, item 9): a blob larger than the store's bound (`bound`, as the store was
+/// built with) is refused as it is read, never taken whole; it is still listed, and deleted by the
+/// ETag its listing gives, so that an operator can remove it.
+pub async fn a_blob_over_the_bound_is_refused_on_read_but_listed_and_deletable(
+    blobs: &dyn BlobStore,
+    namespace: &str,
+    bound: usize,
+) {
+    let path = format!("{namespace}/oversized/blob.json");
+    blobs.put(&path, vec![b' '; bound + 1], PutMode::Overwrite).await.expect("an oversized blob can be written");
+    match blobs.get(&path).await {
+        Err(StoreError::Corrupt { reason, .. }) => {
+            assert!(reason.contains(&format!("more than the {bound} bytes")), "{reason}")
+        }
+        other => panic!("a blob over the bound was read: {:?}", other.map(|found| found.map(|blob| blob.bytes.len()))),
+    }
+    let fits = format!("{namespace}/oversized/fits.json");
+    blobs.put(&fits, vec![b' '; bound], PutMode::Overwrite).await.unwrap();
+    assert_eq!(blobs.get(&fits).await.unwrap().map(|blob| blob.bytes.len()), Some(bound), "at the bound: read");
+    let listed = blobs.list(&format!("{namespace}/oversized/"), None).await.expect("list");
+    let item = listed.items.iter().find(|item| item.path == path).expect("the oversized blob is listed");
+    blobs.delete(&path, &item.etag).await.expect("deleted by its listed ETag");
+    assert!(
+        blobs.list(&format!("{namespace}/oversized/"), None).await.unwrap().items.iter().all(|item| item.path != path)
+    );
 }
 
 pub async fn get_of_a_missing_blob_is_none(blobs: &dyn BlobStore, namespace: &str) {

@@ -8,24 +8,37 @@
 //! lock: they see the old or the new document, never a half-written one. The ETag is a hash of the
 //! bytes; since every write of a tick carries a fresh `write_id`, two versions never share bytes.
 //! Lock and temporary files (`*.lock`, `.*.tmp`) are never listed.
+//!
+//! Every path is checked name by name ([`super::check_path`]) before it touches the disk, so no
+//! name can reach outside the root; a blob over [`super::MAX_BLOB_BYTES`] is refused as it is read.
 
 use std::fs::{File, OpenOptions};
-use std::io::{ErrorKind, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use sha2::{Digest, Sha256};
 
-use super::{Blob, BlobStore, ETag, ListPage, Listed, PutMode, StateKey, StoreError};
+use super::{
+    Blob, BlobStore, ETag, ListPage, Listed, MAX_BLOB_BYTES, PutMode, StateKey, StoreError, check_path, check_prefix,
+    too_large,
+};
 
 pub struct FileStore {
     root: PathBuf,
     page_size: usize,
+    max_blob_bytes: usize,
 }
 
 impl FileStore {
     pub fn new(root: PathBuf) -> Self {
-        FileStore { root, page_size: 1000 }
+        FileStore { root, page_size: 1000, max_blob_bytes: MAX_BLOB_BYTES }
+    }
+
+    /// Reads refuse blobs over `bytes` (tests check the bound with a small one).
+    pub fn with_max_blob_bytes(mut self, bytes: usize) -> Self {
+        self.max_blob_bytes = bytes;
+        self
     }
 
     /// Lists return at most `size` paths a page (tests exercise paging with a small one).
@@ -36,11 +49,33 @@ impl FileStore {
 
     /// A state document's file.
     pub fn path_of(&self, key: &StateKey) -> PathBuf {
-        self.file_of(&key.blob_path())
+        self.root.join(key.blob_path())
     }
 
-    fn file_of(&self, path: &str) -> PathBuf {
-        self.root.join(path)
+    /// The file of a blob path, once every name in it is checked.
+    fn file_of(&self, path: &str) -> Result<PathBuf, StoreError> {
+        check_path(path)?;
+        Ok(self.root.join(path))
+    }
+}
+
+/// What a blob's file holds, read up to a bound.
+enum Stored {
+    Absent,
+    Bytes(Vec<u8>),
+    /// More than the bound: its length, and nothing of it kept.
+    Oversized(u64),
+}
+
+impl Stored {
+    /// The ETag of what is stored. An oversized blob is never read, so its tag comes from its
+    /// length: a delete (an operator purging it) can still name it.
+    fn etag(&self) -> Option<ETag> {
+        match self {
+            Stored::Absent => None,
+            Stored::Bytes(bytes) => Some(etag_of(bytes)),
+            Stored::Oversized(length) => Some(ETag(format!("\"oversized-{length}\""))),
+        }
     }
 }
 
@@ -57,12 +92,21 @@ fn unavailable(path: &Path, action: &str, error: std::io::Error) -> StoreError {
     }
 }
 
-fn read_bytes(path: &Path) -> Result<Option<Vec<u8>>, StoreError> {
-    match std::fs::read(path) {
-        Ok(bytes) => Ok(Some(bytes)),
-        Err(error) if error.kind() == ErrorKind::NotFound => Ok(None),
-        Err(error) => Err(unavailable(path, "read", error)),
+/// A blob's bytes, at most `max` of them: a longer file is [`Stored::Oversized`], read no further.
+fn read_stored(path: &Path, max: usize) -> Result<Stored, StoreError> {
+    let file = match File::open(path) {
+        Ok(file) => file,
+        Err(error) if error.kind() == ErrorKind::NotFound => return Ok(Stored::Absent),
+        Err(error) => return Err(unavailable(path, "read", error)),
+    };
+    let mut bytes = Vec::new();
+    let limit = u64::try_from(max).unwrap_or(u64::MAX).saturating_add(1);
+    (&file).take(limit).read_to_end(&mut bytes).map_err(|error| unavailable(path, "read", error))?;
+    if bytes.len() > max {
+        let length = file.metadata().map(|metadata| metadata.len()).unwrap_or(bytes.len() as u64);
+        return Ok(Stored::Oversized(length));
     }
+    Ok(Stored::Bytes(bytes))
 }
 
 /// The exclusive lock that serializes writers (and deleters) of one blob across processes,
@@ -82,15 +126,15 @@ fn lock_blob(path: &Path) -> Result<File, StoreError> {
     Ok(lock)
 }
 
-fn write_locked(path: &Path, bytes: &[u8], mode: &PutMode) -> Result<ETag, StoreError> {
+fn write_locked(path: &Path, bytes: &[u8], mode: &PutMode, max: usize) -> Result<ETag, StoreError> {
     let directory = path.parent().expect("a blob path has a parent");
     let lock = lock_blob(path)?;
     let location = path.display().to_string();
-    let current = read_bytes(path)?;
+    let current = read_stored(path, max)?.etag();
     match (mode, &current) {
         (PutMode::Create, Some(_)) => return Err(StoreError::AlreadyExists { location }),
         (PutMode::Update(_), None) => return Err(StoreError::Conflict { location }),
-        (PutMode::Update(expected), Some(current_bytes)) if *expected != etag_of(current_bytes) => {
+        (PutMode::Update(expected), Some(current_etag)) if expected != current_etag => {
             return Err(StoreError::Conflict { location });
         }
         _ => {}
@@ -117,11 +161,11 @@ fn write_locked(path: &Path, bytes: &[u8], mode: &PutMode) -> Result<ETag, Store
     Ok(etag_of(bytes))
 }
 
-fn delete_locked(path: &Path, etag: &ETag) -> Result<(), StoreError> {
+fn delete_locked(path: &Path, etag: &ETag, max: usize) -> Result<(), StoreError> {
     let lock = lock_blob(path)?;
     let location = path.display().to_string();
-    match read_bytes(path)? {
-        Some(current) if etag_of(&current) == *etag => {
+    match read_stored(path, max)?.etag() {
+        Some(current) if current == *etag => {
             std::fs::remove_file(path).map_err(|error| unavailable(path, "delete", error))?;
             drop(lock);
             Ok(())
@@ -139,12 +183,20 @@ fn walk(root: &Path, directory: &Path, found: &mut Vec<String>) -> Result<(), St
         Err(error) => return Err(unavailable(directory, "list", error)),
     };
     for entry in entries {
-        let path = entry.map_err(|error| unavailable(directory, "list", error))?.path();
+        let entry = entry.map_err(|error| unavailable(directory, "list", error))?;
+        let path = entry.path();
         let name = path.file_name().and_then(|name| name.to_str()).unwrap_or_default();
         if name.starts_with('.') || name.ends_with(".lock") {
             continue;
         }
-        if path.is_dir() {
+        // The entry's own type, links not followed: a link inside the store is not walked into.
+        let Ok(file_type) = entry.file_type() else {
+            continue;
+        };
+        if file_type.is_symlink() {
+            continue;
+        }
+        if file_type.is_dir() {
             walk(root, &path, found)?;
         } else if let Ok(relative) = path.strip_prefix(root) {
             let parts: Vec<String> =
@@ -158,20 +210,29 @@ fn walk(root: &Path, directory: &Path, found: &mut Vec<String>) -> Result<(), St
 #[async_trait]
 impl BlobStore for FileStore {
     async fn get(&self, path: &str) -> Result<Option<Blob>, StoreError> {
-        let file = self.file_of(path);
-        let bytes =
-            tokio::task::spawn_blocking(move || read_bytes(&file)).await.expect("the read task does not panic")?;
-        Ok(bytes.map(|bytes| Blob { etag: etag_of(&bytes), bytes }))
+        let file = self.file_of(path)?;
+        let max = self.max_blob_bytes;
+        let read = tokio::task::spawn_blocking(move || read_stored(&file, max).map(|stored| (stored, file)))
+            .await
+            .expect("the read task does not panic")?;
+        match read {
+            (Stored::Absent, _) => Ok(None),
+            (Stored::Bytes(bytes), _) => Ok(Some(Blob { etag: etag_of(&bytes), bytes })),
+            (Stored::Oversized(length), file) => Err(too_large(file.display().to_string(), Some(length), max)),
+        }
     }
 
     async fn put(&self, path: &str, bytes: Vec<u8>, mode: PutMode) -> Result<ETag, StoreError> {
-        let file = self.file_of(path);
-        tokio::task::spawn_blocking(move || write_locked(&file, &bytes, &mode))
+        let file = self.file_of(path)?;
+        let max = self.max_blob_bytes;
+        tokio::task::spawn_blocking(move || write_locked(&file, &bytes, &mode, max))
             .await
             .expect("the write task does not panic")
     }
 
     async fn list(&self, prefix: &str, continuation: Option<String>) -> Result<ListPage, StoreError> {
+        check_prefix(prefix)?;
+        let max = self.max_blob_bytes;
         let root = self.root.clone();
         let prefix = prefix.to_string();
         let page_size = self.page_size;
@@ -192,8 +253,8 @@ impl BlobStore for FileStore {
                     break;
                 }
                 // A blob deleted between the walk and this read is simply not listed.
-                if let Some(bytes) = read_bytes(&root.join(&path))? {
-                    page.items.push(Listed { path, etag: etag_of(&bytes) });
+                if let Some(etag) = read_stored(&root.join(&path), max)?.etag() {
+                    page.items.push(Listed { path, etag });
                 }
             }
             Ok(page)
@@ -203,9 +264,12 @@ impl BlobStore for FileStore {
     }
 
     async fn delete(&self, path: &str, etag: &ETag) -> Result<(), StoreError> {
-        let file = self.file_of(path);
+        let file = self.file_of(path)?;
         let etag = etag.clone();
-        tokio::task::spawn_blocking(move || delete_locked(&file, &etag)).await.expect("the delete task does not panic")
+        let max = self.max_blob_bytes;
+        tokio::task::spawn_blocking(move || delete_locked(&file, &etag, max))
+            .await
+            .expect("the delete task does not panic")
     }
 
     fn describe(&self) -> String {

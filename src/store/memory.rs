@@ -9,7 +9,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use async_trait::async_trait;
 
-use super::{Blob, BlobStore, ETag, ListPage, Listed, PutMode, StateKey, StoreError};
+use super::{
+    Blob, BlobStore, ETag, ListPage, Listed, MAX_BLOB_BYTES, PutMode, StateKey, StoreError, check_path, check_prefix,
+    too_large,
+};
 
 pub struct MemoryStore {
     blobs: Mutex<BTreeMap<String, (Vec<u8>, ETag)>>,
@@ -17,6 +20,7 @@ pub struct MemoryStore {
     reads: AtomicU64,
     writes: AtomicU64,
     page_size: AtomicUsize,
+    max_blob_bytes: AtomicUsize,
 }
 
 impl Default for MemoryStore {
@@ -27,6 +31,7 @@ impl Default for MemoryStore {
             reads: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             page_size: AtomicUsize::new(1000),
+            max_blob_bytes: AtomicUsize::new(MAX_BLOB_BYTES),
         }
     }
 }
@@ -39,6 +44,11 @@ impl MemoryStore {
     /// Lists return at most `size` paths a page.
     pub fn set_page_size(&self, size: usize) {
         self.page_size.store(size.max(1), Ordering::SeqCst);
+    }
+
+    /// Reads refuse blobs over `bytes`, as the real stores refuse blobs over [`MAX_BLOB_BYTES`].
+    pub fn set_max_blob_bytes(&self, bytes: usize) {
+        self.max_blob_bytes.store(bytes, Ordering::SeqCst);
     }
 
     /// Stores raw bytes as a state document (a test's corrupted or foreign document).
@@ -70,11 +80,24 @@ fn location(path: &str) -> String {
 #[async_trait]
 impl BlobStore for MemoryStore {
     async fn get(&self, path: &str) -> Result<Option<Blob>, StoreError> {
+        check_path(path)?;
         self.reads.fetch_add(1, Ordering::SeqCst);
-        Ok(self.blobs.lock().unwrap().get(path).map(|(bytes, etag)| Blob { bytes: bytes.clone(), etag: etag.clone() }))
+        let blobs = self.blobs.lock().unwrap();
+        let Some((bytes, etag)) = blobs.get(path) else {
+            return Ok(None);
+        };
+        if bytes.len() > self.max_blob_bytes.load(Ordering::SeqCst) {
+            return Err(too_large(
+                location(path),
+                Some(bytes.len() as u64),
+                self.max_blob_bytes.load(Ordering::SeqCst),
+            ));
+        }
+        Ok(Some(Blob { bytes: bytes.clone(), etag: etag.clone() }))
     }
 
     async fn put(&self, path: &str, bytes: Vec<u8>, mode: PutMode) -> Result<ETag, StoreError> {
+        check_path(path)?;
         self.writes.fetch_add(1, Ordering::SeqCst);
         let mut blobs = self.blobs.lock().unwrap();
         match (&mode, blobs.get(path)) {
@@ -91,6 +114,7 @@ impl BlobStore for MemoryStore {
     }
 
     async fn list(&self, prefix: &str, continuation: Option<String>) -> Result<ListPage, StoreError> {
+        check_prefix(prefix)?;
         let page_size = self.page_size.load(Ordering::SeqCst);
         let blobs = self.blobs.lock().unwrap();
         let mut items = Vec::new();
@@ -114,6 +138,7 @@ impl BlobStore for MemoryStore {
     }
 
     async fn delete(&self, path: &str, etag: &ETag) -> Result<(), StoreError> {
+        check_path(path)?;
         let mut blobs = self.blobs.lock().unwrap();
         match blobs.get(path) {
             Some((_, current)) if current == etag => {

@@ -30,6 +30,43 @@ use crate::domain::StateDocument;
 
 pub use state::{StateWriter, WriteFailure};
 
+/// The most bytes one blob read takes: a state document is kilobytes, a quarantine entry one row.
+/// A larger blob (planted, or grown past reason) is refused as it is read, never taken whole into
+/// memory, so that one blob cannot take down every poller of the instance.
+pub const MAX_BLOB_BYTES: usize = 32 * 1024 * 1024;
+
+/// The one rule for every name that becomes part of a store path (app, poller, function,
+/// quarantine entry): defined beside the other identities in the pure core, so that the
+/// configuration can refuse a bad name early, and applied here by every store to every path.
+pub use crate::domain::ids::check_path_name;
+
+/// `path` (segments separated by `/`), every segment checked by [`check_path_name`].
+pub(crate) fn check_path(path: &str) -> Result<(), StoreError> {
+    for segment in path.split('/') {
+        check_path_name(segment).map_err(|reason| StoreError::InvalidPath { path: path.to_string(), reason })?;
+    }
+    Ok(())
+}
+
+/// A list prefix: every complete segment checked; the last, partial one may be empty.
+pub(crate) fn check_prefix(prefix: &str) -> Result<(), StoreError> {
+    let Some((folders, partial)) = prefix.rsplit_once('/') else {
+        return if prefix.is_empty() { Ok(()) } else { check_path(prefix) };
+    };
+    check_path(folders)?;
+    if partial.is_empty() { Ok(()) } else { check_path(partial) }
+}
+
+/// A blob larger than `bound` (a store's, [`MAX_BLOB_BYTES`] unless a test set another), refused
+/// as it is read.
+pub(crate) fn too_large(location: String, size: Option<u64>, bound: usize) -> StoreError {
+    let size = size.map(|bytes| format!("{bytes} bytes")).unwrap_or_else(|| "larger".to_string());
+    StoreError::Corrupt {
+        location,
+        reason: format!("it is {size}, more than the {bound} bytes a blob may hold: it was not read"),
+    }
+}
+
 /// Which document: `state/{app}/{poller}.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StateKey {
@@ -157,6 +194,10 @@ pub enum StoreError {
     /// The store could not be reached or failed; `retryable` says whether trying again may help.
     #[error("state store {location}: {reason}")]
     Unavailable { location: String, reason: String, retryable: bool },
+    /// A path holds a name no store path may hold ([`check_path_name`]): nothing was read or
+    /// written. Never retryable.
+    #[error("refusing the store path {path:?}: {reason}")]
+    InvalidPath { path: String, reason: String },
 }
 
 /// State documents: what the tick reads and writes. Every [`BlobStore`] is one (through the typed

@@ -151,8 +151,22 @@ impl Poller {
         document: &mut StateDocument,
         record: PoisonRecord,
     ) {
-        let failed = transitions::record_failure(document, &self.owner_id, record, self.clock.now());
-        self.write_letting_go(writer, document, failed, "could not record the failure; the lease will expire").await;
+        let Ok(mut failed) = transitions::record_failure(document, &self.owner_id, record.clone(), self.clock.now())
+        else {
+            return;
+        };
+        match writer.write(&mut failed).await {
+            Ok(()) => *document = failed,
+            Err(WriteFailure::Conflict(_)) => {}
+            Err(WriteFailure::Store(error)) => {
+                // The write may have landed. The lease stays held in memory, so that the release
+                // ending the tick follows; it carries the failure too, so that it records it if this
+                // write did not land, and cannot erase it if it did (the writer finds its own
+                // write there and writes over it). As a commit's checkpoint is kept for its release.
+                document.poison = Some(record);
+                warn!(poller = %self.config.poller_name, error = %error, "could not record the failure; the release retries it");
+            }
+        }
     }
 
     /// Records a tick that failed for another reason than the sink (see

@@ -32,6 +32,8 @@ async fn the_azure_blob_store_passes_the_conformance_suite() {
     let container = format!("t{}", uuid::Uuid::new_v4().simple());
     let store = AzureBlobStore::new(&connection(), &container).unwrap().with_list_page_size(3);
     conformance::run_all(Arc::new(store), "conformance", 3).await;
+    let bounded = AzureBlobStore::new(&connection(), &container).unwrap().with_max_blob_bytes(2048);
+    conformance::a_blob_over_the_bound_is_refused_on_read_but_listed_and_deletable(&bounded, "bounded", 2048).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

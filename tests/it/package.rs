@@ -99,3 +99,82 @@ async fn an_app_with_a_configuration_error_is_not_packaged() {
     assert!(stderr.contains("orders/function.json") && stderr.contains("poller.batch.size"), "{stderr}");
     assert!(!zip.exists(), "nothing written");
 }
+
+/// Runs `dbtrigger package` on `app` into `zip`, with `settings` in its environment.
+fn package(app: &AppRoot, zip: &Path, settings: &[(String, String)]) -> (bool, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_dbtrigger"))
+        .args(["package", "--app-root"])
+        .arg(&app.root)
+        .arg("--out")
+        .arg(zip)
+        .env_remove("FUNCTIONS_APP_ROOT_PATH")
+        .envs(settings.iter().map(|(name, value)| (name.as_str(), value.as_str())))
+        .output()
+        .unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// Regression (issue 30, item 2): `package` packed whatever lay in a function folder (a `.env`, a
+/// local.settings.json, the `file:` state directory, a SQLite database) and followed symbolic links
+/// out of the app. Only host.json, each function.json and the binary are packed, no link is
+/// followed, what was left out is listed, and no secret is in the zip or the output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn package_takes_only_what_the_host_reads_and_follows_no_link() {
+    const SECRET: &str = "Zip-Leak-Secret-51c2";
+    let directory = tempfile::tempdir().unwrap();
+    let orders = Orders::create(directory.path()).await;
+    let receiver = Receiver::start().await;
+    let app = AppRoot::write(directory.path(), AppRoot::orders_poller(10));
+    let settings = app.settings(&orders, &receiver);
+    let folder = app.root.join("orders");
+    std::fs::write(folder.join(".env"), format!("ORDERS_DB=postgres://app:{SECRET}@db/orders")).unwrap();
+    std::fs::write(folder.join("local.settings.json"), json!({"Values": {"KEY": SECRET}}).to_string()).unwrap();
+    std::fs::copy(&orders.path, folder.join("orders.db")).unwrap();
+    std::fs::create_dir_all(folder.join("state/state/local")).unwrap();
+    std::fs::write(folder.join("state/state/local/orders.json"), SECRET).unwrap();
+    let outside = directory.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("id_rsa"), SECRET).unwrap();
+    std::os::unix::fs::symlink(outside.join("id_rsa"), folder.join("key.pem")).unwrap();
+    std::os::unix::fs::symlink(&outside, folder.join("linked-folder")).unwrap();
+    std::os::unix::fs::symlink(&outside, app.root.join("linked-at-root")).unwrap();
+
+    let zip = directory.path().join("app.zip");
+    let (ok, stdout, stderr) = package(&app, &zip, &settings);
+    assert!(ok, "{stdout}{stderr}");
+    let unpacked = directory.path().join("unpacked");
+    let modes = unpack(&zip, &unpacked);
+    let mut names: Vec<&String> = modes.as_object().unwrap().keys().collect();
+    names.sort();
+    assert_eq!(names, ["dbtrigger", "host.json", "orders/function.json"], "only what the host reads");
+    for name in ["host.json", "orders/function.json"] {
+        assert!(!std::fs::read_to_string(unpacked.join(name)).unwrap().contains(SECRET));
+    }
+    for left_out in [
+        "orders/.env",
+        "orders/local.settings.json",
+        "orders/orders.db",
+        "orders/state/",
+        "orders/key.pem (symbolic link, not followed)",
+        "orders/linked-folder (symbolic link, not followed)",
+        "linked-at-root (symbolic link, not followed)",
+    ] {
+        assert!(stdout.lines().any(|line| line.trim() == left_out), "{left_out} listed as left out:\n{stdout}");
+    }
+    assert!(!stdout.contains(SECRET) && !stderr.contains(SECRET), "{stdout}{stderr}");
+
+    // A link where a packed file belongs is refused, not followed.
+    let elsewhere = directory.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::fs::rename(folder.join("function.json"), elsewhere.join("function.json")).unwrap();
+    std::os::unix::fs::symlink(elsewhere.join("function.json"), folder.join("function.json")).unwrap();
+    let refused = directory.path().join("refused.zip");
+    let (ok, stdout, stderr) = package(&app, &refused, &settings);
+    assert!(!ok, "{stdout}");
+    assert!(stderr.contains("orders/function.json is a symbolic link"), "{stderr}");
+    assert!(!refused.exists(), "nothing written");
+}

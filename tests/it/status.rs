@@ -274,7 +274,7 @@ async fn new_writes_a_function_that_check_accepts_and_tick_runs() {
         ("SHIPMENTS_DB", orders.url()),
         ("SHIPMENTS_SCHEDULE", "0 */1 * * * *".to_string()),
         ("SHIPMENTS_WEBHOOK_URL", receiver.url.clone()),
-        ("SHIPMENTS_WEBHOOK_SECRET", "a-long-random-secret".to_string()),
+        ("SHIPMENTS_WEBHOOK_SECRET", "a-long-random-secret-of-32-bytes".to_string()),
         ("AzureWebJobsStorage", format!("file:{}", app.state_dir.display())),
         ("DBTRIGGER_APP_NAME", app.app_name.clone()),
     ]

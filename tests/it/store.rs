@@ -15,6 +15,9 @@ async fn the_memory_store_passes_the_conformance_suite() {
     let store = MemoryStore::new();
     store.set_page_size(3);
     conformance::run_all(Arc::new(store), "conformance", 3).await;
+    let bounded = MemoryStore::new();
+    bounded.set_max_blob_bytes(2048);
+    conformance::a_blob_over_the_bound_is_refused_on_read_but_listed_and_deletable(&bounded, "bounded", 2048).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -22,6 +25,36 @@ async fn the_file_store_passes_the_conformance_suite() {
     let directory = tempfile::tempdir().unwrap();
     let store = FileStore::new(directory.path().to_path_buf()).with_page_size(3);
     conformance::run_all(Arc::new(store), "conformance", 3).await;
+    let bounded = FileStore::new(directory.path().to_path_buf()).with_max_blob_bytes(2048);
+    conformance::a_blob_over_the_bound_is_refused_on_read_but_listed_and_deletable(&bounded, "bounded", 2048).await;
+}
+
+/// Regression (issue 30, item 6): names that climb out of the root (an app name `../../x`, a
+/// crafted quarantine id) never make the file store write, lock or delete outside its root.
+#[tokio::test]
+async fn the_file_store_never_touches_a_file_outside_its_root() {
+    use dbtrigger::store::{BlobStore, ETag, PutMode};
+    let directory = tempfile::tempdir().unwrap();
+    let store = FileStore::new(directory.path().join("root"));
+    std::fs::write(directory.path().join("victim.json"), "kept").unwrap();
+    for path in [
+        "state/../../outside.json",
+        "state/../../victim.json",
+        "quarantine/app/orders/../../../../outside.json",
+        "watchdog/../../x/outside.json",
+    ] {
+        let put = store.put(path, b"x".to_vec(), PutMode::Overwrite).await;
+        assert!(matches!(put, Err(StoreError::InvalidPath { .. })), "{path}: {put:?}");
+        let delete = store.delete(path, &ETag("\"x\"".into())).await;
+        assert!(matches!(delete, Err(StoreError::InvalidPath { .. })), "{path}: {delete:?}");
+    }
+    let mut outside: Vec<String> = std::fs::read_dir(directory.path())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    outside.sort();
+    assert_eq!(outside, ["victim.json"], "no file, folder or lock made beside the root");
+    assert_eq!(std::fs::read_to_string(directory.path().join("victim.json")).unwrap(), "kept");
 }
 
 #[tokio::test]

@@ -528,6 +528,49 @@ async fn a_heartbeat_that_landed_but_answered_an_error_is_not_a_lease_loss() {
     assert_eq!(document.checkpoint.unwrap().cursor.tiebreaker["id"], json!(5));
 }
 
+/// Regression (issue 24, found by the simulation after the fixes, seeds 13318 and 17891): the
+/// write recording a failed batch landed but answered an error, and the release ending the tick,
+/// built from the document as it was before that write, was written over it (the writer found its
+/// own write there and wrote again): the failure was erased, `attempts` stayed 0 and `status`
+/// said healthy. The release carries the failure.
+#[tokio::test]
+async fn a_failure_record_that_landed_but_answered_an_error_is_kept_by_the_release() {
+    let fixture = fixture(5, AppRoot::orders_poller(100)).await;
+    // Write 1 takes the lease; write 2 records the failure, lands, and answers 503.
+    let store = Arc::new(FaultyStore::over(Arc::new(MemoryStore::new()), |number, _| {
+        if number == 2 {
+            Fault::LandThenAnswer(StoreError::Unavailable {
+                location: "timeout".into(),
+                reason: "the response was lost".into(),
+                retryable: true,
+            })
+        } else {
+            Fault::None
+        }
+    }));
+    let error = poller(&fixture, Arc::new(Unavailable), store.clone(), "a").tick().await.unwrap_err();
+    assert!(matches!(error, TickError::Delivery { rows_committed: 0, .. }), "{error:?}");
+    let document = StateDocument::parse(&store.inner.raw(&key()).unwrap()).unwrap();
+    let poison = document.poison.expect("the failure is recorded");
+    assert_eq!(poison.attempts, 1);
+    assert!(poison.last_error.contains("HTTP 503"), "{}", poison.last_error);
+    assert_eq!(document.lease.unwrap().owner_id, None, "the lease was given back");
+}
+
+/// A receiver that answers 503 to every batch.
+struct Unavailable;
+
+#[async_trait]
+impl Sink for Unavailable {
+    async fn deliver(&self, batch: &Batch, _deadline: tokio::time::Instant) -> Result<(), SinkError> {
+        Err(SinkError::Transient { batch_id: batch.batch_id.clone(), reason: "HTTP 503".into() })
+    }
+
+    fn describe(&self) -> String {
+        "unavailable".into()
+    }
+}
+
 /// Wraps a source: every read after the first takes `delay`, and read number `panic_on` (counted
 /// from 1) panics.
 struct ScriptedSource {

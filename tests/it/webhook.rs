@@ -221,7 +221,11 @@ async fn the_documented_example_receiver_verifies_and_deduplicates() {
     assert_eq!(stats["duplicates"], json!(25), "the redelivery was recognised");
 
     // A sender with the wrong key is refused, permanently.
-    let error = poller_for(&receiver.url, &orders, directory.path(), "whsec_d3Jvbmcta2V5").tick().await.unwrap_err();
+    let error =
+        poller_for(&receiver.url, &orders, directory.path(), "whsec_YS13cm9uZy1rZXktbG9uZy1lbm91Z2gtdG8tc2lnbg==")
+            .tick()
+            .await
+            .unwrap_err();
     assert!(error.to_string().contains("HTTP 401") && error.to_string().contains("bad signature"), "{error}");
 }
 

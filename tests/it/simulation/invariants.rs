@@ -1,0 +1,246 @@
+//! What must hold after every step, after every tick, and once the world is quiet. Each check is
+//! named; the name is what a failing run reports (and what the module documentation lists).
+//!
+//! A row is "accounted for" by a poller when the receiver acknowledged it for that poller (under
+//! the load it belongs to), or it is in that poller's quarantine, or it is excused: an operator
+//! purged it, or it was before the checkpoint a copy was cloned at.
+
+use std::collections::BTreeSet;
+
+use dbtrigger::domain::StateDocument;
+use dbtrigger::store::{StateStore, quarantine};
+use dbtrigger::tick::{TickError, TickOutcome, TickReport};
+
+use super::RowId;
+use super::config::APP;
+use super::sink::row_of;
+use super::source::cursor_and_key;
+use super::world::World;
+
+/// Ticks in a row that fail without moving the checkpoint before a poller counts as stuck.
+pub const STUCK_TICKS: u32 = 4;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub invariant: &'static str,
+    pub detail: String,
+}
+
+impl Violation {
+    pub fn new(invariant: &'static str, detail: String) -> Violation {
+        Violation { invariant, detail }
+    }
+}
+
+async fn document(world: &World, index: usize) -> Option<StateDocument> {
+    let key = world.pollers[index].observer.key();
+    match world.clean_store().read(&key).await {
+        Ok(found) => found.map(|versioned| versioned.document),
+        Err(error) => panic!("the simulation's store cannot be read: {error}"),
+    }
+}
+
+/// The checkpoint as (generation recorded, cursor, key), if it has one.
+fn checkpoint(document: &StateDocument) -> Option<(Option<u64>, i64, i64)> {
+    let position = document.position().ok()??;
+    let (cursor, key) = cursor_and_key(&position)?;
+    let generation = document.generation.as_ref().and_then(|record| record.value.as_u64());
+    Some((generation, cursor, key))
+}
+
+/// Rows of the current load the checkpoint of poller `index` is past (none when the checkpoint
+/// belongs to another load: the next tick restarts).
+pub async fn covered_by_checkpoint(world: &World, index: usize) -> BTreeSet<RowId> {
+    let Some((generation, cursor, key)) = document(world, index).await.as_ref().and_then(checkpoint) else {
+        return BTreeSet::new();
+    };
+    let table = world.source.table.lock().unwrap();
+    if generation.is_some_and(|generation| generation != table.generation) {
+        return BTreeSet::new();
+    }
+    table.ordered().into_iter().filter(|row| (row.cursor, row.key) <= (cursor, key)).collect()
+}
+
+pub async fn fingerprint_matches(world: &World, index: usize) -> bool {
+    let config = &world.pollers[index].config;
+    document(world, index).await.is_none_or(|document| document.source_fingerprint == config.fingerprint)
+}
+
+/// Quarantined rows of poller `index`, with their entries' status and fencing token.
+async fn quarantined(world: &World, index: usize) -> Vec<(RowId, Option<u16>, u64, String)> {
+    let name = &world.pollers[index].config.poller_name;
+    let entries = quarantine::list(world.clean_store().as_ref(), APP, name)
+        .await
+        .unwrap_or_else(|error| panic!("the quarantine cannot be read: {error}"));
+    entries
+        .into_iter()
+        .filter_map(|(entry, _)| {
+            let row = entry.event.get("row").and_then(|row| row.as_object()).and_then(row_of)?;
+            Some((row, entry.status, entry.fencing_token, entry.id))
+        })
+        .collect()
+}
+
+fn accounted(world: &World, index: usize, in_quarantine: &BTreeSet<RowId>, row: &RowId) -> bool {
+    let logical = &world.pollers[index];
+    let acknowledged =
+        world.sink.lock().unwrap().acknowledged.contains_key(&(logical.config.poller_name.clone(), *row));
+    acknowledged || in_quarantine.contains(row) || logical.excused.contains(row)
+}
+
+/// After every step.
+pub async fn check(world: &mut World) -> Result<(), Violation> {
+    if let Some((invariant, what)) = world.store.stale_entries.lock().unwrap().first() {
+        return Err(Violation::new(invariant, what.clone()));
+    }
+    let mut quarantined_rows = 0;
+    for index in 0..world.pollers.len() {
+        let name = world.pollers[index].config.poller_name.clone();
+        let entries = quarantined(world, index).await;
+        quarantined_rows += entries.len();
+        for (row, status, _, id) in &entries {
+            if status.is_none() {
+                return Err(Violation::new(
+                    "only a refused row is quarantined",
+                    format!("{name}: entry {id} (row {row:?}) was quarantined for a transient failure"),
+                ));
+            }
+        }
+        let in_quarantine: BTreeSet<RowId> = entries.iter().map(|(row, ..)| *row).collect();
+        let Some(document) = document(world, index).await else {
+            continue;
+        };
+        let checkpoint = checkpoint(&document);
+        if let Some((generation, cursor, key)) = checkpoint {
+            let rows = world.source.table.lock().unwrap().ordered();
+            let current = rows.first().map(|row| row.generation);
+            if generation.is_none() || generation == current {
+                let passed = rows.iter().filter(|row| (row.cursor, row.key) <= (cursor, key));
+                if let Some(lost) = passed.into_iter().find(|row| !accounted(world, index, &in_quarantine, row)) {
+                    return Err(Violation::new(
+                        "the checkpoint passes only delivered or quarantined rows",
+                        format!("{name}: checkpoint ({cursor}, {key}) of load {generation:?} is past row {lost:?}"),
+                    ));
+                }
+            }
+        }
+        let logical = &mut world.pollers[index];
+        if let (Some(last), Some(now)) = (logical.last_checkpoint, checkpoint)
+            && last.0 == now.0
+            && (now.1, now.2) < (last.1, last.2)
+        {
+            return Err(Violation::new(
+                "the checkpoint only moves forward",
+                format!("{name}: from {last:?} back to {now:?} with no reset"),
+            ));
+        }
+        logical.last_checkpoint = checkpoint;
+    }
+    world.quarantined = quarantined_rows;
+    Ok(())
+}
+
+/// After each tick that ended (not crashed).
+pub async fn after_tick(
+    world: &mut World,
+    index: usize,
+    me: &str,
+    result: &Result<TickOutcome, TickError>,
+    report: &TickReport,
+    overlapped: std::ops::Range<usize>,
+) -> Result<(), Violation> {
+    if let Err(TickError::Panicked { message }) = result
+        && !message.contains("scripted panic")
+    {
+        return Err(Violation::new("nothing panics", format!("poller {index}, owner {me}: {message}")));
+    }
+    // Did someone else take the lease (another owner, a rival, an operator's reset) while the
+    // tick ran, or did one of the writes fail?
+    let (taken, faulted) = {
+        let path = world.pollers[index].observer.key().blob_path();
+        let log = world.store.log.lock().unwrap();
+        let overlapping = &log[overlapped];
+        let taken = overlapping.iter().filter(|written| written.path == path).any(|written| match &written.lease {
+            Some((holder, token)) => Some(*token) != report.fencing_token || holder.as_deref().is_some_and(|h| h != me),
+            None => true,
+        });
+        (taken, overlapping.iter().any(|written| written.faulted))
+    };
+    let lost = matches!(result, Ok(TickOutcome::LeaseLost { .. }) | Err(TickError::NoProgress { .. }));
+    if lost && !taken && !faulted {
+        return Err(Violation::new(
+            "a tick loses its lease only to a takeover",
+            format!(
+                "poller {index}, owner {me} (token {:?}) lost its lease, yet nobody took it and no write failed: {result:?}",
+                report.fencing_token
+            ),
+        ));
+    }
+    let marker = document(world, index)
+        .await
+        .map(|document| format!("{:?} / {:?}", checkpoint(&document), document.generation.map(|g| g.value)));
+    let failing = match result {
+        Ok(TickOutcome::Idle | TickOutcome::Delivered { .. }) => Some(false),
+        Err(
+            TickError::Delivery { .. }
+            | TickError::SinkDown { .. }
+            | TickError::NoProgress { .. }
+            | TickError::FingerprintMismatch { .. }
+            | TickError::Checkpoint(_)
+            | TickError::PoisonStop { .. }
+            | TickError::GenerationChanged { .. }
+            | TickError::Document(_),
+        ) => Some(true),
+        // A scripted source or store failure, a lease held, a takeover, a reload: no verdict.
+        _ => None,
+    };
+    // A tick overtaken by another writer could not record its failure: no verdict either.
+    let failing = if taken { None } else { failing };
+    let at = world.now();
+    let logical = &mut world.pollers[index];
+    match failing {
+        Some(true) if logical.progress.as_ref() == marker.as_ref() => logical.failing_streak += 1,
+        Some(true) => {
+            logical.failing_streak = 1;
+            logical.progress = marker;
+        }
+        Some(false) => {
+            logical.failing_streak = 0;
+            logical.progress = marker;
+        }
+        None => {}
+    }
+    // Judged as the failing tick ends, as the watchdog would judge it then.
+    if failing == Some(true) && logical.failing_streak >= STUCK_TICKS {
+        let name = &logical.config.poller_name;
+        let health = dbtrigger::status::of_poller(name, &logical.observer, at).await;
+        if health.healthy {
+            return Err(Violation::new(
+                "a stuck poller is reported unhealthy",
+                format!(
+                    "{name}: {} ticks in a row failed at checkpoint {:?}, the last with {result:?}; status says healthy (attempts {})",
+                    logical.failing_streak,
+                    logical.progress.as_deref().unwrap_or("none"),
+                    health.attempts
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Once quiet and caught up: every row of the current load is accounted for by every poller.
+pub async fn complete(world: &mut World) -> Result<(), Violation> {
+    check(world).await?;
+    let rows = world.source.table.lock().unwrap().ordered();
+    for index in 0..world.pollers.len() {
+        let in_quarantine: BTreeSet<RowId> = quarantined(world, index).await.into_iter().map(|(row, ..)| row).collect();
+        if let Some(lost) = rows.iter().find(|row| !accounted(world, index, &in_quarantine, row)) {
+            return Err(Violation::new(
+                "every row is delivered or quarantined",
+                format!("{}: row {lost:?} was neither", world.pollers[index].config.poller_name),
+            ));
+        }
+    }
+    Ok(())
+}

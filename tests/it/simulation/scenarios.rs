@@ -1,0 +1,153 @@
+//! Fixed schedules: the scenarios of issue 24's findings, written out (most are what the shrinker
+//! left of a failing seed, tidied). Each must keep every invariant; on the code before the fixes
+//! each breaks the invariant named in its documentation.
+
+use super::schedule::Command::{Clone, PurgeAll};
+use super::schedule::Step::{self, Insert, Latency, Operator, Outage, Reload, Run, Store, Tick, Timeouts};
+use super::schedule::Variant;
+use super::store::StoreFault;
+use super::{describe, run_fixed};
+
+fn variant(batch_size: usize, max_in_flight: usize, tick_budget_seconds: u64) -> Variant {
+    Variant {
+        batch_size,
+        max_in_flight,
+        tick_budget_seconds,
+        commit_interval_ms: 1000,
+        max_attempts: 3,
+        owners: 2,
+        slow_receiver: false,
+    }
+}
+
+fn tick(owner: u8) -> Step {
+    Tick { poller: 0, owner, crash_after_ms: None }
+}
+
+fn assert_keeps_every_invariant(variant: Variant, steps: &[Step]) {
+    let run = run_fixed(variant, steps);
+    assert!(run.violation.is_none(), "{}", describe(&run, None));
+}
+
+/// Regression (issue 24, item 1): a batch refused for good while the slow batch before it is
+/// still in flight (`maxInFlight` 2) is isolated once that one is settled, instead of every tick
+/// aborting the slow batch and failing with `attempts` 0 while `status` says healthy. Before the
+/// fix: "a stuck poller is reported unhealthy" (seeds 19, 22, 62, 152 among others).
+#[test]
+fn a_poison_batch_behind_a_slow_batch_is_isolated() {
+    let steps = [
+        Latency { base_ms: 500, slow_ms: 6_000 },
+        // Batch 1 (rows 1-2) holds a slow row, batch 2 (rows 3-4) a poison one.
+        Insert { rows: 4, poison: Some(2), slow: Some(0) },
+        tick(0),
+        Run { ms: 10_000 },
+        tick(0),
+        Run { ms: 10_000 },
+        tick(1),
+        Run { ms: 10_000 },
+        tick(0),
+        Run { ms: 10_000 },
+    ];
+    assert_keeps_every_invariant(variant(2, 2, 60), &steps);
+}
+
+/// Regression (issue 24, item 2): an isolation that outlives its lease stops when another owner
+/// takes over, and writes no quarantine entry under its superseded token. Before the fix: "quarantine
+/// entries are written under the current lease only" (seed 711 with another owner, seeds 381, 461,
+/// 690 with a rival; this is the takeover by a legitimate owner after the lease expired).
+#[test]
+fn an_isolation_that_outlives_its_lease_quarantines_nothing_after_a_takeover() {
+    let steps = [
+        // Every request takes 8 s: isolating 4 rows takes 32 s after the first refusal, past the
+        // 30 s lease taken at the start, never renewed meanwhile.
+        Latency { base_ms: 8_000, slow_ms: 0 },
+        Insert { rows: 4, poison: Some(3), slow: None },
+        tick(0),
+        // Past expiry plus the skew margin: owner b takes over while owner a still isolates.
+        Run { ms: 36_000 },
+        tick(1),
+        Run { ms: 30_000 },
+    ];
+    assert_keeps_every_invariant(variant(4, 1, 60), &steps);
+}
+
+/// Regression (issue 24, item 3): an isolation that cannot finish in one tick budget (a receiver
+/// that takes 5 s a request, a 20 s budget) makes progress across ticks instead of starting over
+/// forever. The receiver stays slow through the quiet end of the run. Before the fix: "caught up
+/// after quiesce" (seeds 57, 75, 119, 191).
+#[test]
+fn an_isolation_longer_than_a_tick_budget_makes_progress_across_ticks() {
+    let steps = [Latency { base_ms: 5_000, slow_ms: 0 }, Insert { rows: 3, poison: Some(1), slow: None }];
+    assert_keeps_every_invariant(variant(3, 1, 20), &steps);
+}
+
+/// Regression (issue 24, item 4): an outage that begins after the first split of an isolation
+/// sends no row to quarantine. Before the fix: "only a refused row is quarantined" (seeds 83,
+/// 229, 271, 277 find the same with timeouts and outages in and after the first split).
+#[test]
+fn an_outage_after_the_first_split_quarantines_no_good_row() {
+    let steps = [
+        Latency { base_ms: 1_000, slow_ms: 0 },
+        // Row 1 is refused: the batch fails at 1 s, the halves (1-2 refused, 3-4 delivered) at 2 s
+        // and 3 s; the outage begins before rows 1 and 2 are tried alone.
+        Insert { rows: 4, poison: Some(0), slow: None },
+        tick(0),
+        Run { ms: 3_500 },
+        Outage { ms: 20_000 },
+        Run { ms: 10_000 },
+    ];
+    assert_keeps_every_invariant(variant(4, 1, 60), &steps);
+}
+
+/// Regression (issue 24, item 8): `quarantine purge` (its history line) does not knock over a
+/// tick that is delivering. Before the fix: "a tick loses its lease only to a takeover" (seeds
+/// 242, 580, 600, 882).
+#[test]
+fn a_quarantine_purge_does_not_knock_over_a_running_tick() {
+    let steps = [
+        Latency { base_ms: 1_000, slow_ms: 0 },
+        Insert { rows: 4, poison: Some(3), slow: None },
+        tick(0),
+        Run { ms: 10_000 },
+        // Row 4 is in the quarantine; new rows, and a tick delivering them when the purge runs.
+        Insert { rows: 4, poison: None, slow: None },
+        tick(0),
+        Run { ms: 500 },
+        Operator { poller: 0, command: PurgeAll },
+        Run { ms: 10_000 },
+    ];
+    assert_keeps_every_invariant(variant(4, 1, 60), &steps);
+}
+
+/// Regression (issue 24, item 11): a clone of a poller whose source was reloaded since its last
+/// tick keeps the generation its checkpoint belongs to, so the copy restarts on the new load
+/// instead of adopting it at the old load's checkpoint. Before the fix: "the checkpoint passes
+/// only delivered or quarantined rows" (seeds 7, 10, 12, 15 and about one seed in six).
+#[test]
+fn a_clone_after_a_reload_skips_no_row_of_the_new_load() {
+    let steps = [
+        Insert { rows: 5, poison: None, slow: None },
+        tick(0),
+        Run { ms: 1_000 },
+        Reload { rows: 8 },
+        Operator { poller: 0, command: Clone },
+        Tick { poller: 1, owner: 0, crash_after_ms: None },
+        Run { ms: 1_000 },
+    ];
+    assert_keeps_every_invariant(variant(4, 1, 60), &steps);
+}
+
+/// Regression (issue 24, found by the simulation after the fixes, seeds 13318 and 17891): the
+/// write recording a failed batch lands but answers an error, and the release that ends the tick,
+/// built from the document before that write, was written over it: every such tick erased its own
+/// failure, so a poller failing at one checkpoint tick after tick showed `attempts` 0 and `status`
+/// said healthy. Before the fix: "a stuck poller is reported unhealthy".
+#[test]
+fn a_failure_record_that_landed_but_answered_an_error_is_not_erased_by_the_release() {
+    let mut steps = vec![Insert { rows: 3, poison: None, slow: None }];
+    for owner in [0, 1, 0, 1] {
+        // The batch times out; the tick's next write (its failure record) lands but answers 503.
+        steps.extend([Timeouts { next: 1 }, tick(owner), Store(StoreFault::LandNextWriteButFail), Run { ms: 45_000 }]);
+    }
+    assert_keeps_every_invariant(variant(2, 1, 40), &steps);
+}

@@ -1,0 +1,116 @@
+//! The scripted receiver: latency (more for a batch holding a slow row), an outage (503s),
+//! timeouts, per-row permanent refusals (a 422 for any batch holding a poison row), and fencing as
+//! the README asks of receivers (a batch whose token is below the highest one seen is refused with
+//! a 409). It records what it acknowledged, with the batch's fencing token.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dbtrigger::sink::{Batch, Sink, SinkError};
+use serde_json::Value;
+use tokio::time::Instant;
+
+use super::RowId;
+
+/// How long a request that times out hangs before the client gives up.
+pub const TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Default)]
+pub struct SinkState {
+    pub base_latency: Duration,
+    /// Added to a batch that holds a slow row.
+    pub slow_latency: Duration,
+    pub outage_until: Option<Instant>,
+    /// The next this many requests time out.
+    pub timeouts: u32,
+    /// Rows (load, key) the receiver refuses for good, whatever their version.
+    pub poison: BTreeSet<(u64, i64)>,
+    pub slow: BTreeSet<(u64, i64)>,
+    /// The highest fencing token seen, per poller.
+    pub highest_token: BTreeMap<String, u64>,
+    /// (poller, row) -> the highest fencing token it was acknowledged under.
+    pub acknowledged: BTreeMap<(String, RowId), u64>,
+    pub requests: u64,
+    pub acknowledged_batches: u64,
+}
+
+pub struct ScriptedSink {
+    pub state: Arc<Mutex<SinkState>>,
+}
+
+/// The row an event carries (its columns hold the load, the key and the cursor).
+pub fn row_of(row: &serde_json::Map<String, Value>) -> Option<RowId> {
+    Some(RowId {
+        generation: row.get("gen")?.as_u64()?,
+        key: row.get("id")?.as_i64()?,
+        cursor: row.get("version")?.as_i64()?,
+    })
+}
+
+enum Planned {
+    Answer(Duration),
+    Timeout,
+}
+
+#[async_trait]
+impl Sink for ScriptedSink {
+    async fn deliver(&self, batch: &Batch, deadline: Instant) -> Result<(), SinkError> {
+        let rows: Vec<RowId> = batch.events.iter().filter_map(|event| row_of(&event.row())).collect();
+        let planned = {
+            let mut state = self.state.lock().unwrap();
+            state.requests += 1;
+            if state.timeouts > 0 {
+                state.timeouts -= 1;
+                Planned::Timeout
+            } else {
+                let slow = rows.iter().any(|row| state.slow.contains(&(row.generation, row.key)));
+                Planned::Answer(state.base_latency + if slow { state.slow_latency } else { Duration::ZERO })
+            }
+        };
+        let wait = match planned {
+            Planned::Answer(latency) => latency,
+            Planned::Timeout => TIMEOUT,
+        };
+        let transient =
+            |reason: &str| SinkError::Transient { batch_id: batch.batch_id.clone(), reason: reason.to_string() };
+        if Instant::now() + wait > deadline {
+            // The client never waits past the tick's deadline.
+            tokio::time::sleep_until(deadline).await;
+            return Err(transient("timed out at the tick's deadline"));
+        }
+        tokio::time::sleep(wait).await;
+        if let Planned::Timeout = planned {
+            return Err(transient("timed out"));
+        }
+        let mut state = self.state.lock().unwrap();
+        if state.outage_until.is_some_and(|until| Instant::now() < until) {
+            return Err(transient("HTTP 503: down for maintenance"));
+        }
+        let rejected =
+            |status: u16, body: String| SinkError::Rejected { batch_id: batch.batch_id.clone(), status, body };
+        if let Some(bad) = rows.iter().find(|row| state.poison.contains(&(row.generation, row.key))) {
+            return Err(rejected(422, format!("row {} of load {} is refused", bad.key, bad.generation)));
+        }
+        let highest = state.highest_token.get(&batch.poller).copied().unwrap_or(0);
+        if batch.fencing_token < highest {
+            return Err(rejected(409, format!("stale fencing token {} (seen {highest})", batch.fencing_token)));
+        }
+        state.highest_token.insert(batch.poller.clone(), batch.fencing_token);
+        state.acknowledged_batches += 1;
+        for row in rows {
+            // A receiver drops the rows of a superseded load (the batch says which load it read).
+            if batch.generation.as_ref().is_some_and(|generation| generation.as_u64() != Some(row.generation)) {
+                continue;
+            }
+            let token = state.acknowledged.entry((batch.poller.clone(), row)).or_insert(0);
+            *token = (*token).max(batch.fencing_token);
+        }
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        "sim receiver".to_string()
+    }
+}
