@@ -40,7 +40,7 @@ use sqlx::Row;
 use super::query::CursorType;
 use super::{SourceError, classify};
 use crate::config::SourceConfig;
-use crate::config::redact::Redaction;
+use crate::config::redact::{Redaction, escape_peer_text};
 use crate::domain::CursorValue;
 use crate::domain::health::{Horizon, HorizonHolder, query_prefix};
 
@@ -206,6 +206,13 @@ fn is_access_denied(number: Option<u16>) -> bool {
     matches!(number, Some(1227 | 1142 | 1044))
 }
 
+/// What `status`, the watchdog and its alert show of a holder's query: its first characters
+/// ([`query_prefix`]), escaped like any text a peer sends (another session wrote it), so that it
+/// can never start a log line of its own.
+fn shown_query(query: &str) -> String {
+    escape_peer_text(&query_prefix(query))
+}
+
 /// The holder a row of [`postgres_holder_sql`] names.
 fn holder_of(row: &sqlx::postgres::PgRow, holds: Horizon, redaction: &Redaction) -> Result<HorizonHolder, SourceError> {
     let failed = |error: sqlx::Error| classify(redaction, error);
@@ -217,10 +224,10 @@ fn holder_of(row: &sqlx::postgres::PgRow, holds: Horizon, redaction: &Redaction)
     Ok(HorizonHolder {
         holds,
         pid,
-        database,
+        database: database.as_deref().map(escape_peer_text),
         age_seconds: age.unwrap_or(0.0).max(0.0),
-        state,
-        query: query.as_deref().map(query_prefix),
+        state: state.as_deref().map(escape_peer_text),
+        query: query.as_deref().map(shown_query),
     })
 }
 
@@ -260,10 +267,10 @@ pub(crate) async fn mysql_holder(
     Ok(Some(HorizonHolder {
         holds: Horizon::SettleBound,
         pid,
-        database: text(1),
+        database: text(1).as_deref().map(escape_peer_text),
         age_seconds: age.unwrap_or(0).max(0) as f64,
-        state: text(3),
-        query: text(4).as_deref().map(query_prefix),
+        state: text(3).as_deref().map(escape_peer_text),
+        query: text(4).as_deref().map(shown_query),
     }))
 }
 
@@ -279,6 +286,16 @@ mod tests {
         config.settle_mode = SettleMode::Auto;
         config.settle = Duration::from_secs(1);
         config
+    }
+
+    /// Regression (issue 30, peer text; issue 26, item 3): another session's query reaches
+    /// `status`, the watchdog's finding and its log line only as a short prefix, its control
+    /// characters escaped: a session cannot write a line of its own into dbtrigger's log.
+    #[test]
+    fn a_holder_query_is_shown_short_and_escaped() {
+        let shown = shown_query("SELECT 1 /* \u{1b}[2J\r\ntick outcome=caught_up */ FROM orders WHERE card = '4111'");
+        assert_eq!(shown, "SELECT 1 /* \\u{1b}[2J tick outcome=caught_up …");
+        assert!(!shown.chars().any(char::is_control), "{shown}");
     }
 
     /// Issue 26, item 4: every open transaction of the database counts (not only those with an
