@@ -108,6 +108,23 @@ async fn tick(poller: &Poller) -> TickOutcome {
     poller.tick().await.unwrap()
 }
 
+/// Ticks until `sink` holds `expected` (at most ten seconds), then asserts it. An xid cursor's
+/// commit horizon is the whole server's: a write transaction another test holds open on the
+/// shared PostgreSQL at that moment, in any database, holds these rows back too (it never lets
+/// one pass). So delivery is awaited; what must wait is still asserted at once, by the callers.
+async fn tick_until(poller: &Poller, sink: &RecordingSink, expected: &[i64], why: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        tick(poller).await;
+        let delivered = ids(sink);
+        if delivered.len() >= expected.len() || std::time::Instant::now() > deadline {
+            assert_eq!(delivered, expected, "{why}");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Issue 26, item 2: the DDL `dbtrigger sql` prints for an xid cursor runs twice on PostgreSQL
 /// (idempotent), grants the poller's own role what status reads, and a poller connecting as
 /// that role then delivers inserts and updates, its checkpoint an `xid`.
@@ -150,15 +167,13 @@ async fn the_printed_xid_ddl_runs_twice_and_the_poller_then_reads_the_table() {
     // Two transactions (one simple query with two statements would be one transaction).
     sqlx::raw_sql("INSERT INTO items (note) VALUES ('a'), ('b')").execute(&admin).await.unwrap();
     sqlx::raw_sql("UPDATE items SET note = 'touched' WHERE id = 1").execute(&admin).await.unwrap();
-    tick(&poller).await;
+    tick_until(&poller, &sink, &[2, 3, 1], "the row restamped by the update comes last").await;
     // The row from before the column was stamped by the ALTER and restamped by the UPDATE (a
     // later transaction than the inserts): it comes last.
-    assert_eq!(ids(&sink), vec![2, 3, 1]);
     assert_in_cursor_order(&sink, xid_text);
     // An INSERT that writes the column itself is restamped by the trigger: it cannot go behind.
     sqlx::raw_sql("INSERT INTO items (note, c) VALUES ('forged', '3'::xid8)").execute(&admin).await.unwrap();
-    tick(&poller).await;
-    assert_eq!(ids(&sink), vec![2, 3, 1, 4]);
+    tick_until(&poller, &sink, &[2, 3, 1, 4], "the forged xid was restamped").await;
     assert_in_cursor_order(&sink, xid_text);
     let document = poller.store.read(&poller.key()).await.unwrap().unwrap().document;
     let checkpoint = serde_json::to_value(&document.checkpoint.unwrap().cursor).unwrap();
@@ -192,18 +207,25 @@ async fn an_xid_cursor_delivers_a_late_commit_in_order() {
         .await
         .unwrap();
     let mut late = writers.begin().await.unwrap();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *late).await.unwrap();
     sqlx::query("INSERT INTO items (id, note) VALUES (3, 'A: commits late')").execute(&mut *late).await.unwrap();
     before.commit().await.unwrap();
     sqlx::raw_sql("INSERT INTO items (id, note) VALUES (4, 'after A')").execute(&writers).await.unwrap();
     sqlx::raw_sql("INSERT INTO items (id, note) VALUES (5, 'after A')").execute(&writers).await.unwrap();
-    tick(&poller).await;
-    assert_eq!(ids(&sink), vec![1, 2], "what took its xid before A is delivered; what came after waits");
+    tick_until(&poller, &sink, &[1, 2], "what took its xid before A is delivered; what came after waits").await;
 
     // Past the default settle, and more: the horizon does not guess, it waits for A.
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     assert!(matches!(tick(&poller).await, TickOutcome::Idle), "nothing is passed while A is open");
-    let holder = poller.source.horizon_holder().await.unwrap().expect("A holds the horizon");
-    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *late).await.unwrap();
+    // The oldest holder of the server is named: wait out another test's older transaction.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let holder = loop {
+        let holder = poller.source.horizon_holder().await.unwrap().expect("A holds the horizon");
+        if holder.pid == Some(i64::from(pid)) || std::time::Instant::now() > deadline {
+            break holder;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     assert_eq!(holder.holds, Horizon::CommitHorizon);
     assert_eq!(holder.pid, Some(i64::from(pid)));
     assert_eq!(holder.state.as_deref(), Some("idle in transaction"));
@@ -214,8 +236,7 @@ async fn an_xid_cursor_delivers_a_late_commit_in_order() {
     assert_eq!(status.lag_rows, Some(2), "4 and 5 wait (A's row is not visible yet)");
 
     late.commit().await.unwrap();
-    tick(&poller).await;
-    assert_eq!(ids(&sink), vec![1, 2, 3, 4, 5]);
+    tick_until(&poller, &sink, &[1, 2, 3, 4, 5], "A committed: its row and the later ones").await;
     assert_in_cursor_order(&sink, xid_text);
     let status = dbtrigger::status::of_poller("orders", &poller, chrono::Utc::now()).await;
     assert_eq!((status.lag_rows, status.horizon_holder), (Some(0), None));
@@ -249,9 +270,8 @@ async fn two_xid_transactions_committing_out_of_order_both_arrive() {
     assert!(matches!(tick(&poller).await, TickOutcome::Idle), "the second waits for the first");
     tick(&control).await;
     first.commit().await.unwrap();
-    tick(&poller).await;
     tick(&control).await;
-    assert_eq!(ids(&sink), vec![1, 2]);
+    tick_until(&poller, &sink, &[1, 2], "both transactions ended").await;
     assert_passed(&control_sink, 1, 2);
     assert_in_cursor_order(&sink, xid_text);
     writers.close().await;
@@ -499,16 +519,25 @@ async fn status_and_the_watchdog_name_what_holds_the_horizon() {
     std::fs::create_dir_all(app.root.join("watchdog")).unwrap();
     let watchdog = json!({
         "bindings": [{"type": "timerTrigger", "direction": "in", "name": "timer", "schedule": "0 */5 * * * *"}],
-        "watchdog": {"horizonHeldAfterSeconds": 2, "state": {"connection": "STATE"}}
+        "watchdog": {"horizonHeldAfterSeconds": 5, "state": {"connection": "STATE"}}
     });
     std::fs::write(app.root.join("watchdog/function.json"), serde_json::to_vec(&watchdog).unwrap()).unwrap();
 
     let (mut holder, pid) =
         open_late_writer(&url, "BEGIN", "INSERT INTO items (id) VALUES (1)", "SELECT pg_backend_pid()::int8").await;
+    let opened = std::time::Instant::now();
     execute(&url, "INSERT INTO items (id) VALUES (2);\n").await;
     let (ticked, stdout, stderr) = run_dbtrigger(&app, &settings, &["tick", "orders"]);
     assert!(ticked, "{stdout}{stderr}");
-    let (_, status, _) = run_dbtrigger(&app, &settings, &["status"]);
+    // The oldest holder of the server is named: wait out another test's older transaction.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        let (_, status, _) = run_dbtrigger(&app, &settings, &["status"]);
+        if status.contains(&format!("held by pid {pid} ")) || std::time::Instant::now() > deadline {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     assert!(
         status.contains(&format!(
             "orders: rows wait behind the commit horizon (cluster-wide), held by pid {pid} (database t_"
@@ -522,7 +551,7 @@ async fn status_and_the_watchdog_name_what_holds_the_horizon() {
     let (quiet, stdout, _) = run_dbtrigger(&app, &settings, &["tick", "watchdog"]);
     assert!(quiet && stdout.contains("findings=0"), "younger than the threshold: {stdout}");
 
-    tokio::time::sleep(Duration::from_millis(2_200)).await;
+    tokio::time::sleep(Duration::from_millis(5_300).saturating_sub(opened.elapsed())).await;
     let (found, stdout, _) = run_dbtrigger(&app, &settings, &["tick", "watchdog"]);
     assert!(!found, "a finding exits 1: {stdout}");
     assert!(stdout.contains("finding=horizon_held function=orders poller=orders"), "{stdout}");
@@ -530,8 +559,16 @@ async fn status_and_the_watchdog_name_what_holds_the_horizon() {
     if let LateWriter::Postgres(connection) = &mut holder {
         sqlx::raw_sql("ROLLBACK").execute(connection).await.unwrap();
     }
-    let (ticked, _, _) = run_dbtrigger(&app, &settings, &["tick", "orders"]);
-    assert!(ticked);
+    // Row 2 is delivered once no older transaction of the server is open (another test's may be).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (ticked, stdout, stderr) = run_dbtrigger(&app, &settings, &["tick", "orders"]);
+        assert!(ticked, "{stdout}{stderr}");
+        if !receiver.acknowledged_ids().is_empty() || std::time::Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     assert_eq!(receiver.acknowledged_ids(), vec![2]);
     let (quiet, stdout, _) = run_dbtrigger(&app, &settings, &["tick", "watchdog"]);
     assert!(quiet && stdout.contains("findings=0"), "the horizon moved on: {stdout}");
