@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
-use crate::domain::health::{self, Lag, Observed, PollerHealth};
+use crate::domain::health::{self, HorizonHolder, Lag, Observed, PollerHealth};
 use crate::tick::Poller;
 
 /// Lag is counted up to this many rows ("at least 1,000,000" beyond).
@@ -26,6 +26,9 @@ pub struct FromSource {
     /// `None` when the checkpoint is unknown (the document could not be read).
     pub lag: Option<Result<Lag, String>>,
     pub generation: Result<Option<Value>, String>,
+    /// While rows wait behind a commit horizon or a `settle: "auto"` bound: the oldest open
+    /// transaction (the status function may show it up to [`SOURCE_READS_REUSED_FOR`] old).
+    pub horizon_holder: Option<HorizonHolder>,
 }
 
 /// The source reads of each poller, reused for a while: a capped count is up to a million rows
@@ -124,7 +127,20 @@ async fn observe(function: &str, poller: &Poller, now: DateTime<Utc>, cache: Opt
             None => None,
         };
         let generation = poller.source.generation().await.map_err(|error| error.to_string());
-        FromSource { lag, generation }
+        // Only while rows wait: what holds them back (the question reads the server's sessions).
+        let rows_wait = matches!(&lag, Some(Ok(lag)) if lag.rows > 0);
+        let horizon_holder = if rows_wait {
+            match poller.source.horizon_holder().await {
+                Ok(holder) => holder,
+                Err(error) => {
+                    tracing::warn!(poller = %config.poller_name, %error, "what holds the horizon back could not be read");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        FromSource { lag, generation, horizon_holder }
     };
     let from_source = match cache {
         None => read_source().await,
@@ -156,6 +172,7 @@ async fn observe(function: &str, poller: &Poller, now: DateTime<Utc>, cache: Opt
             naive_cursors_are_utc: zone_is_utc(&config.source.cursor_time_zone),
             generation: from_source.generation,
             generation_stops,
+            horizon_holder: from_source.horizon_holder,
         },
         now,
     )
@@ -204,7 +221,11 @@ mod tests {
     use super::*;
 
     fn reads(rows: u64) -> FromSource {
-        FromSource { lag: Some(Ok(Lag { rows, capped: false, oldest: None })), generation: Ok(None) }
+        FromSource {
+            lag: Some(Ok(Lag { rows, capped: false, oldest: None })),
+            generation: Ok(None),
+            horizon_holder: None,
+        }
     }
 
     /// Regression (issue 30, item 9): the status function's source reads (a capped count of up to

@@ -15,7 +15,7 @@ use tracing::{error, info, warn};
 use crate::config::WatchdogConfig;
 use crate::domain::health::PollerHealth;
 use crate::domain::schedule::ScheduleZone;
-use crate::domain::watchdog::{Finding, FindingKind, Memory, judge};
+use crate::domain::watchdog::{Finding, FindingKind, Memory, judge, judge_horizon};
 use crate::sink::signing::sign;
 use crate::store::{BlobStore, PutMode, StoreError};
 use crate::tick::Poller;
@@ -138,7 +138,8 @@ impl Watchdog {
                 Some(second - first)
             });
             let seen = memory.pollers.get(&health.poller);
-            let (findings, remembered) = judge(health, interval, self.config.stalled_after_intervals, seen, now);
+            let (mut findings, remembered) = judge(health, interval, self.config.stalled_after_intervals, seen, now);
+            findings.extend(judge_horizon(health, self.config.horizon_held_after));
             if findings.iter().any(|finding| finding.kind.kickable()) {
                 report.to_kick.push(function.clone());
             }

@@ -11,11 +11,11 @@ use super::Cli;
 pub const GROUPS: [(&str, &[&str]); 3] = [
     ("Run", &["serve", "tick", "dev", "demo"]),
     ("Operate", &["status", "inspect", "reset", "clone", "fingerprint", "quarantine"]),
-    ("Set up", &["new", "check", "package", "schema"]),
+    ("Set up", &["new", "check", "sql", "package", "schema"]),
 ];
 
 /// An example for every command, by its path of subcommand names.
-pub const EXAMPLES: [(&str, &str); 19] = [
+pub const EXAMPLES: [(&str, &str); 20] = [
     ("serve", "dbtrigger serve --app-root /home/site/wwwroot --port 7071"),
     ("tick", "dbtrigger tick orders --app-root ./app"),
     ("dev", "dbtrigger dev --app-root ./app"),
@@ -33,6 +33,7 @@ pub const EXAMPLES: [(&str, &str); 19] = [
     ("quarantine purge", "dbtrigger quarantine purge orders q_3f2a9c01e5b7d468 --reason \"test row\""),
     ("new", "dbtrigger new orders --template webhook --set source.table=public.orders --set source.cursor=updated_at"),
     ("check", "dbtrigger check --app-root ./app"),
+    ("sql", "dbtrigger sql orders --app-root ./app > orders.sql"),
     ("package", "dbtrigger package --app-root ./app --out app.zip"),
     ("schema", "dbtrigger schema > function.schema.json"),
 ];

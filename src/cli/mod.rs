@@ -11,6 +11,7 @@ mod progress;
 mod quarantine;
 mod scaffold;
 mod serve;
+mod sql;
 mod status;
 
 use std::io::IsTerminal;
@@ -129,6 +130,15 @@ pub enum Command {
     ///
     /// Settings from the environment, then local.settings.json: one line per problem, exit 1.
     Check {
+        #[command(flatten)]
+        app_root: AppRoot,
+    },
+    /// Print the DDL a poller's cursor needs, for a person to review and run
+    ///
+    /// On its engine: an xid column and its trigger, the stamp and privilege of `settle: "auto"`,
+    /// the index. dbtrigger never runs it.
+    Sql {
+        poller: String,
         #[command(flatten)]
         app_root: AppRoot,
     },
@@ -308,6 +318,7 @@ impl Command {
             Command::Quarantine { .. }
             | Command::Package { .. }
             | Command::Inspect { .. }
+            | Command::Sql { .. }
             | Command::Status { .. }
             | Command::New { .. }
             | Command::Check { .. }
@@ -418,6 +429,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Status { json, poller, app_root } => status::run(&app_root.resolve()?, json, poller.as_deref()).await,
         Command::Inspect { poller, app_root } => ops::inspect(&app_root.resolve()?, &poller).await,
+        Command::Sql { poller, app_root } => sql::run(&app_root.resolve()?, &poller),
         Command::Reset { poller, to_beginning, to_end, to_cursor, pk, from_file, guard, app_root } => {
             let to = match (to_beginning, to_end, to_cursor, from_file) {
                 (true, false, None, None) => ops::ResetTo::Beginning,

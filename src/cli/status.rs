@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::bail;
 
 use crate::app::App;
-use crate::domain::health::{FingerprintState, PollerHealth};
+use crate::domain::health::{FingerprintState, Horizon, PollerHealth};
 use crate::status::lag_text;
 
 pub async fn run(app_root: &Path, json: bool, only: Option<&str>) -> anyhow::Result<ExitCode> {
@@ -119,6 +119,13 @@ pub fn table(healths: &[PollerHealth], now: chrono::DateTime<chrono::Utc>) -> St
                 health.max_lateness_seconds.unwrap_or_default(),
                 health.last_late_arrival_at.map(|at| format!(", last found {} ago", age((now - at).num_seconds()))).unwrap_or_default()
             ));
+        }
+        if let Some(holder) = &health.horizon_holder {
+            let what = match holder.holds {
+                Horizon::CommitHorizon => "the commit horizon (cluster-wide)",
+                Horizon::SettleBound => "the settle bound",
+            };
+            out.push_str(&format!("{}: rows wait behind {what}, held by {}\n", health.function, holder.describe()));
         }
     }
     out

@@ -214,6 +214,10 @@ fn source() -> Vec<Field> {
             .when_absent("every column"),
         field("where", Kind::text(TextRule::Any), "A fixed SQL filter, part of the source's fingerprint: one expression that stays inside its own parentheses (no `;`, `--`, `/*`, `#`, no `$` outside quotes, no backslash inside them). Write `%%` for a literal `%`.", json!("tenant_id = 7"))
             .when_absent("no filter"),
+        field("cursorKind", Kind::Choice { values: &["integer", "timestamp", "xid"], default: None }, "What the cursor holds, when its column's type does not say: \"xid\" is a PostgreSQL xid8 column stamped by the writing transaction, read below the commit horizon (exact: no settle; see `dbtrigger sql`).", json!("xid"))
+            .when_absent("the column's type decides"),
+        field("settle", Kind::Choice { values: &["auto"], default: None }, "\"auto\" (PostgreSQL, MySQL/MariaDB, timestamp cursors stamped by the database): read only below the start of the oldest open transaction, minus settleSeconds as a margin (default 1); without the privilege to see other sessions it falls back to settleSeconds with a warning. Not with an xid cursor.", json!("auto"))
+            .when_absent("settleSeconds alone"),
         field("settleSeconds", Kind::integer(ranges::SETTLE_SECONDS, defaults::SETTLE_SECONDS), "Timestamp cursors read only rows with cursor <= the database's now - settle, so that a transaction committing late with an older timestamp is not skipped.", json!(2)),
         field("cursorTimeZone", Kind::Text { rule: TextRule::TimeZone, default: Some(defaults::CURSOR_TIME_ZONE) }, "The zone of a timestamp-without-time-zone cursor, for settle only. PostgreSQL: a zone name or an offset; MySQL: an offset like +02:00; SQLite: UTC only.", json!("Europe/Paris")),
         field("queryTimeoutSeconds", Kind::integer(ranges::QUERY_TIMEOUT_SECONDS, defaults::QUERY_TIMEOUT_SECONDS), "A fetch is cancelled after this long (PostgreSQL also gets it as statement_timeout) and the tick fails with that reason.", json!(60)),
@@ -485,6 +489,12 @@ fn watchdog() -> Section {
                 Kind::integer(ranges::STALLED_AFTER_INTERVALS, defaults::STALLED_AFTER_INTERVALS),
                 "A poller with rows waiting and no commit for this many of its schedule's intervals is stalled.",
                 json!(3),
+            ),
+            field(
+                "horizonHeldAfterSeconds",
+                Kind::integer(ranges::HORIZON_HELD_AFTER_SECONDS, defaults::HORIZON_HELD_AFTER_SECONDS),
+                "A poller whose rows wait behind a transaction open this long (the commit horizon of an xid cursor, the bound of settle \"auto\") is reported as horizon_held; a tick cannot fix it, so it is never kicked.",
+                json!(300),
             ),
             field(
                 "kick",

@@ -41,6 +41,10 @@ pub(super) struct RawSource {
     #[serde(rename = "where")]
     pub(super) where_clause: Option<String>,
     pub(super) settle_seconds: Option<u64>,
+    /// `"auto"`: bound the cursor by the database's oldest open transaction.
+    pub(super) settle: Option<String>,
+    /// `"integer"`, `"timestamp"` or `"xid"`: what the cursor column must hold.
+    pub(super) cursor_kind: Option<String>,
     pub(super) cursor_time_zone: Option<String>,
     pub(super) query_timeout_seconds: Option<u64>,
     pub(super) soft_delete: Option<String>,

@@ -71,6 +71,11 @@ impl LateArrivalsConfig {
     }
 }
 
+/// Whether function.json turns the detector on in so many words (`"enabled": true`).
+pub(super) fn asked_for(raw: Option<&RawLateArrivals>) -> bool {
+    raw.and_then(|raw| raw.enabled).unwrap_or(false)
+}
+
 pub(super) fn build_late_arrivals(
     raw: Option<&RawLateArrivals>,
     at: &Located<'_>,

@@ -54,7 +54,7 @@ use self::function_json::{
     POLLER_SETTING_NAME_FIELDS, RawPoller, UsedSettings, check_setting_name_fields, substitute_settings, timer_schedule,
 };
 use self::sink::build_sink;
-use self::source::build_source;
+use self::source::{CursorKind, build_source};
 use self::state::build_state;
 use crate::domain::LeaseTerms;
 use crate::domain::schedule::Schedule;
@@ -308,6 +308,7 @@ pub mod defaults {
     pub const MESSAGE_PER: &str = "row";
     pub const GENERATION_ON_CHANGE: &str = "stop";
     pub const STALLED_AFTER_INTERVALS: u32 = 3;
+    pub const HORIZON_HELD_AFTER_SECONDS: u64 = 300;
     pub const ALERT_TIMEOUT_SECONDS: u64 = 10;
     /// A tick ends at least this long before host.json's functionTimeout.
     pub const TIMEOUT_MARGIN_SECONDS: u64 = 30;
@@ -423,6 +424,7 @@ pub mod ranges {
     pub const LEASE_CLOCK_SKEW_SECONDS: RangeInclusive<u64> = 0..=limits::SECONDS;
     pub const POISON_MAX_ATTEMPTS: RangeInclusive<u32> = 1..=1000;
     pub const STALLED_AFTER_INTERVALS: RangeInclusive<u32> = 1..=1000;
+    pub const HORIZON_HELD_AFTER_SECONDS: RangeInclusive<u64> = 1..=limits::SECONDS;
     pub const ALERT_TIMEOUT_SECONDS: RangeInclusive<u64> = 1..=limits::SECONDS;
 }
 
@@ -465,8 +467,20 @@ fn build(
     }
     let app_name = checked_app_name(settings, at)?;
 
-    let late_arrivals = late::build_late_arrivals(raw.source.late_arrivals.as_ref(), at)?;
+    let mut late_arrivals = late::build_late_arrivals(raw.source.late_arrivals.as_ref(), at)?;
+    let late_arrivals_asked = late::asked_for(raw.source.late_arrivals.as_ref());
     let (source, fingerprints) = build_source(raw.source, settings, app_root, at)?;
+    if source.cursor_kind == Some(CursorKind::Xid) {
+        // Below the commit horizon no row can commit behind the checkpoint: there is nothing to
+        // detect, and the recount's buckets are not defined on xid8.
+        if late_arrivals_asked {
+            return Err(at.error(
+                "poller.source.lateArrivals",
+                "an xid cursor is read below the commit horizon, where no row can arrive late: leave lateArrivals out",
+            ));
+        }
+        late_arrivals.enabled = false;
+    }
 
     let batch = build_batch(&raw.batch, function_timeout, at)?;
     let sink = build_sink(raw.sink, settings, at)?;

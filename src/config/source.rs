@@ -52,6 +52,12 @@ pub struct SourceConfig {
     pub where_clause: Option<String>,
     /// Timestamp cursors only read rows older than the database's `now - settle`.
     pub settle: Duration,
+    /// `source.settle`: whether the bound is that guess alone, or the database's oldest open
+    /// transaction too (`"auto"`).
+    pub settle_mode: SettleMode,
+    /// `source.cursorKind`: what the cursor column must hold, when declared (`None`: whatever its
+    /// type says, learnt before the first seek).
+    pub cursor_kind: Option<CursorKind>,
     /// Whether `settleSeconds` was written in function.json (an integer cursor ignores it, and
     /// says so once when it was asked for).
     pub settle_configured: bool,
@@ -64,6 +70,123 @@ pub struct SourceConfig {
     pub ops: OpRule,
     /// The source's load generation, if the table is truncated and reloaded.
     pub generation: Option<GenerationConfig>,
+}
+
+/// What a cursor column holds, as `source.cursorKind` declares it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CursorKind {
+    Integer,
+    /// A timestamp, with or without time zone.
+    Timestamp,
+    /// PostgreSQL `xid8`, stamped by the writing transaction and read below the commit horizon.
+    Xid,
+}
+
+impl CursorKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            CursorKind::Integer => "integer",
+            CursorKind::Timestamp => "timestamp",
+            CursorKind::Xid => "xid",
+        }
+    }
+}
+
+/// How far a timestamp cursor reads (`source.settle`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SettleMode {
+    /// Rows older than the database's `now - settleSeconds`: a guess at the longest transaction.
+    #[default]
+    Fixed,
+    /// Rows older than the start of the oldest transaction the database reports open, and never
+    /// younger than `now - settleSeconds` (the margin for what that report cannot show yet).
+    Auto,
+}
+
+/// Under `settle: "auto"` `settleSeconds` is only a margin (the moment a transaction starts
+/// before the database lists it, InnoDB's 0.1 s cache of INNODB_TRX), so it defaults lower.
+pub const AUTO_SETTLE_SECONDS: u64 = 1;
+
+/// `cursorKind`, `settle` and `settleSeconds` together: what each engine can honour.
+fn build_cursor_rules(
+    cursor_kind: Option<&str>,
+    settle: Option<&str>,
+    settle_seconds: Option<u64>,
+    engine: Engine,
+    at: &Located<'_>,
+) -> Result<(Option<CursorKind>, SettleMode, u64), ConfigError> {
+    let cursor_kind = match cursor_kind {
+        None => None,
+        Some("integer") => Some(CursorKind::Integer),
+        Some("timestamp") => Some(CursorKind::Timestamp),
+        Some("xid") => Some(CursorKind::Xid),
+        Some(other) => {
+            return Err(at.error(
+                "poller.source.cursorKind",
+                format!("{other:?}: expected \"integer\", \"timestamp\" or \"xid\" (leave it out to go by the column's type)"),
+            ));
+        }
+    };
+    let settle_mode = match settle {
+        None => SettleMode::Fixed,
+        Some("auto") => SettleMode::Auto,
+        Some(other) => {
+            return Err(at.error(
+                "poller.source.settle",
+                format!("{other:?}: expected \"auto\" (leave it out for settleSeconds alone)"),
+            ));
+        }
+    };
+    if cursor_kind == Some(CursorKind::Xid) {
+        if engine != Engine::Postgres {
+            return Err(at.error(
+                "poller.source.cursorKind",
+                format!(
+                    "\"xid\" is a PostgreSQL cursor (an xid8 column stamped by the writing transaction); this source is {}",
+                    engine.name()
+                ),
+            ));
+        }
+        if settle.is_some() {
+            return Err(at.error(
+                "poller.source.settle",
+                "an xid cursor is read below the commit horizon, which is exact: leave `settle` out",
+            ));
+        }
+        if settle_seconds.is_some() {
+            return Err(at.error(
+                "poller.source.settleSeconds",
+                "an xid cursor is read below the commit horizon, which is exact: leave settleSeconds out",
+            ));
+        }
+    }
+    if settle_mode == SettleMode::Auto {
+        if engine == Engine::Sqlite {
+            return Err(at.error(
+                "poller.source.settle",
+                "\"auto\" needs the database's view of its open transactions, which SQLite does not give: leave `settle` out (settleSeconds applies)",
+            ));
+        }
+        if cursor_kind == Some(CursorKind::Integer) {
+            return Err(at.error(
+                "poller.source.settle",
+                "\"auto\" bounds a timestamp the database stamps; an integer cursor has none (on PostgreSQL, cursorKind \"xid\" is exact)",
+            ));
+        }
+    }
+    let default_seconds = match settle_mode {
+        SettleMode::Fixed => defaults::SETTLE_SECONDS,
+        SettleMode::Auto => AUTO_SETTLE_SECONDS,
+    };
+    let settle_seconds =
+        in_range(at, "poller.source.settleSeconds", settle_seconds, default_seconds, ranges::SETTLE_SECONDS)?;
+    if settle_mode == SettleMode::Auto && settle_seconds == 0 {
+        return Err(at.error(
+            "poller.source.settleSeconds",
+            "with settle \"auto\" it is the margin for a transaction the database does not list yet: at least 1",
+        ));
+    }
+    Ok((cursor_kind, settle_mode, settle_seconds))
 }
 
 /// Which `op` an event gets.
@@ -484,13 +607,8 @@ pub(super) fn build_source(
             Some(GenerationConfig { query, on_change })
         }
     };
-    let settle_seconds = in_range(
-        at,
-        "poller.source.settleSeconds",
-        raw.settle_seconds,
-        defaults::SETTLE_SECONDS,
-        ranges::SETTLE_SECONDS,
-    )?;
+    let (cursor_kind, settle_mode, settle_seconds) =
+        build_cursor_rules(raw.cursor_kind.as_deref(), raw.settle.as_deref(), raw.settle_seconds, identity.engine, at)?;
     let query_timeout_seconds = in_range(
         at,
         "poller.source.queryTimeoutSeconds",
@@ -551,6 +669,8 @@ pub(super) fn build_source(
         columns: raw.columns,
         where_clause: raw.where_clause,
         settle: Duration::from_secs(settle_seconds),
+        settle_mode,
+        cursor_kind,
         settle_configured: raw.settle_seconds.is_some(),
         query_timeout: Duration::from_secs(query_timeout_seconds),
         cursor_time_zone,
@@ -637,3 +757,6 @@ impl fmt::Display for SourceTarget {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

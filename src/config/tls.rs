@@ -118,6 +118,8 @@ mod tests {
             where_clause: None,
             settle: std::time::Duration::ZERO,
             settle_configured: false,
+            cursor_kind: None,
+            settle_mode: crate::config::source::SettleMode::Fixed,
             query_timeout: std::time::Duration::from_secs(5),
             cursor_time_zone: "UTC".into(),
             ops: Default::default(),

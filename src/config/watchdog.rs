@@ -29,6 +29,8 @@ pub struct WatchdogConfig {
     pub stalled_after_intervals: u32,
     /// Run a tick of a stalled poller (or one whose lease was abandoned) right away, in this process.
     pub kick: bool,
+    /// Rows waiting behind a transaction open this long are reported (`horizon_held`).
+    pub horizon_held_after: chrono::Duration,
     pub alert: Option<AlertConfig>,
     /// Where it lists the app's state documents and keeps what it saw last time.
     pub state: StateConfig,
@@ -46,6 +48,7 @@ pub struct AlertConfig {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(super) struct RawWatchdog {
     stalled_after_intervals: Option<u32>,
+    horizon_held_after_seconds: Option<u64>,
     kick: Option<bool>,
     alert: Option<RawAlert>,
     #[serde(default)]
@@ -61,6 +64,10 @@ pub(super) struct RawAlert {
 }
 
 pub const DEFAULT_STALLED_AFTER_INTERVALS: u32 = super::defaults::STALLED_AFTER_INTERVALS;
+
+/// Five minutes: longer than a healthy batch job's transaction, short enough that a session
+/// forgotten `idle in transaction` is found the same hour.
+pub const DEFAULT_HORIZON_HELD_AFTER_SECONDS: u64 = super::defaults::HORIZON_HELD_AFTER_SECONDS;
 
 pub(super) fn build_watchdog(
     document: &Value,
@@ -106,6 +113,13 @@ fn build_checked(
         DEFAULT_STALLED_AFTER_INTERVALS,
         ranges::STALLED_AFTER_INTERVALS,
     )?;
+    let horizon_held_after_seconds = in_range(
+        at,
+        "watchdog.horizonHeldAfterSeconds",
+        raw.horizon_held_after_seconds,
+        DEFAULT_HORIZON_HELD_AFTER_SECONDS,
+        ranges::HORIZON_HELD_AFTER_SECONDS,
+    )?;
     let alert = match raw.alert {
         None => None,
         Some(alert) => {
@@ -132,6 +146,7 @@ fn build_checked(
         schedule,
         run_on_startup,
         stalled_after_intervals,
+        horizon_held_after: chrono::Duration::seconds(horizon_held_after_seconds as i64),
         kick: raw.kick.unwrap_or(false),
         alert,
         state,

@@ -22,6 +22,10 @@ pub enum CursorValue {
     /// A timestamp without time zone, kept exactly as the database holds it and bound back as
     /// such: the database compares it natively, whatever zone its values mean.
     NaiveTimestamp(NaiveDateTime),
+    /// A PostgreSQL `xid8`: the 64-bit id of the transaction that wrote the row, read only below
+    /// the commit horizon. Written as a decimal string in the state document and in events: it is
+    /// unsigned and may pass 2^53, past what a JSON number keeps exactly in many receivers.
+    Xid(u64),
 }
 
 /// The text form of a naive timestamp in the state document and in events.
@@ -34,6 +38,7 @@ impl CursorValue {
             CursorValue::Integer(_) => "integer",
             CursorValue::Timestamp { .. } => "timestamp",
             CursorValue::NaiveTimestamp(_) => "timestamp_naive",
+            CursorValue::Xid(_) => "xid",
         }
     }
 
@@ -43,6 +48,7 @@ impl CursorValue {
             CursorValue::Integer(number) => Value::from(*number),
             CursorValue::Timestamp { at, .. } => Value::from(at.to_rfc3339_opts(SecondsFormat::AutoSi, true)),
             CursorValue::NaiveTimestamp(at) => Value::from(at.format(NAIVE_FORMAT).to_string()),
+            CursorValue::Xid(xid) => Value::from(xid.to_string()),
         }
     }
 
@@ -64,9 +70,18 @@ impl CursorValue {
                 Some(left.cmp(right))
             }
             (CursorValue::NaiveTimestamp(left), CursorValue::NaiveTimestamp(right)) => Some(left.cmp(right)),
+            (CursorValue::Xid(left), CursorValue::Xid(right)) => Some(left.cmp(right)),
             _ => None,
         }
     }
+}
+
+/// An `xid8` as PostgreSQL prints it: decimal digits only (no sign, no spaces), below 2^64.
+pub fn parse_xid(text: &str) -> Option<u64> {
+    if text.is_empty() || !text.bytes().all(|byte| byte.is_ascii_digit()) {
+        return None;
+    }
+    text.parse::<u64>().ok()
 }
 
 /// The value of one primary-key column: the tiebreaker between rows with equal cursors.
@@ -199,7 +214,7 @@ impl From<&Position> for CursorJson {
     fn from(position: &Position) -> Self {
         let source_text = match &position.cursor {
             CursorValue::Timestamp { source_text, .. } => source_text.clone(),
-            CursorValue::Integer(_) | CursorValue::NaiveTimestamp(_) => None,
+            CursorValue::Integer(_) | CursorValue::NaiveTimestamp(_) | CursorValue::Xid(_) => None,
         };
         CursorJson {
             kind: position.cursor.kind().to_string(),
@@ -239,6 +254,13 @@ impl TryFrom<&CursorJson> for Position {
                 let at = NaiveDateTime::parse_from_str(text, NAIVE_FORMAT)
                     .map_err(|error| format!("naive timestamp cursor value {text:?}: {error}"))?;
                 CursorValue::NaiveTimestamp(at)
+            }
+            "xid" => {
+                let text =
+                    json.value.as_str().ok_or_else(|| format!("xid cursor value {} is not a string", json.value))?;
+                CursorValue::Xid(parse_xid(text).ok_or_else(|| {
+                    format!("xid cursor value {text:?} is not a transaction id (decimal digits, below 2^64)")
+                })?)
             }
             other => return Err(format!("unknown cursor kind {other:?}")),
         };
@@ -360,6 +382,34 @@ mod tests {
             instant("2026-01-01T10:30:00+02:00").compare(&instant("2026-01-01T09:00:00+00:00")),
             Some(Ordering::Less)
         );
+    }
+
+    /// Issue 26, item 1: an xid cursor is stored with its own kind, as a decimal string (no
+    /// precision lost past 2^53), read back as the same value, and never compared with another kind.
+    #[test]
+    fn an_xid_cursor_round_trips_as_a_string_and_never_meets_another_kind() {
+        let large = Position { cursor: CursorValue::Xid(u64::MAX - 1), pk: vec![("id".into(), PkValue::Integer(3))] };
+        let json = serde_json::to_value(CursorJson::from(&large)).unwrap();
+        assert_eq!(json, serde_json::json!({"kind": "xid", "value": "18446744073709551614", "tiebreaker": {"id": 3}}));
+        let back: CursorJson = serde_json::from_value(json).unwrap();
+        assert_eq!(Position::try_from(&back).unwrap(), large);
+        let small = Position { cursor: CursorValue::Xid(740), pk: vec![("id".into(), PkValue::Integer(9))] };
+        assert_eq!(small.order(&large), Ok(PositionOrder::Before));
+        // Unsigned order, not the order of the signed integers the bits would make.
+        assert_eq!(CursorValue::Xid(1 << 63).compare(&CursorValue::Xid(1)), Some(Ordering::Greater));
+        assert!(small.order(&int_position(740, 9)).is_err(), "an xid never compares with an integer");
+        assert_eq!(CursorValue::Xid(740).compare(&CursorValue::Integer(740)), None);
+        for bad in [
+            serde_json::json!(740),
+            serde_json::json!("-1"),
+            serde_json::json!("7 40"),
+            serde_json::json!("18446744073709551616"),
+            serde_json::json!(""),
+        ] {
+            let stored =
+                CursorJson { kind: "xid".into(), value: bad.clone(), source_text: None, tiebreaker: Map::new() };
+            assert!(Position::try_from(&stored).is_err(), "{bad} is not an xid");
+        }
     }
 
     #[test]

@@ -52,6 +52,68 @@ pub struct Lag {
     pub oldest: Option<CursorValue>,
 }
 
+/// What a poller's read is held behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Horizon {
+    /// An xid cursor's commit horizon: the oldest transaction that holds an xid, anywhere in the
+    /// cluster, holds every xid poller of the cluster.
+    CommitHorizon,
+    /// `settle: "auto"`: the oldest transaction open in the database (PostgreSQL) or the server
+    /// (InnoDB).
+    SettleBound,
+}
+
+/// The oldest open transaction, which holds a poller's horizon back while rows wait behind it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HorizonHolder {
+    pub holds: Horizon,
+    /// Its session (PostgreSQL `pid`, MySQL thread id); none for a prepared transaction.
+    pub pid: Option<i64>,
+    pub database: Option<String>,
+    /// How long the transaction has been open (a prepared one: since it was prepared).
+    pub age_seconds: f64,
+    /// `idle in transaction`, `active`, `RUNNING`, `prepared`…
+    pub state: Option<String>,
+    /// The first characters of its query, never more ([`query_prefix`]): the text may hold values.
+    pub query: Option<String>,
+}
+
+/// How many characters of a holder's query `status` and the watchdog show.
+pub const QUERY_PREFIX_CHARS: usize = 40;
+
+/// The first [`QUERY_PREFIX_CHARS`] characters of a query, its runs of white space made one
+/// space, with `…` when it was cut.
+pub fn query_prefix(query: &str) -> String {
+    let collapsed = query.split_whitespace().collect::<Vec<_>>().join(" ");
+    if collapsed.chars().count() <= QUERY_PREFIX_CHARS {
+        return collapsed;
+    }
+    let mut prefix: String = collapsed.chars().take(QUERY_PREFIX_CHARS).collect();
+    prefix.push('…');
+    prefix
+}
+
+impl HorizonHolder {
+    /// `pid 4242 (database orders, idle in transaction, open 612 s): UPDATE orders SET …`.
+    pub fn describe(&self) -> String {
+        let who = match self.pid {
+            Some(pid) => format!("pid {pid}"),
+            None => "a prepared transaction".to_string(),
+        };
+        let mut details = Vec::new();
+        if let Some(database) = &self.database {
+            details.push(format!("database {database}"));
+        }
+        if let Some(state) = &self.state {
+            details.push(state.clone());
+        }
+        details.push(format!("open {} s", self.age_seconds.round() as i64));
+        let query = self.query.as_deref().map(|query| format!(": {query}")).unwrap_or_default();
+        format!("{who} ({}){query}", details.join(", "))
+    }
+}
+
 /// One poller's status: the `status --json` object.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PollerHealth {
@@ -67,6 +129,9 @@ pub struct PollerHealth {
     pub lag_capped: bool,
     /// Now minus the cursor of the first undelivered row, for timestamp cursors.
     pub oldest_pending_age_seconds: Option<f64>,
+    /// While rows wait: the oldest open transaction, for a poller read below a commit horizon
+    /// (`xid`) or a bound (`settle: "auto"`).
+    pub horizon_holder: Option<HorizonHolder>,
     pub lease: Option<LeaseView>,
     /// When a tick last committed.
     pub last_success_at: Option<DateTime<Utc>>,
@@ -123,6 +188,7 @@ impl PollerHealth {
             lag_rows: None,
             lag_capped: false,
             oldest_pending_age_seconds: None,
+            horizon_holder: None,
             lease: None,
             last_success_at: None,
             attempts: 0,
@@ -158,6 +224,8 @@ pub struct Observed<'a> {
     pub generation: Result<Option<Value>, String>,
     /// A moved generation stops the poller (`onChange: stop`) rather than restarting it.
     pub generation_stops: bool,
+    /// The oldest open transaction, asked for only while rows wait (see [`HorizonHolder`]).
+    pub horizon_holder: Option<HorizonHolder>,
 }
 
 /// The status of one poller at `now`.
@@ -254,6 +322,9 @@ pub fn assess(observed: Observed<'_>, now: DateTime<Utc>) -> PollerHealth {
             health.lag_capped = lag.capped;
             health.oldest_pending_age_seconds =
                 lag.oldest.as_ref().and_then(|oldest| age_seconds(oldest, now, observed.naive_cursors_are_utc));
+            if lag.rows > 0 {
+                health.horizon_holder = observed.horizon_holder.clone();
+            }
         }
         Some(Err(reason)) => {
             health.problems.push(format!("source not counted: {reason}"));
@@ -267,7 +338,7 @@ pub fn assess(observed: Observed<'_>, now: DateTime<Utc>) -> PollerHealth {
 /// `now - cursor` in seconds, for a timestamp cursor (a naive one only when it means UTC).
 fn age_seconds(cursor: &CursorValue, now: DateTime<Utc>, naive_is_utc: bool) -> Option<f64> {
     let at = match cursor {
-        CursorValue::Integer(_) => return None,
+        CursorValue::Integer(_) | CursorValue::Xid(_) => return None,
         CursorValue::Timestamp { at, .. } => *at,
         CursorValue::NaiveTimestamp(at) if naive_is_utc => at.and_utc(),
         CursorValue::NaiveTimestamp(_) => return None,
@@ -303,7 +374,39 @@ mod tests {
             naive_cursors_are_utc: true,
             generation: Ok(None),
             generation_stops: true,
+            horizon_holder: None,
         }
+    }
+
+    fn holder() -> HorizonHolder {
+        HorizonHolder {
+            holds: Horizon::CommitHorizon,
+            pid: Some(4242),
+            database: Some("shop".into()),
+            age_seconds: 611.6,
+            state: Some("idle in transaction".into()),
+            query: Some(query_prefix("UPDATE orders\n   SET total = 12, card = '4111 1111 1111 1111' WHERE id = 7")),
+        }
+    }
+
+    /// Issue 26, item 3: what holds the horizon is shown while rows wait behind it (and only
+    /// then), with a short prefix of its query, never the whole text.
+    #[test]
+    fn the_horizon_holder_is_shown_while_rows_wait_with_a_short_query_prefix() {
+        let mut waiting = observed(Ok(None), Ok(lag(3, None)));
+        waiting.horizon_holder = Some(holder());
+        let health = assess(waiting, at(0));
+        let shown = health.horizon_holder.expect("rows wait: the holder is shown");
+        assert_eq!(
+            shown.describe(),
+            "pid 4242 (database shop, idle in transaction, open 612 s): UPDATE orders SET total = 12, card = '41…"
+        );
+        assert!(!shown.query.unwrap().contains("1111 1111 1111"), "never more than a prefix of the query");
+        assert!(health.healthy, "a held horizon is shown, the watchdog judges its age");
+        let mut idle = observed(Ok(None), Ok(lag(0, None)));
+        idle.horizon_holder = Some(holder());
+        assert_eq!(assess(idle, at(0)).horizon_holder, None, "nothing waits: nothing is held");
+        assert_eq!(query_prefix("SELECT 1"), "SELECT 1");
     }
 
     fn lag(rows: u64, oldest: Option<CursorValue>) -> Lag {

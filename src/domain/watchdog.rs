@@ -12,6 +12,7 @@
 //! | `fingerprint_changed`| the source definition changed: the poller stops until reset or accepted |
 //! | `generation_changed` | the source generation moved and the poller stops (`onChange: stop`)     |
 //! | `late_arrivals`      | the late-arrival detector found (and delivered) more rows than at the previous run |
+//! | `horizon_held`       | rows wait behind a transaction open longer than `horizonHeldAfterSeconds` ([`judge_horizon`]) |
 //!
 //! `stalled` and `lease_abandoned` are what a tick can fix, so `kick` runs one for them.
 
@@ -21,7 +22,7 @@ use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::health::{FingerprintState, PollerHealth};
+use super::health::{FingerprintState, Horizon, PollerHealth};
 
 /// What the watchdog saw of one poller at its previous run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -56,6 +57,7 @@ pub enum FindingKind {
     FingerprintChanged,
     GenerationChanged,
     LateArrivals,
+    HorizonHeld,
 }
 
 impl FindingKind {
@@ -70,6 +72,7 @@ impl FindingKind {
             FindingKind::FingerprintChanged => "fingerprint_changed",
             FindingKind::GenerationChanged => "generation_changed",
             FindingKind::LateArrivals => "late_arrivals",
+            FindingKind::HorizonHeld => "horizon_held",
         }
     }
 
@@ -217,10 +220,31 @@ fn late_arrivals_message(health: &PollerHealth, before: u64) -> String {
     )
 }
 
+/// `horizon_held`: rows wait behind a transaction open for `threshold` or longer. The commit
+/// horizon (an xid cursor) is the cluster's: one long transaction anywhere holds every xid poller
+/// of it; a tick cannot fix it, a person (or the application) must end that transaction.
+pub fn judge_horizon(health: &PollerHealth, threshold: Duration) -> Option<Finding> {
+    let holder = health.horizon_holder.as_ref()?;
+    let waiting = health.lag_rows.filter(|rows| *rows > 0)?;
+    if holder.age_seconds < threshold.num_seconds() as f64 {
+        return None;
+    }
+    let what = match holder.holds {
+        Horizon::CommitHorizon => "the commit horizon (cluster-wide: it holds every xid poller of the server)",
+        Horizon::SettleBound => "the settle \"auto\" bound",
+    };
+    Some(Finding {
+        kind: FindingKind::HorizonHeld,
+        function: health.function.clone(),
+        poller: health.poller.clone(),
+        message: format!("{waiting} rows wait behind {what}, held by {}", holder.describe()),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::health::{CheckpointView, LeaseView};
+    use crate::domain::health::{CheckpointView, HorizonHolder, LeaseView};
 
     fn at(seconds: i64) -> DateTime<Utc> {
         DateTime::from_timestamp(1_780_000_000 + seconds, 0).unwrap()
@@ -339,5 +363,31 @@ mod tests {
         // A memory written before this field existed reads as none seen.
         let old: Seen = serde_json::from_value(serde_json::json!({"quarantined": 0, "attempts": 0})).unwrap();
         assert_eq!(old.late_arrivals, 0);
+    }
+
+    /// Issue 26, item 3: rows waiting behind a transaction open past the threshold are reported
+    /// (not kicked: a tick cannot end someone's transaction); younger, or nothing waiting, is not.
+    #[test]
+    fn a_horizon_held_past_the_threshold_is_reported_not_kicked() {
+        let mut health = healthy(12);
+        health.horizon_holder = Some(HorizonHolder {
+            holds: Horizon::CommitHorizon,
+            pid: Some(4242),
+            database: Some("reports".into()),
+            age_seconds: 301.0,
+            state: Some("idle in transaction".into()),
+            query: Some("SELECT * FROM ledger FOR UPDATE".into()),
+        });
+        let finding = judge_horizon(&health, Duration::minutes(5)).expect("held past five minutes");
+        assert_eq!(finding.kind, FindingKind::HorizonHeld);
+        assert!(!finding.kind.kickable());
+        assert_eq!(
+            finding.message,
+            "12 rows wait behind the commit horizon (cluster-wide: it holds every xid poller of the server), held by pid 4242 (database reports, idle in transaction, open 301 s): SELECT * FROM ledger FOR UPDATE"
+        );
+        assert_eq!(judge_horizon(&health, Duration::minutes(6)), None, "younger than the threshold");
+        health.lag_rows = Some(0);
+        assert_eq!(judge_horizon(&health, Duration::minutes(5)), None, "nothing waits");
+        assert_eq!(judge_horizon(&healthy(3), Duration::zero()), None, "no holder");
     }
 }

@@ -21,7 +21,7 @@ use super::query::{Probe, SeekQuery};
 use super::{ColumnDecoder, Decoded, FetchLimit, Fetched, Layout, RowBuilder, SourceError, classify};
 use crate::config::SourceConfig;
 use crate::config::redact::Redaction;
-use crate::domain::Position;
+use crate::domain::{CursorValue, Position};
 
 /// Rows a stopped read may leave unread, in bytes, before closing the connection is cheaper
 /// than draining them (a new connection costs a handshake; a megabyte on loopback is ~1 ms).
@@ -56,6 +56,7 @@ impl RowSizes {
 /// Runs `probe`'s query, from the start or after `after`, and decodes rows with `decoder` as they
 /// stream in, writing each row's JSON as its values come, stopping at `limit.rows` rows or once
 /// they add up to `limit.bytes`; each query's LIMIT sized by `sizes`. One body for every engine.
+/// `bound` is what `settle: "auto"` computed before this fetch (every query of it binds the same).
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn fetch_rows<DB, D>(
     pool: &sqlx::Pool<DB>,
@@ -63,6 +64,7 @@ pub(crate) async fn fetch_rows<DB, D>(
     seek: &SeekQuery,
     probe: Probe,
     after: Option<&Position>,
+    bound: Option<&CursorValue>,
     limit: FetchLimit,
     redaction: &Redaction,
     decoder: &D,
@@ -81,7 +83,18 @@ where
     let after = if probe == Probe::Last { None } else { after };
     if let Some(position) = after {
         position::check_key(config, position)?;
+        position::check_xid_kind(seek.is_xid(), position)?;
     }
+    let bound = match (seek.binds_bound(probe), bound) {
+        (false, _) => None,
+        (true, Some(bound)) => Some(bound),
+        (true, None) => {
+            return Err(SourceError::Query {
+                location: redaction.location.clone(),
+                reason: "settle \"auto\": no bound was computed for this read".into(),
+            });
+        }
+    };
     let mut connection = pool.acquire().await.map_err(|error| classify(redaction, error))?;
     let mut collected: Option<Collector<'_>> = None;
     let mut from: Option<Position> = after.cloned();
@@ -91,12 +104,15 @@ where
             None => (0, 0),
         };
         let asked = sizes.rows_to_ask(limit.rows - rows_so_far, limit.bytes.saturating_sub(bytes_so_far));
-        let query = match &from {
+        let mut query = match &from {
             None => sqlx::query(sqlx::AssertSqlSafe(seek.sql(probe, false))),
             Some(position) => {
                 bind_position(sqlx::query(sqlx::AssertSqlSafe(seek.sql(probe, true))), &seek.after_slots, position)?
             }
         };
+        if let Some(bound) = bound {
+            query = position::bind_cursor(query, bound);
+        }
         let mut stream = sqlx::Executor::fetch(&mut *connection, query.bind(asked as i64));
         let mut returned = 0usize;
         let mut largest = 0usize;

@@ -6,7 +6,9 @@
 //! cursor's type (which shapes the settle predicate and the placeholders' casts), and warns once
 //! when no index starts with (cursor, pk...), since the seek's cost then grows with the table.
 
+pub mod ddl;
 mod fetch;
+pub mod horizon;
 pub mod late;
 pub mod mysql;
 pub mod position;
@@ -85,6 +87,12 @@ pub trait Source: Send + Sync {
     /// The source's load generation (`source.generation`'s one value: text, an integer or null),
     /// or `None` when it has none configured.
     async fn generation(&self) -> Result<Option<Value>, SourceError>;
+
+    /// What holds the source's commit horizon (or its `settle: "auto"` bound) back: the oldest
+    /// transaction the database reports open, when the cursor is read below one; `None` otherwise.
+    async fn horizon_holder(&self) -> Result<Option<crate::domain::health::HorizonHolder>, SourceError> {
+        Ok(None)
+    }
 
     /// Where the source is, for messages; never includes a password.
     fn describe(&self) -> String;
@@ -194,12 +202,16 @@ macro_rules! sql_source {
             ) -> Result<$crate::source::Fetched, $crate::source::SourceError> {
                 let fetch = async {
                     let seek = self.seek().await?;
+                    // `settle: "auto"`: the bound is asked for before the rows, in its own
+                    // statement, so that the rows' snapshot is taken after it (see `horizon`).
+                    let bound = if seek.binds_bound(probe) { Some(self.settle_bound().await?) } else { None };
                     $crate::source::fetch_rows(
                         &self.pool,
                         &self.config,
                         seek,
                         probe,
                         after,
+                        bound.as_ref(),
                         limit,
                         &self.redaction,
                         self,
@@ -224,10 +236,11 @@ macro_rules! sql_source {
                 cap: u64,
             ) -> Result<u64, $crate::source::SourceError> {
                 let count = async {
+                    let seek = self.seek().await?;
                     if let Some(position) = after {
                         $crate::source::position::check_key(&self.config, position)?;
+                        $crate::source::position::check_xid_kind(seek.is_xid(), position)?;
                     }
-                    let seek = self.seek().await?;
                     $crate::source::count_rows(&self.pool, seek, after, cap, &self.redaction).await
                 };
                 $crate::source::timed(&self.config, &self.redaction.location, count).await
@@ -239,6 +252,16 @@ macro_rules! sql_source {
                 };
                 let value = $crate::source::fetch_scalar(&self.pool, &generation.query, &self.redaction, self);
                 $crate::source::timed(&self.config, &self.redaction.location, value).await.map(Some)
+            }
+
+            async fn horizon_holder(
+                &self,
+            ) -> Result<Option<$crate::domain::health::HorizonHolder>, $crate::source::SourceError> {
+                let holder = async {
+                    let seek = self.seek().await?;
+                    self.holder(seek).await
+                };
+                $crate::source::timed(&self.config, &self.redaction.location, holder).await
             }
 
             fn describe(&self) -> String {
@@ -313,12 +336,14 @@ fn warn_if_settle_ignored(config: &SourceConfig, fetched: &Fetched, warned: &Ato
     let Some(first) = fetched.rows.first() else {
         return;
     };
-    if matches!(first.position.cursor, CursorValue::Integer(_)) && !warned.swap(true, Ordering::Relaxed) {
+    let kind = &first.position.cursor;
+    if matches!(kind, CursorValue::Integer(_) | CursorValue::Xid(_)) && !warned.swap(true, Ordering::Relaxed) {
         tracing::warn!(
             source = %location,
             cursor = %config.cursor,
             settle_seconds = config.settle.as_secs(),
-            "settleSeconds applies to timestamp cursors only: this integer cursor is read without it (see the README, \"Sources\")"
+            "settleSeconds applies to timestamp cursors only: this {} cursor is read without it (see the README, \"Sources\")",
+            kind.kind()
         );
     }
 }
@@ -442,6 +467,11 @@ impl<'r> Decoded<'r> {
 
     pub fn naive_timestamp(at: NaiveDateTime) -> Self {
         Decoded::moment(CursorValue::NaiveTimestamp(at))
+    }
+
+    /// A PostgreSQL `xid8`, delivered as its decimal digits (see [`CursorValue::Xid`]).
+    pub fn xid(xid: u64) -> Self {
+        Decoded::moment(CursorValue::Xid(xid))
     }
 
     /// A value delivered as it is but unusable as a cursor position.

@@ -16,6 +16,8 @@ use super::query::{CursorType, SeekPlan, SeekQuery, build_seek};
 use super::{Decoded, SourceError, classify, warn_missing_index};
 use crate::config::redact::Redaction;
 use crate::config::{SourceConfig, SourceTarget};
+use crate::domain::CursorValue;
+use crate::domain::health::HorizonHolder;
 
 pub struct MySqlSource {
     pool: MySqlPool,
@@ -23,6 +25,8 @@ pub struct MySqlSource {
     redaction: Redaction,
     query: OnceCell<SeekQuery>,
     settle_warned: AtomicBool,
+    /// `settle: "auto"` said once that this account cannot read INNODB_TRX.
+    horizon_warned: AtomicBool,
     /// The size of the rows read last, to size the next LIMIT by (`batch.maxBytes`).
     row_sizes: super::RowSizes,
 }
@@ -51,8 +55,24 @@ impl MySqlSource {
             redaction,
             query: OnceCell::new(),
             settle_warned: AtomicBool::new(false),
+            horizon_warned: AtomicBool::new(false),
             row_sizes: super::RowSizes::default(),
         })
+    }
+
+    /// `settle: "auto"`'s bound, asked for before each read (see [`super::horizon`]).
+    async fn settle_bound(&self) -> Result<CursorValue, SourceError> {
+        let seek = self.seek().await?;
+        super::horizon::mysql_bound(&self.pool, &self.config, seek.cursor_type, &self.redaction, &self.horizon_warned)
+            .await
+    }
+
+    /// The oldest InnoDB transaction, which holds `settle: "auto"`'s bound.
+    async fn holder(&self, seek: &SeekQuery) -> Result<Option<HorizonHolder>, SourceError> {
+        if !seek.bound {
+            return Ok(None);
+        }
+        super::horizon::mysql_holder(&self.pool, &self.redaction).await
     }
 
     async fn seek(&self) -> Result<&SeekQuery, SourceError> {
@@ -88,6 +108,7 @@ impl MySqlSource {
                 )));
             }
         };
+        super::query::check_cursor_rules(&self.config, cursor_type, &cursor_type_name)?;
         if let SourceTarget::Table { schema, name } = &self.config.target {
             let indexed: i64 = sqlx::query_scalar(
                 "SELECT COUNT(*) FROM information_schema.statistics \

@@ -39,13 +39,7 @@ where
 {
     for slot in slots {
         query = match slot {
-            Slot::Cursor => match &position.cursor {
-                CursorValue::Integer(number) => query.bind(*number),
-                // SQLite: the exact stored text, so the seek agrees with its ORDER BY.
-                CursorValue::Timestamp { source_text: Some(text), .. } => query.bind(text.clone()),
-                CursorValue::Timestamp { at, source_text: None } => query.bind(*at),
-                CursorValue::NaiveTimestamp(at) => query.bind(*at),
-            },
+            Slot::Cursor => bind_cursor(query, &position.cursor),
             Slot::Key(index) => match key_value(position, *index)? {
                 PkValue::Integer(number) => query.bind(*number),
                 PkValue::Text(text) => query.bind(text.clone()),
@@ -53,6 +47,43 @@ where
         };
     }
     Ok(query)
+}
+
+/// Binds one cursor value as its native type (an xid as its decimal text, which the seek casts
+/// to `xid8`).
+pub(crate) fn bind_cursor<'q, DB>(
+    query: sqlx::query::Query<'q, DB, <DB as Database>::Arguments>,
+    cursor: &CursorValue,
+) -> sqlx::query::Query<'q, DB, <DB as Database>::Arguments>
+where
+    DB: Database,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+    String: for<'t> Encode<'t, DB> + Type<DB>,
+    DateTime<Utc>: for<'t> Encode<'t, DB> + Type<DB>,
+    NaiveDateTime: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    match cursor {
+        CursorValue::Integer(number) => query.bind(*number),
+        // SQLite: the exact stored text, so the seek agrees with its ORDER BY.
+        CursorValue::Timestamp { source_text: Some(text), .. } => query.bind(text.clone()),
+        CursorValue::Timestamp { at, source_text: None } => query.bind(*at),
+        CursorValue::NaiveTimestamp(at) => query.bind(*at),
+        CursorValue::Xid(xid) => query.bind(xid.to_string()),
+    }
+}
+
+/// Refuses to bind a checkpoint of another kind than the column's when one side is an xid: its
+/// text would be cast silently to the other type (`"740"` to an integer), or fail in the database.
+pub(crate) fn check_xid_kind(xid_column: bool, position: &Position) -> Result<(), SourceError> {
+    let xid_position = matches!(position.cursor, CursorValue::Xid(_));
+    if xid_column == xid_position {
+        return Ok(());
+    }
+    Err(SourceError::Position(format!(
+        "the checkpoint holds a cursor of kind {}, the cursor column {}: the column's type changed; reset the poller (`dbtrigger reset`)",
+        position.cursor.kind(),
+        if xid_column { "is an xid8" } else { "is not an xid8" }
+    )))
 }
 
 /// The value of the `index`-th key column of `position`.
@@ -135,6 +166,9 @@ fn cursor_like(sample: &CursorValue, column: &str, text: &str) -> Result<CursorV
             })?;
             Ok(CursorValue::Timestamp { at: bound_at, source_text: Some(formatted) })
         }
+        CursorValue::Xid(_) => crate::domain::cursor::parse_xid(text)
+            .map(CursorValue::Xid)
+            .ok_or_else(|| refuse("holds transaction ids (xid8): give its decimal digits")),
         CursorValue::NaiveTimestamp(_) => {
             if DateTime::parse_from_rfc3339(text).is_ok() {
                 return Err(refuse(

@@ -15,6 +15,8 @@ use super::query::{CursorType, SeekPlan, SeekQuery, build_seek};
 use super::{Decoded, SourceError, classify, warn_missing_index};
 use crate::config::redact::Redaction;
 use crate::config::{SourceConfig, SourceTarget};
+use crate::domain::CursorValue;
+use crate::domain::health::{Horizon, HorizonHolder};
 
 pub struct PostgresSource {
     pool: PgPool,
@@ -22,6 +24,8 @@ pub struct PostgresSource {
     redaction: Redaction,
     query: OnceCell<SeekQuery>,
     settle_warned: AtomicBool,
+    /// `settle: "auto"` said once that this role cannot see other roles' sessions.
+    horizon_warned: AtomicBool,
     /// The size of the rows read last, to size the next LIMIT by (`batch.maxBytes`).
     row_sizes: super::RowSizes,
 }
@@ -48,8 +52,35 @@ impl PostgresSource {
             redaction,
             query: OnceCell::new(),
             settle_warned: AtomicBool::new(false),
+            horizon_warned: AtomicBool::new(false),
             row_sizes: super::RowSizes::default(),
         })
+    }
+
+    /// `settle: "auto"`'s bound, asked for before each read (see [`super::horizon`]).
+    async fn settle_bound(&self) -> Result<CursorValue, SourceError> {
+        let seek = self.seek().await?;
+        super::horizon::postgres_bound(
+            &self.pool,
+            &self.config,
+            seek.cursor_type,
+            &self.redaction,
+            &self.horizon_warned,
+        )
+        .await
+    }
+
+    /// The oldest transaction holding this source's horizon: the commit horizon of an xid
+    /// cursor, or the bound of `settle: "auto"`.
+    async fn holder(&self, seek: &SeekQuery) -> Result<Option<HorizonHolder>, SourceError> {
+        let holds = if seek.is_xid() {
+            Horizon::CommitHorizon
+        } else if seek.bound {
+            Horizon::SettleBound
+        } else {
+            return Ok(None);
+        };
+        super::horizon::postgres_holder(&self.pool, holds, &self.redaction).await
     }
 
     async fn seek(&self) -> Result<&SeekQuery, SourceError> {
@@ -75,18 +106,23 @@ impl PostgresSource {
                     SourceError::Position(format!("column {column:?} is not in the result of the source query"))
                 })
         };
-        let cursor_type_name = type_of(&self.config.cursor)?;
+        let mut cursor_type_name = type_of(&self.config.cursor)?;
         let cursor_type = match cursor_type_name.as_str() {
             "INT2" | "INT4" | "INT8" => CursorType::Integer,
             "TIMESTAMPTZ" => CursorType::Timestamp,
             "TIMESTAMP" => CursorType::NaiveTimestamp,
+            name if name.eq_ignore_ascii_case("xid8") => {
+                cursor_type_name = "XID8".to_string();
+                CursorType::Xid
+            }
             other => {
                 return Err(SourceError::Position(format!(
-                    "cursor column {:?} has type {other}: use an integer or a timestamp column",
+                    "cursor column {:?} has type {other}: use an integer, a timestamp or (cursorKind \"xid\") an xid8 column",
                     self.config.cursor
                 )));
             }
         };
+        super::query::check_cursor_rules(&self.config, cursor_type, &cursor_type_name)?;
         let mut placeholder_types = vec![cursor_type_name];
         for key in &self.config.pk {
             placeholder_types.push(type_of(key)?);
@@ -176,11 +212,23 @@ fn decode_value<'r>(row: &'r PgRow, index: usize, name: &str, type_name: &str) -
         "TIME" => {
             Decoded::plain(Value::from(row.try_get_unchecked::<NaiveTime, _>(index).map_err(failed)?.to_string()))
         }
+        xid8 if xid8.eq_ignore_ascii_case("xid8") => Decoded::xid(decode_xid8(&raw).ok_or_else(|| {
+            SourceError::UnsupportedType { column: name.to_string(), type_name: "xid8 (malformed value)".to_string() }
+        })?),
         other => {
             return Err(SourceError::UnsupportedType { column: name.to_string(), type_name: other.to_string() });
         }
     };
     Ok(decoded)
+}
+
+/// An `xid8`: eight bytes, big-endian, in the binary form; its decimal digits in the text form.
+fn decode_xid8(raw: &sqlx::postgres::PgValueRef<'_>) -> Option<u64> {
+    let bytes = raw.as_bytes().ok()?;
+    match raw.format() {
+        sqlx::postgres::PgValueFormat::Binary => <[u8; 8]>::try_from(bytes).ok().map(u64::from_be_bytes),
+        sqlx::postgres::PgValueFormat::Text => crate::domain::cursor::parse_xid(std::str::from_utf8(bytes).ok()?),
+    }
 }
 
 /// A date or timestamp read from PostgreSQL's binary form without the driver's arithmetic, which

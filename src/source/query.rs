@@ -6,6 +6,7 @@
 //! whose ranges their optimizer does seek on. Either way the cost of a batch does not grow with the
 //! depth of the checkpoint.
 
+use crate::config::source::SettleMode;
 use crate::config::{Engine, SourceConfig, SourceTarget};
 
 /// Quotes an identifier that config validation has already restricted to `[A-Za-z0-9_$]`.
@@ -33,6 +34,8 @@ pub enum CursorType {
     NaiveTimestamp,
     /// SQLite: the storage class decides per value (integers, or timestamps as text).
     Dynamic,
+    /// PostgreSQL `xid8`: read below the commit horizon, `pg_snapshot_xmin(pg_current_snapshot())`.
+    Xid,
 }
 
 /// What the pre-flight learnt, shaping the SQL.
@@ -64,6 +67,11 @@ pub struct SeekQuery {
     pub last: String,
     /// What the pre-flight learnt, for the other questions built on demand (late arrivals).
     pub plan: SeekPlan,
+    /// `settle: "auto"`: the deliver and last forms bind the bound (a cursor value the database
+    /// computed just before, see [`super::horizon`]) right before their limit.
+    pub bound: bool,
+    /// What the cursor column holds, as the pre-flight learnt it.
+    pub cursor_type: CursorType,
 }
 
 /// Which rows a read asks for.
@@ -93,6 +101,42 @@ impl SeekQuery {
     pub fn count_sql(&self, after: bool) -> &str {
         if after { &self.count_after } else { &self.count_from_start }
     }
+
+    /// The cursor is an `xid8`: a checkpoint of another kind cannot be bound to it.
+    pub fn is_xid(&self) -> bool {
+        self.cursor_type == CursorType::Xid
+    }
+
+    /// Whether `probe`'s SQL binds the settle bound before its limit.
+    pub fn binds_bound(&self, probe: Probe) -> bool {
+        self.bound && probe != Probe::Pending
+    }
+}
+
+/// What keeps the deliver (and last) forms from passing a row an open transaction may still join.
+enum Guard {
+    /// Nothing: an integer cursor, or no settle.
+    Open,
+    /// A predicate of its own, the same text in every form.
+    Inline(String),
+    /// `cursor < <placeholder>`: the bound `settle: "auto"` computed just before.
+    Bound,
+}
+
+fn guard(config: &SourceConfig, cursor_type: CursorType, cursor: &str) -> Guard {
+    if cursor_type == CursorType::Xid {
+        // Every transaction below the snapshot's xmin has ended, and a transaction that has not
+        // taken an id yet will take a larger one: no row below it can appear later. Evaluated
+        // in the seek's own statement, so against the very snapshot the rows are read with.
+        return Guard::Inline(format!("{cursor} < pg_snapshot_xmin(pg_current_snapshot())"));
+    }
+    if config.settle_mode == SettleMode::Auto && cursor_type != CursorType::Integer {
+        return Guard::Bound;
+    }
+    match settle_predicate(config, cursor_type, cursor) {
+        Some(predicate) => Guard::Inline(predicate),
+        None => Guard::Open,
+    }
 }
 
 /// The settle predicate: only rows older than the database's own `now - settle`.
@@ -103,7 +147,7 @@ fn settle_predicate(config: &SourceConfig, cursor_type: CursorType, cursor: &str
     }
     let zone = &config.cursor_time_zone;
     match (config.engine, cursor_type) {
-        (_, CursorType::Integer) => None,
+        (_, CursorType::Integer | CursorType::Xid) => None,
         (Engine::Postgres, CursorType::Timestamp) => {
             Some(format!("{cursor} <= now() - make_interval(secs => {seconds})"))
         }
@@ -127,10 +171,56 @@ fn settle_predicate(config: &SourceConfig, cursor_type: CursorType, cursor: &str
     }
 }
 
+/// Refuses a cursor column whose type the configuration cannot honour: not the declared
+/// `cursorKind`, or not a timestamp under `settle: "auto"`. Said before the first seek, naming
+/// the column and its type, never a guess.
+pub(crate) fn check_cursor_rules(
+    config: &SourceConfig,
+    cursor_type: CursorType,
+    type_name: &str,
+) -> Result<(), super::SourceError> {
+    use crate::config::source::{CursorKind, SettleMode};
+    let column = &config.cursor;
+    let fits = match config.cursor_kind {
+        None => true,
+        Some(CursorKind::Integer) => cursor_type == CursorType::Integer,
+        Some(CursorKind::Timestamp) => matches!(cursor_type, CursorType::Timestamp | CursorType::NaiveTimestamp),
+        Some(CursorKind::Xid) => cursor_type == CursorType::Xid,
+    };
+    if !fits {
+        let kind = config.cursor_kind.map(CursorKind::name).unwrap_or_default();
+        let hint = if config.cursor_kind == Some(CursorKind::Xid) {
+            " (an xid8 column stamped by the writing transaction: `dbtrigger sql <poller>` prints its DDL)"
+        } else {
+            ""
+        };
+        return Err(super::SourceError::Position(format!(
+            "cursorKind is \"{kind}\" but cursor column {column:?} has type {type_name}{hint}"
+        )));
+    }
+    if config.settle_mode == SettleMode::Auto {
+        match cursor_type {
+            CursorType::Timestamp | CursorType::NaiveTimestamp => {}
+            CursorType::Xid => {
+                return Err(super::SourceError::Position(format!(
+                    "cursor column {column:?} is an xid8, read below the commit horizon, which is exact: leave settle \"auto\" out"
+                )));
+            }
+            CursorType::Integer | CursorType::Dynamic => {
+                return Err(super::SourceError::Position(format!(
+                    "settle \"auto\" bounds a timestamp the database stamps; cursor column {column:?} has type {type_name}"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The types PostgreSQL's driver names in upper case, written unquoted; anything else came from
 /// the catalog (a domain, an enum, an extension's type) and is quoted as an identifier, so a type
 /// name can never inject SQL.
-const POSTGRES_BUILTIN_TYPES: [&str; 13] = [
+const POSTGRES_BUILTIN_TYPES: [&str; 14] = [
+    "XID8",
     "INT2",
     "INT4",
     "INT8",
@@ -180,13 +270,29 @@ pub fn build_seek(config: &SourceConfig, plan: &SeekPlan) -> SeekQuery {
     key_columns.extend(keys.iter().cloned());
     let order_by = key_columns.join(", ");
 
-    let mut filters = Vec::new();
-    if let Some(clause) = &config.where_clause {
-        filters.push(format!("({clause})"));
-    }
-    if let Some(settle) = settle_predicate(config, plan.cursor_type, &cursor) {
-        filters.push(settle);
-    }
+    let guard = guard(config, plan.cursor_type, &cursor);
+    let cursor_cast = match &plan.placeholder_types {
+        Some(types) => types.first().map(|name| format!("::{}", postgres_type_name(name))).unwrap_or_default(),
+        None => String::new(),
+    };
+    let placeholder = |number: usize| match engine {
+        Engine::Postgres => format!("${number}"),
+        Engine::Sqlite | Engine::MySql => "?".to_string(),
+    };
+    // The filters of the deliver and last forms, whose bound (if any) is placeholder `number`.
+    let filters = |number: usize| {
+        let mut filters = Vec::new();
+        if let Some(clause) = &config.where_clause {
+            filters.push(format!("({clause})"));
+        }
+        match &guard {
+            Guard::Open => {}
+            Guard::Inline(predicate) => filters.push(predicate.clone()),
+            Guard::Bound => filters.push(format!("{cursor} < {}{cursor_cast}", placeholder(number))),
+        }
+        filters
+    };
+    let bound = matches!(guard, Guard::Bound);
 
     let mut placeholder_count = 0usize;
     let mut slots = Vec::new();
@@ -230,14 +336,14 @@ pub fn build_seek(config: &SourceConfig, plan: &SeekPlan) -> SeekQuery {
             format!("{lower_bound} AND ({})", alternatives.join(" OR "))
         }
     };
-    let limit_after = match engine {
-        Engine::Postgres => format!("${}", placeholder_count + 1),
-        Engine::Sqlite | Engine::MySql => "?".to_string(),
-    };
-    let limit_start = match engine {
-        Engine::Postgres => "$1".to_string(),
-        Engine::Sqlite | Engine::MySql => "?".to_string(),
-    };
+    // The bound, when there is one, comes right before the limit.
+    let bounded = usize::from(bound);
+    let limit_after = placeholder(placeholder_count + 1);
+    let limit_start = placeholder(1);
+    let deliver_limit_after = placeholder(placeholder_count + 1 + bounded);
+    let deliver_limit_start = placeholder(1 + bounded);
+    let filters_after = filters(placeholder_count + 1);
+    let filters_start = filters(1);
 
     let where_part = |predicates: &[String]| {
         if predicates.is_empty() { String::new() } else { format!(" WHERE {}", predicates.join(" AND ")) }
@@ -250,24 +356,26 @@ pub fn build_seek(config: &SourceConfig, plan: &SeekPlan) -> SeekQuery {
     };
     let unsettled: Vec<String> = config.where_clause.iter().map(|clause| format!("({clause})")).collect();
     let mut after_predicates = vec![seek.clone()];
-    after_predicates.extend(filters.iter().cloned());
+    after_predicates.extend(filters_after);
     let mut pending_predicates = vec![seek];
     pending_predicates.extend(unsettled.iter().cloned());
     let descending: Vec<String> = key_columns.iter().map(|column| format!("{column} DESC")).collect();
     SeekQuery {
-        after: compose(&after_predicates, &limit_after),
+        after: compose(&after_predicates, &deliver_limit_after),
         after_slots: slots,
-        from_start: compose(&filters, &limit_start),
+        from_start: compose(&filters_start, &deliver_limit_start),
         pending_after: compose(&pending_predicates, &limit_after),
         pending_from_start: compose(&unsettled, &limit_start),
         count_after: count(&pending_predicates, &limit_after),
         count_from_start: count(&unsettled, &limit_start),
         last: format!(
-            "SELECT {projection} FROM {from}{} ORDER BY {} LIMIT {limit_start}",
-            where_part(&filters),
+            "SELECT {projection} FROM {from}{} ORDER BY {} LIMIT {deliver_limit_start}",
+            where_part(&filters_start),
             descending.join(", ")
         ),
         plan: plan.clone(),
+        bound,
+        cursor_type: plan.cursor_type,
     }
 }
 
@@ -293,6 +401,8 @@ pub(super) mod tests {
             columns: columns.map(|list| list.into_iter().map(str::to_string).collect()),
             where_clause: where_clause.map(str::to_string),
             settle: Duration::ZERO,
+            settle_mode: SettleMode::Fixed,
+            cursor_kind: None,
             settle_configured: false,
             query_timeout: Duration::from_secs(60),
             cursor_time_zone: "UTC".into(),
@@ -396,6 +506,69 @@ pub(super) mod tests {
         );
         let mysql = build_seek(&config(Engine::MySql, None, None), &plan(CursorType::Integer));
         assert!(mysql.count_after.ends_with("LIMIT ?) AS dbtrigger_lag"), "{}", mysql.count_after);
+    }
+
+    /// Issue 26, item 1: an xid cursor is read below the snapshot's xmin, in the seek's own
+    /// statement, with no settle; the status probes still see every row after the checkpoint.
+    #[test]
+    fn an_xid_cursor_reads_below_the_commit_horizon_in_the_same_statement() {
+        let mut source = config(Engine::Postgres, None, None);
+        source.settle = Duration::from_secs(5);
+        let plan = SeekPlan {
+            cursor_type: CursorType::Xid,
+            placeholder_types: Some(vec!["XID8".into(), "INT4".into(), "INT8".into()]),
+        };
+        let query = build_seek(&source, &plan);
+        assert_eq!(
+            query.after,
+            "SELECT * FROM \"public\".\"orders\" WHERE (\"updated_at\", \"tenant\", \"id\") > ($1::XID8, $2::INT4, $3::INT8) AND \"updated_at\" < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY \"updated_at\", \"tenant\", \"id\" LIMIT $4"
+        );
+        assert!(query.from_start.contains("WHERE \"updated_at\" < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY"));
+        assert!(query.last.contains("pg_snapshot_xmin"), "{}", query.last);
+        assert!(!query.after.contains("now()"), "no settle on an xid cursor: {}", query.after);
+        assert!(!query.pending_after.contains("pg_snapshot_xmin") && !query.count_after.contains("pg_snapshot_xmin"));
+        assert!(query.is_xid() && !query.bound);
+    }
+
+    /// Issue 26, item 4: `settle: "auto"` binds the bound the database computed just before,
+    /// right before the limit, in the deliver and last forms only.
+    #[test]
+    fn settle_auto_binds_its_bound_before_the_limit() {
+        let mut source = config(Engine::Postgres, None, Some("tenant = 7"));
+        source.settle = Duration::from_secs(1);
+        source.settle_mode = SettleMode::Auto;
+        let plan = SeekPlan {
+            cursor_type: CursorType::Timestamp,
+            placeholder_types: Some(vec!["TIMESTAMPTZ".into(), "INT4".into(), "INT8".into()]),
+        };
+        let query = build_seek(&source, &plan);
+        assert_eq!(
+            query.after,
+            "SELECT * FROM \"public\".\"orders\" WHERE (\"updated_at\", \"tenant\", \"id\") > ($1::TIMESTAMPTZ, $2::INT4, $3::INT8) AND (tenant = 7) AND \"updated_at\" < $4::TIMESTAMPTZ ORDER BY \"updated_at\", \"tenant\", \"id\" LIMIT $5"
+        );
+        assert_eq!(
+            query.from_start,
+            "SELECT * FROM \"public\".\"orders\" WHERE (tenant = 7) AND \"updated_at\" < $1::TIMESTAMPTZ ORDER BY \"updated_at\", \"tenant\", \"id\" LIMIT $2"
+        );
+        assert!(query.last.ends_with(
+            "\"updated_at\" < $1::TIMESTAMPTZ ORDER BY \"updated_at\" DESC, \"tenant\" DESC, \"id\" DESC LIMIT $2"
+        ));
+        assert!(query.pending_after.ends_with("LIMIT $4") && !query.pending_after.contains("< $4"));
+        assert!(query.count_from_start.ends_with("LIMIT $1) AS dbtrigger_lag"));
+        assert!(
+            query.binds_bound(Probe::Deliver) && query.binds_bound(Probe::Last) && !query.binds_bound(Probe::Pending)
+        );
+        source.engine = Engine::MySql;
+        let mysql = build_seek(&source, &SeekPlan { cursor_type: CursorType::Timestamp, placeholder_types: None });
+        assert!(
+            mysql
+                .after
+                .ends_with("AND (tenant = 7) AND `updated_at` < ? ORDER BY `updated_at`, `tenant`, `id` LIMIT ?"),
+            "{}",
+            mysql.after
+        );
+        // An integer cursor has no time to bound: nothing is bound (the source refuses it anyway).
+        assert!(!build_seek(&source, &SeekPlan { cursor_type: CursorType::Integer, placeholder_types: None }).bound);
     }
 
     /// Regression (issue 9, item 13): a type name read from the catalog is quoted in the casts.

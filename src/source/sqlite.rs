@@ -270,6 +270,11 @@ fn position_values(config: &SourceConfig, slots: &[Slot], position: &Position) -
                     SqlValue::Text(at.to_rfc3339_opts(SecondsFormat::AutoSi, false))
                 }
                 CursorValue::NaiveTimestamp(at) => SqlValue::Text(at.format("%F %T%.f").to_string()),
+                CursorValue::Xid(_) => {
+                    return Err(SourceError::Position(
+                        "the checkpoint holds an xid cursor (PostgreSQL's xid8), which a SQLite column cannot be: reset the poller".into(),
+                    ));
+                }
             },
             Slot::Key(index) => match super::position::key_value(position, *index)? {
                 PkValue::Integer(number) => SqlValue::Integer(*number),

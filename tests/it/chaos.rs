@@ -4,6 +4,10 @@
 //! timeout, or refuses one poison row for good. At the end the latest version of every row was
 //! delivered at least once, the poison row is in the quarantine, and a summary line says so.
 //!
+//! A second variant (issue 26) reads an `xid` cursor below the commit horizon, with no settle at
+//! all, while writers hold their transactions open for up to 1.5 s after taking their id (longer
+//! than any settle a timestamp cursor would use): nothing may be lost.
+//!
 //! CI runs a short version; `DBTRIGGER_CHAOS_SECONDS=600` runs a long one by hand.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -71,16 +75,72 @@ async fn execute(url: &str, sql: &str) {
     pool.close().await;
 }
 
+/// What differs between the chaos runs.
+struct Variant {
+    name: &'static str,
+    default_seconds: u64,
+    table: &'static str,
+    source: Value,
+    lease: Value,
+    /// How an update moves a row forward.
+    update: &'static str,
+    /// How long a writer keeps its transaction open after its writes, by step.
+    hold: fn(u64, u64) -> Duration,
+    /// Before the final catch-up: past settle, past any lease a killed process left.
+    quiet: Duration,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_on_postgres_loses_nothing() {
-    let seconds: u64 = std::env::var("DBTRIGGER_CHAOS_SECONDS").ok().and_then(|value| value.parse().ok()).unwrap_or(20);
-    let url = postgres().fresh_database().await;
-    execute(
-        &url,
-        "CREATE TABLE items (id BIGINT PRIMARY KEY, c TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(), version BIGINT NOT NULL, note TEXT);\n\
-         CREATE INDEX items_seek ON items (c, id);",
-    )
+    run(Variant {
+        name: "timestamptz, settle 1 s",
+        default_seconds: 20,
+        table: "CREATE TABLE items (id BIGINT PRIMARY KEY, c TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(), version BIGINT NOT NULL, note TEXT);\n\
+                CREATE INDEX items_seek ON items (c, id);",
+        source: json!({"connection": "ITEMS_DB", "table": "items", "cursor": "c", "pk": ["id"], "settleSeconds": 1}),
+        lease: json!({"ttlSeconds": 6, "heartbeatSeconds": 2, "clockSkewSeconds": 1}),
+        update: "UPDATE items SET version = version + 1, c = clock_timestamp() WHERE id = $1",
+        // Commit a little later than the rows' timestamps were taken.
+        hold: |_, _| Duration::from_millis(40),
+        quiet: Duration::from_secs(8),
+    })
     .await;
+}
+
+/// Issue 26, item 5: an xid cursor, no settle, transactions committing up to 1.5 s after they
+/// took their id, in an order of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_on_postgres_with_an_xid_cursor_and_late_commits_loses_nothing() {
+    run(Variant {
+        name: "xid, late commits",
+        default_seconds: 4,
+        table: "CREATE TABLE items (id BIGINT PRIMARY KEY, c xid8 NOT NULL DEFAULT pg_current_xact_id(), version BIGINT NOT NULL, note TEXT);\n\
+                CREATE FUNCTION stamp() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN NEW.c := pg_current_xact_id(); RETURN NEW; END $$;\n\
+                CREATE TRIGGER stamp BEFORE UPDATE ON items FOR EACH ROW EXECUTE FUNCTION stamp();\n\
+                CREATE INDEX items_seek ON items (c, id);",
+        source: json!({"connection": "ITEMS_DB", "table": "items", "cursor": "c", "pk": ["id"], "cursorKind": "xid"}),
+        lease: json!({"ttlSeconds": 3, "heartbeatSeconds": 1, "clockSkewSeconds": 1}),
+        update: "UPDATE items SET version = version + 1 WHERE id = $1",
+        // A third of the transactions stay open long after taking their id (1 to 1.5 s).
+        hold: |step, writer| {
+            if (step + writer).is_multiple_of(3) {
+                Duration::from_millis(1_000 + (step * 97 + writer * 31) % 500)
+            } else {
+                Duration::from_millis(20)
+            }
+        },
+        quiet: Duration::from_secs(4),
+    })
+    .await;
+}
+
+async fn run(variant: Variant) {
+    let seconds: u64 = std::env::var("DBTRIGGER_CHAOS_SECONDS")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(variant.default_seconds);
+    let url = postgres().fresh_database().await;
+    execute(&url, variant.table).await;
 
     let state = Arc::new(Mutex::new(Receiver { random: 7, ..Receiver::default() }));
     let router = axum::Router::new().route("/hook", post(receive)).with_state(state.clone());
@@ -92,10 +152,10 @@ async fn chaos_on_postgres_loses_nothing() {
     let app = AppRoot::write(
         directory.path(),
         json!({
-            "source": {"connection": "ITEMS_DB", "table": "items", "cursor": "c", "pk": ["id"], "settleSeconds": 1},
+            "source": variant.source,
             "batch": {"size": 50, "tickBudgetSeconds": 20},
             "sink": {"type": "webhook", "url": "%ITEMS_HOOK%", "timeoutSeconds": 1, "maxRetries": 1},
-            "lease": {"ttlSeconds": 6, "heartbeatSeconds": 2, "clockSkewSeconds": 1},
+            "lease": variant.lease,
             "poison": {"maxAttempts": 3},
             "state": {"connection": "STATE"}
         }),
@@ -112,6 +172,7 @@ async fn chaos_on_postgres_loses_nothing() {
     let stop = Arc::new(AtomicU64::new(0));
     let next_id = Arc::new(AtomicU64::new(1));
     let mut writers = Vec::new();
+    let (update, hold) = (variant.update, variant.hold);
     for writer in 0..2u64 {
         let url = url.clone();
         let stop = stop.clone();
@@ -134,14 +195,9 @@ async fn chaos_on_postgres_loses_nothing() {
                 if step.is_multiple_of(2) {
                     let highest = next_id.load(Ordering::SeqCst) as i64;
                     let target = 1 + (step as i64 * 7 + writer as i64) % highest.max(1);
-                    sqlx::query("UPDATE items SET version = version + 1, c = clock_timestamp() WHERE id = $1")
-                        .bind(target)
-                        .execute(&mut *transaction)
-                        .await
-                        .unwrap();
+                    sqlx::query(update).bind(target).execute(&mut *transaction).await.unwrap();
                 }
-                // Commit a little later than the rows' timestamps were taken.
-                tokio::time::sleep(Duration::from_millis(40)).await;
+                tokio::time::sleep(hold(step, writer)).await;
                 transaction.commit().await.unwrap();
             }
             pool.close().await;
@@ -187,7 +243,7 @@ async fn chaos_on_postgres_loses_nothing() {
     }
 
     // The final catch-up, without kills: past settle, past any lease left by a killed process.
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    tokio::time::sleep(variant.quiet).await;
     let mut caught_up = false;
     for _ in 0..60 {
         let output = Command::new(env!("CARGO_BIN_EXE_dbtrigger"))
@@ -234,7 +290,8 @@ async fn chaos_on_postgres_loses_nothing() {
     drop(receiver);
 
     println!(
-        "chaos: {} rows, {} s, {round} rounds of 4 processes, {kills} kills, {faults} receiver faults, lost {}, duplicates {duplicates}, quarantined {:?}",
+        "chaos ({}): {} rows, {} s, {round} rounds of 4 processes, {kills} kills, {faults} receiver faults, lost {}, duplicates {duplicates}, quarantined {:?}",
+        variant.name,
         rows.len(),
         seconds,
         lost.len(),

@@ -7,6 +7,7 @@ mod dev;
 mod failing;
 mod generations;
 mod harness;
+mod horizon;
 mod host;
 mod host_rules;
 mod late;

@@ -167,6 +167,11 @@ async fn no_output_carries_a_secret_and_no_peer_forges_a_log_line() {
     assert_no_secret("check", &format!("{stdout}{stderr}"));
     let (_, status_stdout, status_stderr) = run_dbtrigger(&app, &settings, &["status", "--json"]);
     assert_no_secret("the status command", &format!("{status_stdout}{status_stderr}"));
+    // sql prints a grant naming the poller's login: never its password, nor a mistaken setting's value.
+    for function in ["a_source", "orders"] {
+        let (_, sql_stdout, sql_stderr) = run_dbtrigger(&app, &settings, &["sql", function]);
+        assert_no_secret("the sql command", &format!("{sql_stdout}{sql_stderr}"));
+    }
 
     let handler = Handler::start(&app, &settings).await;
     let timer_payload = host_fixtures()[2].1;

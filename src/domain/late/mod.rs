@@ -147,7 +147,7 @@ impl Bucket {
 /// taken). Integer cursors have none.
 fn instant(cursor: &CursorValue) -> Option<DateTime<Utc>> {
     match cursor {
-        CursorValue::Integer(_) => None,
+        CursorValue::Integer(_) | CursorValue::Xid(_) => None,
         CursorValue::Timestamp { at, .. } => Some(*at),
         CursorValue::NaiveTimestamp(at) => Some(at.and_utc()),
     }
@@ -416,7 +416,7 @@ pub fn lateness_seconds(now: DateTime<Utc>, cursor: &CursorValue, since: DateTim
     let at = match cursor {
         CursorValue::Timestamp { at, .. } => *at,
         CursorValue::NaiveTimestamp(at) if naive_is_utc => at.and_utc(),
-        CursorValue::NaiveTimestamp(_) | CursorValue::Integer(_) => since,
+        CursorValue::NaiveTimestamp(_) | CursorValue::Integer(_) | CursorValue::Xid(_) => since,
     };
     let milliseconds = (now - at).num_milliseconds().max(0) as u64;
     milliseconds.div_ceil(1000)
