@@ -152,7 +152,7 @@ async fn sixty_pollers_share_a_capped_pool_of_one_postgres() {
     let url = server.fresh_database().await;
     let admin = sqlx::postgres::PgPoolOptions::new().max_connections(2).connect(&url).await.unwrap();
     for table in 0..POLLERS {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
             "CREATE TABLE t{table} (id bigint PRIMARY KEY, version bigint NOT NULL, note text NOT NULL); \
              CREATE INDEX t{table}_seek ON t{table} (version, id)"
         )))
