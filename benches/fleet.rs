@@ -188,7 +188,8 @@ fn main() {
     runtime.block_on(async {
         ready_and_idle().await;
 
-        let rows: i64 = std::env::var("DBTRIGGER_BENCH_FLEET_ROWS").ok().and_then(|text| text.parse().ok()).unwrap_or(100);
+        let rows: i64 =
+            std::env::var("DBTRIGGER_BENCH_FLEET_ROWS").ok().and_then(|text| text.parse().ok()).unwrap_or(100);
         let directory = tempfile::tempdir().unwrap();
         let database: PathBuf = directory.path().join("wide.db");
         write_database(&database, 100, rows, 10_000);

@@ -53,7 +53,11 @@ async fn delaying_proxy(upstream: u16, one_way: Duration) -> u16 {
 }
 
 /// Copies `from` to `to`, each chunk written `delay` after it was read.
-async fn delayed_copy(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp::OwnedWriteHalf, delay: Duration) {
+async fn delayed_copy(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    delay: Duration,
+) {
     let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
     let writer = tokio::spawn(async move {
         while let Some((due, chunk)) = receiver.recv().await {
@@ -108,7 +112,8 @@ type RawRow = (i64, i64, String, f64, String);
 /// The pipelined raw limit through the proxies: pages read one after the other, each posted as
 /// an envelope of events, `window` posts in flight. Rows a second.
 async fn raw_pipelined(url: &str, hook: &str, batch: i64, window: usize, rows: i64) -> f64 {
-    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).test_before_acquire(false).connect(url).await.unwrap();
+    let pool =
+        sqlx::postgres::PgPoolOptions::new().max_connections(1).test_before_acquire(false).connect(url).await.unwrap();
     let page = |after: (i64, i64)| {
         let pool = pool.clone();
         async move {
@@ -138,8 +143,9 @@ async fn raw_pipelined(url: &str, hook: &str, batch: i64, window: usize, rows: i
                        "row": {"id": id, "version": version, "status": status, "total": total, "note": note}})
             })
             .collect();
-        let body = serde_json::to_vec(&json!({"poller": "orders", "batch_id": "bat_0", "fencing_token": 1, "events": events}))
-            .unwrap();
+        let body =
+            serde_json::to_vec(&json!({"poller": "orders", "batch_id": "bat_0", "fencing_token": 1, "events": events}))
+                .unwrap();
         total += current.len() as i64;
         let request = client.post(hook).header("content-type", "application/json").body(body);
         posting.push_back(tokio::spawn(async move {

@@ -204,7 +204,9 @@ impl App {
         });
         for (name, parsed) in config.functions {
             let function = match parsed.map_err(Unusable::Config) {
-                Ok(FunctionConfig::Poller(poller_config)) => open_poller(*poller_config, clock.clone(), &owner_id, &pools, &budget),
+                Ok(FunctionConfig::Poller(poller_config)) => {
+                    open_poller(*poller_config, clock.clone(), &owner_id, &pools, &budget)
+                }
                 Ok(FunctionConfig::Status(status)) => Function::Status(status),
                 Ok(FunctionConfig::Watchdog(config)) => {
                     let file = config.file.display().to_string();

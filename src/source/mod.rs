@@ -72,7 +72,9 @@ pub enum SourceError {
     #[error(transparent)]
     KeyMismatch(#[from] crate::domain::cursor::KeyMismatch),
     /// Every connection the app allows to this database stayed busy for the poller's tick budget.
-    #[error("every one of the {cap} connections this app allows to {location} stayed in use for {seconds} s (source.maxConnections, app setting DBTRIGGER_MAX_CONNECTIONS_PER_DATABASE)")]
+    #[error(
+        "every one of the {cap} connections this app allows to {location} stayed in use for {seconds} s (source.maxConnections, app setting DBTRIGGER_MAX_CONNECTIONS_PER_DATABASE)"
+    )]
     Busy { location: String, cap: u32, seconds: u64 },
     /// A row that cannot be delivered, named by its primary key.
     #[error("{error} (in the row with {row})")]
@@ -240,7 +242,8 @@ macro_rules! sql_source {
                 let location = &self.redaction.location;
                 match probe {
                     $crate::source::Probe::Deliver => {
-                        $crate::source::guarded_fetch(&self.gate, &self.config, location, &self.settle_warned, fetch).await
+                        $crate::source::guarded_fetch(&self.gate, &self.config, location, &self.settle_warned, fetch)
+                            .await
                     }
                     $crate::source::Probe::Pending | $crate::source::Probe::Last => {
                         $crate::source::timed(&self.gate, &self.config, location, fetch).await

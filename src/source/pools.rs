@@ -103,10 +103,7 @@ impl Target {
     /// The pool options of every shared pool: the cap, idle connections closed after
     /// [`IDLE_CLOSE`], a ping only after [`super::PING_AFTER_IDLE`].
     pub(crate) fn pool_options<DB: sqlx::Database>(&self) -> sqlx::pool::PoolOptions<DB> {
-        super::pool_options::<DB>()
-            .max_connections(self.cap())
-            .min_connections(0)
-            .idle_timeout(Some(IDLE_CLOSE))
+        super::pool_options::<DB>().max_connections(self.cap()).min_connections(0).idle_timeout(Some(IDLE_CLOSE))
     }
 }
 
@@ -143,11 +140,9 @@ impl Gate {
         self.waited_micros.fetch_add(waited.as_micros() as u64, Ordering::Relaxed);
         match permit {
             Ok(Ok(permit)) => Ok(Some(permit)),
-            _ => Err(SourceError::Busy {
-                location: location.to_string(),
-                cap: target.cap(),
-                seconds: waited.as_secs(),
-            }),
+            _ => {
+                Err(SourceError::Busy { location: location.to_string(), cap: target.cap(), seconds: waited.as_secs() })
+            }
         }
     }
 

@@ -337,8 +337,13 @@ impl Source for SqliteSource {
         };
         let location = &self.redaction.location;
         match probe {
-            Probe::Deliver => super::guarded_fetch(&super::pools::Gate::open(), &self.config, location, &self.settle_warned, fetch).await,
-            Probe::Pending | Probe::Last => super::timed(&super::pools::Gate::open(), &self.config, location, fetch).await,
+            Probe::Deliver => {
+                super::guarded_fetch(&super::pools::Gate::open(), &self.config, location, &self.settle_warned, fetch)
+                    .await
+            }
+            Probe::Pending | Probe::Last => {
+                super::timed(&super::pools::Gate::open(), &self.config, location, fetch).await
+            }
         }
     }
 

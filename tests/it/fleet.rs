@@ -92,9 +92,8 @@ async fn fleet_on(url: &str, insert: impl AsyncFn(usize, i64), connections: Arc<
         let mut invocations = Vec::new();
         for index in 0..POLLERS {
             let handler = handler.clone();
-            invocations.push(tokio::spawn(async move {
-                handler.invoke(&format!("f{index}"), host_fixtures()[2].1).await
-            }));
+            invocations
+                .push(tokio::spawn(async move { handler.invoke(&format!("f{index}"), host_fixtures()[2].1).await }));
         }
         for invocation in invocations {
             let (status, _, body) = invocation.await.unwrap();
@@ -125,7 +124,7 @@ async fn fleet_on(url: &str, insert: impl AsyncFn(usize, i64), connections: Arc<
     assert!(!log.contains("too many") && !log.contains("Too many"), "{engine}: {log}");
     // The app never held more than its cap; it did use connections (the sampler saw them).
     assert!(samples > 10, "{engine}: only {samples} samples");
-    assert!(most >= 1 && most <= CAP, "{engine}: at most {most} connections at once, the cap is {CAP}");
+    assert!((1..=CAP).contains(&most), "{engine}: at most {most} connections at once, the cap is {CAP}");
     // Sixty pollers on eight connections: some ticks waited, and their summary line says so.
     let waited: Vec<&String> = lines.iter().filter(|line| !line.contains(" connection_wait_ms=0 ")).collect();
     assert!(!waited.is_empty(), "{engine}: no tick waited for a connection");
