@@ -13,6 +13,11 @@ use crate::config::{Engine, SourceConfig};
 pub fn run(app_root: &Path, name: &str) -> anyhow::Result<ExitCode> {
     let poller = find_poller(app_root, name)?;
     let source = &poller.config.source;
+    if let crate::config::SourceTarget::Logical { slot, publication } = &source.target {
+        let user = connecting_user(source);
+        print!("{}", crate::source::logical::setup::logical_ddl(&poller.config.poller_name, slot, publication, user.as_deref()));
+        return Ok(ExitCode::SUCCESS);
+    }
     match crate::source::ddl::cursor_ddl(&poller.config.poller_name, source, connecting_user(source).as_deref()) {
         Ok(ddl) => {
             print!("{ddl}");

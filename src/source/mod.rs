@@ -8,6 +8,7 @@
 
 pub mod ddl;
 mod fetch;
+pub mod logical;
 pub mod horizon;
 pub mod late;
 pub mod mysql;
@@ -96,6 +97,20 @@ pub trait Source: Send + Sync {
 
     /// Where the source is, for messages; never includes a password.
     fn describe(&self) -> String;
+
+    /// A logical source's replication slot, as the server reports it; `None` for the others.
+    async fn slot(&self) -> Result<Option<crate::domain::slot::SlotView>, SourceError> {
+        Ok(None)
+    }
+
+    /// The state document's checkpoint as committed: at the start of a tick (as read) and after
+    /// each commit. A source that keeps a position of its own on the server (a logical source's
+    /// replication slot) moves it here, never past what is committed; the others have nothing to
+    /// do.
+    async fn committed(&self, checkpoint: Option<&Position>) -> Result<(), SourceError> {
+        let _ = checkpoint;
+        Ok(())
+    }
 
     /// The late-arrival recount ([`late`]): one tally per bucket of `check`, over the rows at or
     /// before its checkpoint. `None`: this source cannot recount (a test double), and the detector
@@ -353,6 +368,9 @@ fn warn_if_settle_ignored(config: &SourceConfig, fetched: &Fetched, warned: &Ato
 pub fn open(config: &SourceConfig) -> Result<Arc<dyn Source>, SourceError> {
     match config.engine {
         Engine::Sqlite => Ok(Arc::new(sqlite::SqliteSource::open(config)?)),
+        Engine::Postgres if matches!(config.target, crate::config::SourceTarget::Logical { .. }) => {
+            Ok(Arc::new(logical::LogicalSource::open(config)?))
+        }
         Engine::Postgres => Ok(Arc::new(postgres::PostgresSource::open(config)?)),
         Engine::MySql => Ok(Arc::new(mysql::MySqlSource::open(config)?)),
     }

@@ -297,6 +297,8 @@ impl Poller {
         // committed behind it since it passed them ([`late`]).
         let late_found = self.check_late(document).await;
         let checkpoint = document.position()?;
+        // A source with a position of its own (a logical source's slot) learns what is committed.
+        self.source.committed(checkpoint.as_ref()).await?;
         let first = self.source.fetch_after(checkpoint.as_ref(), self.fetch_limit()).await?;
         let late_to_deliver = late_found.as_ref().is_some_and(late::LateFound::has_late);
         if first.rows.is_empty() && !late_to_deliver {

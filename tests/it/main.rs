@@ -11,6 +11,7 @@ mod horizon;
 mod host;
 mod host_rules;
 mod late;
+mod logical;
 mod matrix;
 mod memory;
 mod operations;
