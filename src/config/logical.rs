@@ -36,7 +36,10 @@ pub(super) fn check(raw: &RawSource, engine: Engine, at: &Located<'_>) -> Result
              in commit order (leave it out)",
         ));
     }
-    let slot = raw.slot.clone().ok_or_else(|| at.error("poller.source.slot", "a logical source needs its replication slot"))?;
+    let slot = raw
+        .slot
+        .clone()
+        .ok_or_else(|| at.error("poller.source.slot", "a logical source needs its replication slot"))?;
     check_slot_name(&slot).map_err(|reason| at.error("poller.source.slot", reason))?;
     let publication = raw
         .publication

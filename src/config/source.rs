@@ -38,7 +38,10 @@ pub enum SourceTarget {
     Query(String),
     /// PostgreSQL logical decoding (`source.kind: "logical"`): the changes of a publication, read
     /// from a replication slot. Its positions are (commit LSN, ordinal): never a seek.
-    Logical { slot: String, publication: String },
+    Logical {
+        slot: String,
+        publication: String,
+    },
 }
 
 /// A logical source's cursor and key, as its positions name them.

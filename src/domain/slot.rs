@@ -30,7 +30,8 @@ impl SlotView {
 /// `threshold_bytes` of WAL.
 pub fn judge_slot(health: &PollerHealth, threshold_bytes: u64) -> Option<Finding> {
     let slot = health.slot.as_ref()?;
-    let finding = |kind, message| Finding { kind, function: health.function.clone(), poller: health.poller.clone(), message };
+    let finding =
+        |kind, message| Finding { kind, function: health.function.clone(), poller: health.poller.clone(), message };
     if slot.lost() {
         return Some(finding(
             FindingKind::SlotLost,

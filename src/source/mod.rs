@@ -8,9 +8,9 @@
 
 pub mod ddl;
 mod fetch;
-pub mod logical;
 pub mod horizon;
 pub mod late;
+pub mod logical;
 pub mod mysql;
 pub mod position;
 pub mod postgres;

@@ -23,7 +23,7 @@ use crate::sources::execute;
 
 /// A database with a publication `feed` on `tables` and a pgoutput slot (named after the
 /// database, slots being the server's); its URL and the slot's name.
-async fn logical_database(tables_sql: &str, tables: &str) -> (String, String) {
+pub(crate) async fn logical_database(tables_sql: &str, tables: &str) -> (String, String) {
     let url = postgres().fresh_database().await;
     execute(&url, tables_sql).await;
     let slot = format!("s_{}", url.rsplit('/').next().unwrap().trim_start_matches("t_"));
@@ -38,11 +38,16 @@ async fn logical_database(tables_sql: &str, tables: &str) -> (String, String) {
     (url, slot)
 }
 
-async fn drop_slot(url: &str, slot: &str) {
+pub(crate) async fn drop_slot(url: &str, slot: &str) {
     execute(url, &format!("SELECT pg_drop_replication_slot('{slot}')")).await;
 }
 
-fn logical_config(directory: &std::path::Path, url: &str, slot: &str, size: usize) -> PollerConfig {
+pub(crate) fn logical_app(
+    directory: &std::path::Path,
+    url: &str,
+    slot: &str,
+    size: usize,
+) -> (AppRoot, Vec<(String, String)>, PollerConfig) {
     let app = AppRoot::write(
         directory,
         json!({
@@ -52,15 +57,25 @@ fn logical_config(directory: &std::path::Path, url: &str, slot: &str, size: usiz
             "state": {"connection": "STATE"}
         }),
     );
-    let settings = Settings::from_pairs(vec![
-        ("FEED_DB", url),
-        ("STATE", &format!("file:{}", app.state_dir.display())),
-        ("DBTRIGGER_APP_NAME", &app.app_name),
-    ]);
-    PollerConfig::load(&app.root, "orders", &settings, None).unwrap()
+    let settings = vec![
+        ("FEED_DB".to_string(), url.to_string()),
+        ("STATE".to_string(), format!("file:{}", app.state_dir.display())),
+        ("DBTRIGGER_APP_NAME".to_string(), app.app_name.clone()),
+    ];
+    let pairs: Vec<(&str, &str)> = settings.iter().map(|(key, value)| (key.as_str(), value.as_str())).collect();
+    let config = PollerConfig::load(&app.root, "orders", &Settings::from_pairs(pairs), None).unwrap();
+    (app, settings, config)
 }
 
-fn poller(config: PollerConfig, source: Arc<dyn Source>, store: Arc<MemoryStore>) -> (Poller, Arc<RecordingSink>) {
+fn logical_config(directory: &std::path::Path, url: &str, slot: &str, size: usize) -> PollerConfig {
+    logical_app(directory, url, slot, size).2
+}
+
+pub(crate) fn poller(
+    config: PollerConfig,
+    source: Arc<dyn Source>,
+    store: Arc<MemoryStore>,
+) -> (Poller, Arc<RecordingSink>) {
     let sink = Arc::new(RecordingSink::new());
     (Poller::new(config, source, sink.clone(), store, Arc::new(SystemClock), "it".into()), sink)
 }
@@ -94,10 +109,12 @@ async fn scalar_text(url: &str, sql: &str) -> String {
     value
 }
 
-async fn confirmed_flush(url: &str, slot: &str) -> u64 {
-    let text =
-        scalar_text(url, &format!("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = '{slot}'"))
-            .await;
+pub(crate) async fn confirmed_flush(url: &str, slot: &str) -> u64 {
+    let text = scalar_text(
+        url,
+        &format!("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = '{slot}'"),
+    )
+    .await;
     dbtrigger::source::logical::values::parse_lsn(&text).unwrap()
 }
 
@@ -231,8 +248,10 @@ async fn changes_arrive_once_in_commit_order_and_the_slot_moves_after_the_commit
     assert_eq!(changes(&sink), expected);
     // Commit order: commit LSNs never go back; ordinals count within a transaction.
     let rows = event_rows(&sink);
-    let positions: Vec<(u64, i64)> =
-        rows.iter().map(|event| (event["cursor"].as_u64().unwrap(), event["pk"]["ordinal"].as_i64().unwrap())).collect();
+    let positions: Vec<(u64, i64)> = rows
+        .iter()
+        .map(|event| (event["cursor"].as_u64().unwrap(), event["pk"]["ordinal"].as_i64().unwrap()))
+        .collect();
     assert!(positions.windows(2).all(|pair| pair[0] < pair[1]), "{positions:?}");
     assert!(rows.iter().all(|event| event["row"]["xid"].is_u64() && event["row"]["commit_time"].is_string()));
     // Caught up: the slot is past the last commit delivered; a second tick delivers nothing.

@@ -12,6 +12,7 @@ mod host;
 mod host_rules;
 mod late;
 mod logical;
+mod logical_ops;
 mod matrix;
 mod memory;
 mod operations;

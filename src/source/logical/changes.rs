@@ -196,7 +196,12 @@ enum RowPart<'a> {
     Full,
 }
 
-fn row(lsn: u64, relation: &Relation, datums: &[Datum], mut part: RowPart<'_>) -> Result<Map<String, Value>, AssembleError> {
+fn row(
+    lsn: u64,
+    relation: &Relation,
+    datums: &[Datum],
+    mut part: RowPart<'_>,
+) -> Result<Map<String, Value>, AssembleError> {
     if datums.len() != relation.columns.len() {
         return Err(AssembleError::Sequence {
             lsn: values::lsn_text(lsn),

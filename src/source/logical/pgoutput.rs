@@ -113,9 +113,10 @@ impl<'a> Reader<'a> {
     }
 
     fn take(&mut self, count: usize) -> Result<&'a [u8], DecodeError> {
-        let end = self.offset.checked_add(count).filter(|end| *end <= self.bytes.len()).ok_or_else(|| {
-            self.error(format!("needs {count} more bytes, has {}", self.bytes.len() - self.offset))
-        })?;
+        let end =
+            self.offset.checked_add(count).filter(|end| *end <= self.bytes.len()).ok_or_else(|| {
+                self.error(format!("needs {count} more bytes, has {}", self.bytes.len() - self.offset))
+            })?;
         let slice = &self.bytes[self.offset..end];
         self.offset = end;
         Ok(slice)
@@ -143,7 +144,8 @@ impl<'a> Reader<'a> {
 
     fn string(&mut self) -> Result<String, DecodeError> {
         let rest = &self.bytes[self.offset..];
-        let end = rest.iter().position(|byte| *byte == 0).ok_or_else(|| self.error("a string has no terminating NUL"))?;
+        let end =
+            rest.iter().position(|byte| *byte == 0).ok_or_else(|| self.error("a string has no terminating NUL"))?;
         let text = std::str::from_utf8(&rest[..end]).map_err(|_| self.error("a string is not UTF-8"))?.to_string();
         self.offset += end + 1;
         Ok(text)
@@ -222,7 +224,9 @@ pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
             let relation = reader.u32()?;
             match reader.u8()? {
                 b'N' => Message::Insert { relation, new: reader.tuple()? },
-                other => return Err(reader.error(format!("expected 'N' before the new row, found {:?}", other as char))),
+                other => {
+                    return Err(reader.error(format!("expected 'N' before the new row, found {:?}", other as char)));
+                }
             }
         }
         b'U' => {
@@ -244,7 +248,11 @@ pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
             let kind = match reader.u8()? {
                 b'K' => OldKind::Key,
                 b'O' => OldKind::Full,
-                other => return Err(reader.error(format!("expected 'K' or 'O' before the old row, found {:?}", other as char))),
+                other => {
+                    return Err(
+                        reader.error(format!("expected 'K' or 'O' before the old row, found {:?}", other as char))
+                    );
+                }
             };
             Message::Delete { relation, old: (kind, reader.tuple()?) }
         }

@@ -8,8 +8,17 @@ use std::fmt::Write as _;
 pub fn logical_ddl(poller: &str, slot: &str, publication: &str, user: Option<&str>) -> String {
     let quoted_publication = format!("\"{publication}\"");
     let mut out = String::new();
-    let _ = writeln!(out, "-- dbtrigger sql {poller}: logical source, slot {slot}, publication {publication} (PostgreSQL).");
-    out.push_str("-- Printed for a person to review and run: dbtrigger never runs it. Every statement can run twice.\n\n");
+    let _ = writeln!(
+        out,
+        "-- dbtrigger sql {poller}: logical source, slot {slot}, publication {publication} (PostgreSQL)."
+    );
+    out.push_str(
+        "-- Printed for a person to review and run: dbtrigger never runs it. Every statement can run twice.\n",
+    );
+    out.push_str(
+        "-- Run the statements one by one, in this order (psql does): a slot cannot be created in a transaction\n\
+         -- that has written, and the publication must exist before the slot decodes any change.\n\n",
+    );
     out.push_str(
         "-- 1. The server decodes its WAL: wal_level = logical (takes a restart; on Azure Database for\n\
          --    PostgreSQL, the server parameter wal_level = LOGICAL). Bound the WAL one slot may hold\n\
@@ -63,13 +72,17 @@ pub struct Finding {
 /// (each with a replica identity), and the role's privilege.
 pub async fn check(url: &str, slot: &str, publication: &str) -> Result<Vec<Finding>, String> {
     use sqlx::Row;
-    let pool = sqlx::PgPool::connect(url).await.map_err(|error| crate::config::redact::Redaction::of_url(url).scrub(&error.to_string()))?;
+    let pool = sqlx::PgPool::connect(url)
+        .await
+        .map_err(|error| crate::config::redact::Redaction::of_url(url).scrub(&error.to_string()))?;
     let scrub = |error: sqlx::Error| crate::config::redact::Redaction::of_url(url).scrub(&error.to_string());
     let mut findings = Vec::new();
     let wal_level: String = sqlx::query_scalar("SHOW wal_level").fetch_one(&pool).await.map_err(scrub)?;
     findings.push(Finding {
         ok: wal_level == "logical",
-        what: format!("wal_level is {wal_level} (logical needed: ALTER SYSTEM SET wal_level = logical, then a restart)"),
+        what: format!(
+            "wal_level is {wal_level} (logical needed: ALTER SYSTEM SET wal_level = logical, then a restart)"
+        ),
     });
     let row = sqlx::query(
         "SELECT plugin::text, active_pid, wal_status, \
@@ -81,7 +94,8 @@ pub async fn check(url: &str, slot: &str, publication: &str) -> Result<Vec<Findi
     .await
     .map_err(scrub)?;
     match row {
-        None => findings.push(Finding { ok: false, what: format!("slot {slot} does not exist (`dbtrigger sql` prints it)") }),
+        None => findings
+            .push(Finding { ok: false, what: format!("slot {slot} does not exist (`dbtrigger sql` prints it)") }),
         Some(row) => {
             let plugin: Option<String> = row.try_get(0).map_err(scrub)?;
             let pid: Option<i32> = row.try_get(1).map_err(scrub)?;
@@ -100,7 +114,10 @@ pub async fn check(url: &str, slot: &str, publication: &str) -> Result<Vec<Findi
                 ),
             });
             if let Some(pid) = pid {
-                findings.push(Finding { ok: false, what: format!("slot {slot} is in use by process {pid}: a slot has one reader") });
+                findings.push(Finding {
+                    ok: false,
+                    what: format!("slot {slot} is in use by process {pid}: a slot has one reader"),
+                });
             }
         }
     }
@@ -119,15 +136,23 @@ pub async fn check(url: &str, slot: &str, publication: &str) -> Result<Vec<Findi
         .await
         .map_err(scrub)?;
     if !exists {
-        findings.push(Finding { ok: false, what: format!("publication {publication} does not exist (`dbtrigger sql` prints it)") });
+        findings.push(Finding {
+            ok: false,
+            what: format!("publication {publication} does not exist (`dbtrigger sql` prints it)"),
+        });
     } else {
-        findings.push(Finding { ok: !tables.is_empty(), what: format!("publication {publication} has {} table(s)", tables.len()) });
+        findings.push(Finding {
+            ok: !tables.is_empty(),
+            what: format!("publication {publication} has {} table(s)", tables.len()),
+        });
     }
     for (schema, table, identity) in tables {
         if identity == "n" {
             findings.push(Finding {
                 ok: false,
-                what: format!("{schema}.{table} has REPLICA IDENTITY NOTHING: its updates and deletes carry no old key"),
+                what: format!(
+                    "{schema}.{table} has REPLICA IDENTITY NOTHING: its updates and deletes carry no old key"
+                ),
             });
         } else if identity == "d" {
             let has_key: bool = sqlx::query_scalar(
@@ -147,10 +172,11 @@ pub async fn check(url: &str, slot: &str, publication: &str) -> Result<Vec<Findi
             }
         }
     }
-    let privileged: bool = sqlx::query_scalar("SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user")
-        .fetch_one(&pool)
-        .await
-        .map_err(scrub)?;
+    let privileged: bool =
+        sqlx::query_scalar("SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user")
+            .fetch_one(&pool)
+            .await
+            .map_err(scrub)?;
     findings.push(Finding {
         ok: privileged,
         what: "the role has REPLICATION (or is a superuser): it may read and move the slot".to_string(),

@@ -20,8 +20,8 @@ use super::progress::{Key, Mark, Progress, ReadToEnd, key_of, position};
 use super::values::{lsn_text, parse_lsn};
 use crate::config::redact::Redaction;
 use crate::config::{SourceConfig, SourceTarget};
-use crate::domain::event::RowJson;
 use crate::domain::Position;
+use crate::domain::event::RowJson;
 use crate::source::{FetchLimit, Fetched, Probe, Source, SourceError, SourceRow, classify, timed};
 
 /// The rows one peek asks for at first (each change, Begin, Commit and Relation is a row).
@@ -158,7 +158,10 @@ impl LogicalSource {
     }
 
     fn malformed(&self, reason: String) -> SourceError {
-        SourceError::Query { location: self.redaction.location.clone(), reason: format!("slot {:?}: {reason}", self.slot) }
+        SourceError::Query {
+            location: self.redaction.location.clone(),
+            reason: format!("slot {:?}: {reason}", self.slot),
+        }
     }
 
     /// Moves the slot as far as the committed checkpoint allows, if further than it is.
@@ -266,7 +269,10 @@ impl Source for LogicalSource {
         .map_err(|error| self.query_error(error))?;
         let (retained_bytes, wal_status, active_pid) = row.ok_or_else(|| SourceError::Query {
             location: self.redaction.location.clone(),
-            reason: format!("replication slot {:?} does not exist (`dbtrigger sql` prints how to create it)", self.slot),
+            reason: format!(
+                "replication slot {:?} does not exist (`dbtrigger sql` prints how to create it)",
+                self.slot
+            ),
         })?;
         Ok(Some(crate::domain::slot::SlotView { slot: self.slot.clone(), retained_bytes, wal_status, active_pid }))
     }

@@ -69,20 +69,19 @@ fn insert(values: &[Option<Option<&str>>]) -> Vec<u8> {
 
 #[test]
 fn every_message_decodes() {
-    assert_eq!(decode(&begin(0x1_0000_0010, 5, 740)).unwrap(), Message::Begin {
-        final_lsn: 0x1_0000_0010,
-        commit_time: 5,
-        xid: 740
-    });
+    assert_eq!(
+        decode(&begin(0x1_0000_0010, 5, 740)).unwrap(),
+        Message::Begin { final_lsn: 0x1_0000_0010, commit_time: 5, xid: 740 }
+    );
     assert_eq!(decode(&commit(16, 24, 5)).unwrap(), Message::Commit { commit_lsn: 16, end_lsn: 24, commit_time: 5 });
     let Message::Relation(described) = decode(&relation()).unwrap() else { panic!("a relation") };
     assert_eq!(described.qualified_name(), "public.orders");
     assert_eq!(described.columns.iter().map(|column| column.key).collect::<Vec<_>>(), [true, false, false]);
     assert_eq!(described.columns[2].type_oid, 1700);
-    assert_eq!(decode(&insert(&[Some(Some("7")), Some(None), None])).unwrap(), Message::Insert {
-        relation: 16384,
-        new: vec![Datum::Text("7".into()), Datum::Null, Datum::UnchangedToast]
-    });
+    assert_eq!(
+        decode(&insert(&[Some(Some("7")), Some(None), None])).unwrap(),
+        Message::Insert { relation: 16384, new: vec![Datum::Text("7".into()), Datum::Null, Datum::UnchangedToast] }
+    );
     let mut update = vec![b'U'];
     update.extend(16384u32.to_be_bytes());
     update.push(b'K');
@@ -103,11 +102,10 @@ fn every_message_decodes() {
     truncate.push(3);
     truncate.extend(16384u32.to_be_bytes());
     truncate.extend(16390u32.to_be_bytes());
-    assert_eq!(decode(&truncate).unwrap(), Message::Truncate {
-        relations: vec![16384, 16390],
-        cascade: true,
-        restart_identity: true
-    });
+    assert_eq!(
+        decode(&truncate).unwrap(),
+        Message::Truncate { relations: vec![16384, 16390], cascade: true, restart_identity: true }
+    );
     let mut origin = vec![b'O'];
     origin.extend(9u64.to_be_bytes());
     string(&mut origin, "upstream");
@@ -164,15 +162,18 @@ fn a_transaction_becomes_numbered_changes_with_json_rows() {
     assert_eq!((transaction.xid, transaction.commit_lsn, transaction.end_lsn), (740, 100, 120));
     let ops: Vec<_> = transaction.changes.iter().map(|change| (change.op, change.ordinal)).collect();
     assert_eq!(ops, [(Op::Insert, 1), (Op::Update, 2), (Op::Delete, 3)]);
-    assert_eq!(json!(event_row(&transaction, &transaction.changes[0])), json!({
-        "table": "public.orders",
-        "new": {"id": 7, "body": "hello", "amount": "12.50"},
-        "old": null,
-        "lsn": "0/C",
-        "commit_lsn": "0/64",
-        "commit_time": "2000-01-01T00:00:01Z",
-        "xid": 740
-    }));
+    assert_eq!(
+        json!(event_row(&transaction, &transaction.changes[0])),
+        json!({
+            "table": "public.orders",
+            "new": {"id": 7, "body": "hello", "amount": "12.50"},
+            "old": null,
+            "lsn": "0/C",
+            "commit_lsn": "0/64",
+            "commit_time": "2000-01-01T00:00:01Z",
+            "xid": 740
+        })
+    );
     // The unchanged TOAST value is left out of the row and named, never null.
     let update = event_row(&transaction, &transaction.changes[1]);
     assert_eq!(update["new"], json!({"id": 7, "amount": null}));

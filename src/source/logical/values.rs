@@ -62,7 +62,10 @@ pub fn to_json(column: &str, type_oid: u32, text: &str) -> Result<Value, ValueEr
         JSON | JSONB => serde_json::from_str(text).map_err(|error| failed(format!("not JSON: {error}")))?,
         BYTEA => {
             let hex = text.strip_prefix("\\x").ok_or_else(|| failed("bytea not in hex form (bytea_output)".into()))?;
-            Value::from(base64::engine::general_purpose::STANDARD.encode(decode_hex(hex).ok_or_else(|| failed("bad hex digits".into()))?))
+            Value::from(
+                base64::engine::general_purpose::STANDARD
+                    .encode(decode_hex(hex).ok_or_else(|| failed("bad hex digits".into()))?),
+            )
         }
         DATE => match text {
             "infinity" | "-infinity" => Value::from(text),
@@ -79,8 +82,10 @@ pub fn to_json(column: &str, type_oid: u32, text: &str) -> Result<Value, ValueEr
         ),
         TIMESTAMP => match text {
             "infinity" | "-infinity" => Value::from(text),
-            _ => CursorValue::NaiveTimestamp(naive(text).ok_or_else(|| failed(format!("{text:?} is not a timestamp")))?)
-                .to_json(),
+            _ => {
+                CursorValue::NaiveTimestamp(naive(text).ok_or_else(|| failed(format!("{text:?} is not a timestamp")))?)
+                    .to_json()
+            }
         },
         TIMESTAMPTZ => match text {
             "infinity" | "-infinity" => Value::from(text),
@@ -186,7 +191,8 @@ mod tests {
 
     #[test]
     fn bad_text_is_an_error_naming_the_column() {
-        for (oid, text) in [(BOOL, "yes"), (INT4, "1.5"), (JSON, "{"), (BYTEA, "\\x0"), (BYTEA, "00"), (TIMESTAMPTZ, "x")]
+        for (oid, text) in
+            [(BOOL, "yes"), (INT4, "1.5"), (JSON, "{"), (BYTEA, "\\x0"), (BYTEA, "00"), (TIMESTAMPTZ, "x")]
         {
             let error = to_json("amount", oid, text).unwrap_err();
             assert!(error.to_string().contains("\"amount\""), "{error}");
