@@ -85,6 +85,8 @@ pub enum TextRule {
     Identifier,
     /// `table` or `schema.table`, each a plain SQL name.
     TableName,
+    /// A replication slot's name: lower-case letters, digits and `_`, at most 63.
+    SlotName,
     /// A function or poller name: `is_valid_function_name`.
     PollerName,
     /// An Azure Storage container or queue name: `is_valid_container_name`.
@@ -199,6 +201,7 @@ fn poller() -> Section {
 
 fn source() -> Vec<Field> {
     vec![
+        field("kind", Kind::Choice { values: &["polling", "logical"], default: Some("polling") }, "\"polling\" reads rows after a cursor column; \"logical\" (PostgreSQL, wal_level=logical) reads every insert, update, delete and truncate of a publication's tables from a replication slot, in commit order (docs/logical.md). A logical source takes `connection`, `slot`, `publication` and `queryTimeoutSeconds` only.", json!("logical")),
         field(
             "connection",
             Kind::SettingName { default: None },
@@ -208,8 +211,10 @@ fn source() -> Vec<Field> {
         .required(),
         field("table", Kind::text(TextRule::TableName), "The table to read (schema.table allowed). Give `table` or `query`.", json!("public.orders")),
         field("query", Kind::text(TextRule::Any), "A SELECT (or WITH … SELECT), read as a subquery, instead of `table`.", json!("SELECT o.id, o.updated_at, c.email FROM orders o JOIN customers c ON c.id = o.customer_id")),
-        field("cursor", Kind::text(TextRule::Identifier), "A non-decreasing column: an integer, a version column, or a timestamp (with or without time zone).", json!("updated_at")).required(),
-        field("pk", Kind::List { rule: TextRule::Identifier, unique: true }, "One or more stable key columns: the tiebreaker between rows of one cursor value. Not the cursor.", json!(["id"])).required(),
+        field("cursor", Kind::text(TextRule::Identifier), "A non-decreasing column: an integer, a version column, or a timestamp (with or without time zone). Required by a polling source.", json!("updated_at")),
+        field("pk", Kind::List { rule: TextRule::Identifier, unique: true }, "One or more stable key columns: the tiebreaker between rows of one cursor value. Not the cursor. Required by a polling source.", json!(["id"])),
+        field("slot", Kind::text(TextRule::SlotName), "A logical source's replication slot (pgoutput), created beforehand (`dbtrigger sql` prints how): lower-case letters, digits and '_'.", json!("dbtrigger_orders")),
+        field("publication", Kind::text(TextRule::Identifier), "A logical source's publication: the tables whose changes it delivers.", json!("dbtrigger_orders")),
         field("columns", Kind::List { rule: TextRule::Identifier, unique: false }, "The columns to deliver (the cursor and the key are always read).", json!(["id", "status", "total", "updated_at"]))
             .when_absent("every column"),
         field("where", Kind::text(TextRule::Any), "A fixed SQL filter, part of the source's fingerprint: one expression that stays inside its own parentheses (no `;`, `--`, `/*`, `#`, no `$` outside quotes, no backslash inside them). Write `%%` for a literal `%`.", json!("tenant_id = 7"))
@@ -236,12 +241,23 @@ fn source() -> Vec<Field> {
 fn source_rules() -> Vec<Rule> {
     vec![
         Rule {
-            says: "give `table` or `query`, not both",
+            says: "a logical source (kind \"logical\") gives `slot` and `publication`; a polling source gives `table` or `query` (not both), `cursor` and `pk`",
             // `null` is "left out" to the loader: a field counts only when it holds text.
-            schema: json!({"oneOf": [
-                {"required": ["table"], "properties": {"table": {"type": "string"}}},
-                {"required": ["query"], "properties": {"query": {"type": "string"}}}
-            ]}),
+            schema: json!({
+                "if": {"required": ["kind"], "properties": {"kind": {"const": "logical"}}},
+                "then": {
+                    "required": ["slot", "publication"],
+                    "properties": {"slot": {"type": "string"}, "publication": {"type": "string"}}
+                },
+                "else": {
+                    "required": ["cursor", "pk"],
+                    "properties": {"cursor": {"type": "string"}, "pk": {"type": "array"}},
+                    "oneOf": [
+                        {"required": ["table"], "properties": {"table": {"type": "string"}}},
+                        {"required": ["query"], "properties": {"query": {"type": "string"}}}
+                    ]
+                }
+            }),
         },
         Rule {
             says: "not both `softDelete` and `opColumn`",
@@ -496,6 +512,12 @@ fn watchdog() -> Section {
                 Kind::integer(ranges::HORIZON_HELD_AFTER_SECONDS, defaults::HORIZON_HELD_AFTER_SECONDS),
                 "A poller whose rows wait behind a transaction open this long (the commit horizon of an xid cursor, the bound of settle \"auto\") is reported as horizon_held; a tick cannot fix it, so it is never kicked.",
                 json!(300),
+            ),
+            field(
+                "slotRetentionMegabytes",
+                Kind::integer(ranges::SLOT_RETENTION_MEGABYTES, defaults::SLOT_RETENTION_MEGABYTES),
+                "A logical source's replication slot holding more WAL than this is reported as slot_retention (a slot the server invalidated, as slot_lost). Keep it well below max_slot_wal_keep_size.",
+                json!(1024),
             ),
             field(
                 "kick",

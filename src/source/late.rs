@@ -176,6 +176,8 @@ fn columns_and_from(config: &SourceConfig) -> (Vec<String>, String) {
         SourceTarget::Table { schema: Some(schema), name } => format!("{}.{}", quote(schema), quote(name)),
         SourceTarget::Table { schema: None, name } => quote(name),
         SourceTarget::Query(query) => format!("({query}) AS dbtrigger_source"),
+        // Never read by a seek (see `source::logical`): a name that cannot be a table's.
+        SourceTarget::Logical { slot, .. } => quote(&format!("logical slot {slot}")),
     };
     (columns, from)
 }

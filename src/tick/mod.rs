@@ -320,6 +320,8 @@ impl Poller {
         // committed behind it since it passed them ([`late`]).
         let late_found = self.check_late(document).await;
         let checkpoint = document.position()?;
+        // A source with a position of its own (a logical source's slot) learns what is committed.
+        self.source.committed(checkpoint.as_ref()).await?;
         let reservations = self.reservations();
         let mut first_hold = reservations.reserve(self.fetch_limit().bytes).await;
         let first = self.source.fetch_after(checkpoint.as_ref(), self.fetch_limit()).await?;
