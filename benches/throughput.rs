@@ -147,6 +147,8 @@ impl Meter {
 enum Engine {
     Sqlite,
     Postgres,
+    /// The late-arrival detector's part only (no raw limit is measured for it).
+    MariaDb,
 }
 
 /// The rows' `note` column: a short text, as most tables have.
@@ -187,6 +189,26 @@ async fn table(engine: Engine, directory: &std::path::Path, rows: i64, note: &st
             pool.close().await;
             url
         }
+        Engine::MariaDb => {
+            let url = services::mariadb().fresh_database().await;
+            let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
+            sqlx::raw_sql(sqlx::AssertSqlSafe(
+                "CREATE TABLE orders (id BIGINT PRIMARY KEY, version BIGINT NOT NULL, status TEXT, total DOUBLE, note TEXT, INDEX orders_seek (version, id))".to_string(),
+            ))
+            .execute(&pool)
+            .await
+            .unwrap();
+            let note = note.replace("'order number ' || x", "CONCAT('order number ', x)");
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO orders SELECT x, x DIV 3, 'paid', x * 1.5, {note} FROM (WITH RECURSIVE g(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM g WHERE x < {rows}) SELECT x FROM g) AS numbers;
+                 ANALYZE TABLE orders;"
+            )))
+            .execute(&pool)
+            .await
+            .unwrap();
+            pool.close().await;
+            url
+        }
     }
 }
 
@@ -212,6 +234,7 @@ impl RawPool {
             Engine::Postgres => RawPool::Postgres(
                 sqlx::postgres::PgPoolOptions::new().test_before_acquire(false).connect(url).await.unwrap(),
             ),
+            Engine::MariaDb => panic!("no raw limit is measured on MariaDB"),
         }
     }
 
@@ -504,7 +527,7 @@ async fn late_detector(
         "late-arrival detector: an idle tick (median of {rounds} rounds of {ticks} ticks) and the catch-up, detector off and on"
     );
     println!(
-        "{:<10} {:>8} {:<9} {:>12} {:>12} {:>10} {:>8} {:>16} {:>16}",
+        "{:<10} {:>8} {:<9} {:>12} {:>12} {:>10} {:>8} {:>7} {:>16} {:>16}",
         "engine",
         "window",
         "state",
@@ -512,11 +535,12 @@ async fn late_detector(
         "idle on µs",
         "added µs",
         "added %",
+        "on/off",
         "catch-up off s",
         "catch-up on s"
     );
     let mut delivered = 0u64;
-    for engine in [Engine::Sqlite, Engine::Postgres] {
+    for engine in [Engine::Sqlite, Engine::Postgres, Engine::MariaDb] {
         for window in [1_000i64, 10_000, 100_000] {
             for (state_name, state) in [("file", "file"), ("azurite", azurite)] {
                 let path = format!("late detector: {engine:?} {window} rows, {state_name} state");
@@ -558,7 +582,7 @@ async fn late_detector(
                 let off = median(idle[0][1..].to_vec());
                 let on = median(idle[1][1..].to_vec());
                 println!(
-                    "{:<10} {:>8} {:<9} {:>12.0} {:>12.0} {:>10.0} {:>7.1}% {:>16.2} {:>16.2}",
+                    "{:<10} {:>8} {:<9} {:>12.0} {:>12.0} {:>10.0} {:>7.1}% {:>7.3} {:>16.2} {:>16.2}",
                     format!("{engine:?}"),
                     window,
                     state_name,
@@ -566,6 +590,7 @@ async fn late_detector(
                     on,
                     on - off,
                     100.0 * (on - off) / off,
+                    on / off,
                     catch_ups[0],
                     catch_ups[1]
                 );

@@ -3,7 +3,8 @@
 //! - **Record**: every commit extends the window of the state document with the keys of the rows
 //!   it covers ([`Poller::record_late`]), in the same compare-and-swap.
 //! - **Check**: at one tick in `everyTicks`, before the first fetch, the source recounts the
-//!   window's buckets in one grouped query ([`Poller::check_late`]). Reading only, no lease.
+//!   fresh buckets and a slice of the older ones in one query ([`Poller::check_late`],
+//!   [`late::sweep`]: the turn over the older ones is kept in memory). Reading only, no lease.
 //! - **Deliver**: buckets that grew are delivered again under the tick's lease, after the tick's
 //!   own batches (so that a late batch that keeps failing never holds up new rows): the one new row
 //!   when its hash names it, else the bucket's rows page by page, each page a batch with
@@ -98,14 +99,21 @@ impl Poller {
             return None;
         }
         let position = document.position().ok().flatten()?;
-        let bounds = match late::bounds(window) {
-            Ok(bounds) => bounds,
+        let froms = match late::bounds(window) {
+            Ok(froms) => froms,
             Err(reason) => {
                 warn!(poller = %self.config.poller_name, "the late-arrival window cannot be read ({reason}): a new one starts");
                 return None;
             }
         };
-        let check = BucketCheck { bounds, checkpoint: position.clone() };
+        let sweep = self.late_sweep.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        // A turn not begun starts at a bucket picked by the clock: a process restarted often does
+        // not always recount the same ones first.
+        let start = self.clock.now().timestamp_millis().unsigned_abs();
+        let selection = late::sweep::select(window, &sweep, config.sweep_checks, start);
+        let ranges =
+            selection.indices.iter().map(|index| (froms[*index].clone(), late::end_of(&froms, *index))).collect();
+        let check = BucketCheck { ranges, checkpoint: position.clone() };
         let tallies = match self.source.tally_buckets(&check).await {
             Ok(Some(tallies)) => tallies,
             Ok(None) => return None,
@@ -116,7 +124,8 @@ impl Poller {
             }
         };
         self.learn(|learnt| learnt.late_check = LateCheck::Checked);
-        match late::plan_check(window, &tallies) {
+        *self.late_sweep.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = selection.sweep;
+        match late::plan_partial(window, &selection.indices, &tallies) {
             Ok(plan) if plan.is_empty() => None,
             Ok(plan) => Some(LateFound { plan, checkpoint: position }),
             Err(reason) => {

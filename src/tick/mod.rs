@@ -90,6 +90,8 @@ pub struct Poller {
     committed_rows: std::sync::atomic::AtomicU64,
     /// Ticks of this poller in this process: the late-arrival check runs at one in `everyTicks`.
     late_ticks: std::sync::atomic::AtomicU64,
+    /// Where the late-arrival checks' turn over the window's older buckets is.
+    late_sweep: std::sync::Mutex<crate::domain::late::sweep::Sweep>,
 }
 
 /// What a tick learns on the way that its outcome does not carry.
@@ -125,6 +127,7 @@ impl Poller {
             learnt: std::sync::Mutex::new(Learnt::default()),
             committed_rows: std::sync::atomic::AtomicU64::new(0),
             late_ticks: std::sync::atomic::AtomicU64::new(0),
+            late_sweep: std::sync::Mutex::new(Default::default()),
         }
     }
 
