@@ -76,6 +76,11 @@ impl Tally {
         self.sum_u += u64::from(hash.u);
         self.sum_v += u64::from(hash.v);
     }
+
+    /// The tally of two ranges together.
+    pub fn plus(&self, other: &Tally) -> Tally {
+        Tally { rows: self.rows + other.rows, sum_u: self.sum_u + other.sum_u, sum_v: self.sum_v + other.sum_v }
+    }
 }
 
 /// One bucket of the window.
@@ -261,9 +266,7 @@ pub fn compact(window: &mut Window, policy: &WindowPolicy) {
                 _ => true,
             };
             if fits && close {
-                last.tally.rows += bucket.tally.rows;
-                last.tally.sum_u += bucket.tally.sum_u;
-                last.tally.sum_v += bucket.tally.sum_v;
+                last.tally = last.tally.plus(&bucket.tally);
                 continue;
             }
         }
