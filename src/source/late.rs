@@ -234,8 +234,11 @@ pub fn tally_sql(config: &SourceConfig, plan: &SeekPlan, ends: &[bool], kind: Ke
             if engine == Engine::Postgres {
                 // The range's upper end beside the row comparison: the planner estimates a range
                 // (`>=` and `<=` of one column) as narrow, and keeps to the index.
-                predicates
-                    .push(format!("{} <= {}", columns[0], builder.placeholder(LateSlot::Checkpoint(Slot::Cursor))));
+                predicates.push(format!(
+                    "{} <= {}",
+                    columns[0],
+                    builder.placeholder(LateSlot::Checkpoint(Slot::Cursor))
+                ));
             }
             predicates.push(builder.compare(&columns, false, LateSlot::Checkpoint));
         } else {
@@ -251,7 +254,9 @@ pub fn tally_sql(config: &SourceConfig, plan: &SeekPlan, ends: &[bool], kind: Ke
                 format!("CAST(SUM({u}) AS SIGNED)"),
                 format!("CAST(SUM({v}) AS SIGNED)"),
             ),
-            Engine::Postgres => (format!("{index}::bigint"), "count(*)".to_string(), format!("sum({u})"), format!("sum({v})")),
+            Engine::Postgres => {
+                (format!("{index}::bigint"), "count(*)".to_string(), format!("sum({u})"), format!("sum({v})"))
+            }
             Engine::Sqlite => (index.to_string(), "count(*)".to_string(), format!("sum({u})"), format!("sum({v})")),
         };
         parts.push(format!(
@@ -605,7 +610,11 @@ mod tests {
             "{}",
             late.sql
         );
-        assert!(late.sql.contains("`updated_at` >= ? AND `updated_at` < ?) AS dbtrigger_keys0 UNION ALL"), "{}", late.sql);
+        assert!(
+            late.sql.contains("`updated_at` >= ? AND `updated_at` < ?) AS dbtrigger_keys0 UNION ALL"),
+            "{}",
+            late.sql
+        );
         assert!(
             late.sql.contains("`updated_at` <= ? AND (`updated_at` < ? OR (`updated_at` = ? AND `id` <= ?))"),
             "{}",

@@ -477,9 +477,15 @@ async fn late_arrivals_are_in_status_and_the_watchdog() {
 /// a `seq` the checkpoint passed), on every engine.
 fn seq_table(engine: Engine) -> &'static str {
     match engine {
-        Engine::Postgres => "CREATE TABLE items (id BIGINT PRIMARY KEY, seq BIGINT NOT NULL, note TEXT);\nCREATE INDEX ON items (seq, id);\n",
-        Engine::MariaDb => "CREATE TABLE items (id BIGINT PRIMARY KEY, seq BIGINT NOT NULL, note TEXT, INDEX (seq, id));\n",
-        Engine::Sqlite => "CREATE TABLE items (id INTEGER PRIMARY KEY, seq INTEGER NOT NULL, note TEXT);\nCREATE INDEX items_seq ON items (seq, id);\n",
+        Engine::Postgres => {
+            "CREATE TABLE items (id BIGINT PRIMARY KEY, seq BIGINT NOT NULL, note TEXT);\nCREATE INDEX ON items (seq, id);\n"
+        }
+        Engine::MariaDb => {
+            "CREATE TABLE items (id BIGINT PRIMARY KEY, seq BIGINT NOT NULL, note TEXT, INDEX (seq, id));\n"
+        }
+        Engine::Sqlite => {
+            "CREATE TABLE items (id INTEGER PRIMARY KEY, seq INTEGER NOT NULL, note TEXT);\nCREATE INDEX items_seq ON items (seq, id);\n"
+        }
     }
 }
 

@@ -248,11 +248,8 @@ pub fn extend(
 pub fn compact(window: &mut Window, policy: &WindowPolicy) {
     let rows_per_bucket = (policy.rows / BUCKETS_PER_WINDOW as u64).max(1);
     let span_per_bucket = policy.span / BUCKETS_PER_WINDOW as i32;
-    let instants: Vec<Option<DateTime<Utc>>> = window
-        .buckets
-        .iter()
-        .map(|bucket| bucket.from_cursor(&window.kind).ok().as_ref().and_then(instant))
-        .collect();
+    let instants: Vec<Option<DateTime<Utc>>> =
+        window.buckets.iter().map(|bucket| bucket.from_cursor(&window.kind).ok().as_ref().and_then(instant)).collect();
     let old = window.buckets.len().saturating_sub(FRESH_BUCKETS);
     let mut kept: Vec<Bucket> = Vec::with_capacity(window.buckets.len());
     let mut kept_from: Option<DateTime<Utc>> = None;
@@ -466,7 +463,11 @@ pub fn adopt(record: &LateRecord, from: &CursorValue, checked: Tally, recount: T
         // The bucket that holds `from` now: the one checked, or the older one it was merged into
         // by a commit since (whose other rows are kept as commits' additions are).
         let holder = window.buckets.iter().rposition(|bucket| {
-            bucket.from_cursor(&kind).ok().and_then(|start| start.compare(from)).is_some_and(|order| order != Ordering::Greater)
+            bucket
+                .from_cursor(&kind)
+                .ok()
+                .and_then(|start| start.compare(from))
+                .is_some_and(|order| order != Ordering::Greater)
         });
         if let Some(bucket) = holder.map(|index| &mut window.buckets[index]) {
             bucket.tally = Tally {

@@ -325,9 +325,10 @@ fn fresh_buckets_are_small_and_old_ones_merge_up_to_a_sixteenth_of_the_window() 
 /// bucket takes the recount, and keeps the neighbour's rows.
 #[test]
 fn a_late_write_finds_the_bucket_its_rows_were_merged_into() {
-    let mut window = extend(None, None, &[&(1..=20).map(|id| row(id, id)).collect::<Vec<_>>()], "b", &policy(16), at(0))
-        .window
-        .unwrap();
+    let mut window =
+        extend(None, None, &[&(1..=20).map(|id| row(id, id)).collect::<Vec<_>>()], "b", &policy(16), at(0))
+            .window
+            .unwrap();
     window.buckets.truncate(3);
     let checked = window.buckets[1].tally;
     let mut found = checked;
