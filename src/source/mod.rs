@@ -11,6 +11,7 @@ mod fetch;
 pub mod horizon;
 pub mod late;
 pub mod mysql;
+pub mod pools;
 pub mod position;
 pub mod postgres;
 pub mod query;
@@ -70,6 +71,11 @@ pub enum SourceError {
     /// A stored position that does not fit the configured key: never bound.
     #[error(transparent)]
     KeyMismatch(#[from] crate::domain::cursor::KeyMismatch),
+    /// Every connection the app allows to this database stayed busy for the poller's tick budget.
+    #[error(
+        "every one of the {cap} connections this app allows to {location} stayed in use for {seconds} s (source.maxConnections, app setting DBTRIGGER_MAX_CONNECTIONS_PER_DATABASE)"
+    )]
+    Busy { location: String, cap: u32, seconds: u64 },
     /// A row that cannot be delivered, named by its primary key.
     #[error("{error} (in the row with {row})")]
     InRow { row: String, error: Box<SourceError> },
@@ -96,6 +102,12 @@ pub trait Source: Send + Sync {
 
     /// Where the source is, for messages; never includes a password.
     fn describe(&self) -> String;
+
+    /// How long this source waited for a connection (all of its target's were in use) since the
+    /// last call: a tick reads it at its end, for its summary line.
+    fn connection_wait(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
 
     /// The late-arrival recount ([`late`]): one tally per bucket of `check`, over the rows at or
     /// before its checkpoint. `None`: this source cannot recount (a test double), and the detector
@@ -159,8 +171,9 @@ pub async fn last_position(source: &dyn Source) -> Result<Option<Position>, Sour
 /// tick starts again from the checkpoint.
 const PING_AFTER_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// The pool every engine's source uses: two connections, ten seconds to get one, a ping only
-/// after [`PING_AFTER_IDLE`] idle.
+/// The base of every shared pool ([`pools::Target::pool_options`] sets its size and idle time):
+/// ten seconds to get a connection once a permit is held (one is free or can be opened), a ping
+/// only after [`PING_AFTER_IDLE`] idle.
 pub(crate) fn pool_options<DB: Database>() -> sqlx::pool::PoolOptions<DB> {
     sqlx::pool::PoolOptions::new()
         .max_connections(2)
@@ -177,10 +190,17 @@ pub(crate) fn pool_options<DB: Database>() -> sqlx::pool::PoolOptions<DB> {
 }
 
 /// Runs a source question under the source's query timeout.
-pub(crate) async fn timed<T, F>(config: &SourceConfig, location: &str, work: F) -> Result<T, SourceError>
+pub(crate) async fn timed<T, F>(
+    gate: &pools::Gate,
+    config: &SourceConfig,
+    location: &str,
+    work: F,
+) -> Result<T, SourceError>
 where
     F: Future<Output = Result<T, SourceError>>,
 {
+    // A connection of the shared target first: waiting for one is not part of the query's time.
+    let _permit = gate.enter(location).await?;
     match tokio::time::timeout(config.query_timeout, work).await {
         Ok(result) => result,
         Err(_) => Err(SourceError::Timeout { location: location.to_string(), seconds: config.query_timeout.as_secs() }),
@@ -206,7 +226,7 @@ macro_rules! sql_source {
                     // statement, so that the rows' snapshot is taken after it (see `horizon`).
                     let bound = if seek.binds_bound(probe) { Some(self.settle_bound().await?) } else { None };
                     $crate::source::fetch_rows(
-                        &self.pool,
+                        self.pool(),
                         &self.config,
                         seek,
                         probe,
@@ -222,10 +242,11 @@ macro_rules! sql_source {
                 let location = &self.redaction.location;
                 match probe {
                     $crate::source::Probe::Deliver => {
-                        $crate::source::guarded_fetch(&self.config, location, &self.settle_warned, fetch).await
+                        $crate::source::guarded_fetch(&self.gate, &self.config, location, &self.settle_warned, fetch)
+                            .await
                     }
                     $crate::source::Probe::Pending | $crate::source::Probe::Last => {
-                        $crate::source::timed(&self.config, location, fetch).await
+                        $crate::source::timed(&self.gate, &self.config, location, fetch).await
                     }
                 }
             }
@@ -241,17 +262,17 @@ macro_rules! sql_source {
                         $crate::source::position::check_key(&self.config, position)?;
                         $crate::source::position::check_xid_kind(seek.is_xid(), position)?;
                     }
-                    $crate::source::count_rows(&self.pool, seek, after, cap, &self.redaction).await
+                    $crate::source::count_rows(self.pool(), seek, after, cap, &self.redaction).await
                 };
-                $crate::source::timed(&self.config, &self.redaction.location, count).await
+                $crate::source::timed(&self.gate, &self.config, &self.redaction.location, count).await
             }
 
             async fn generation(&self) -> Result<Option<serde_json::Value>, $crate::source::SourceError> {
                 let Some(generation) = &self.config.generation else {
                     return Ok(None);
                 };
-                let value = $crate::source::fetch_scalar(&self.pool, &generation.query, &self.redaction, self);
-                $crate::source::timed(&self.config, &self.redaction.location, value).await.map(Some)
+                let value = $crate::source::fetch_scalar(self.pool(), &generation.query, &self.redaction, self);
+                $crate::source::timed(&self.gate, &self.config, &self.redaction.location, value).await.map(Some)
             }
 
             async fn horizon_holder(
@@ -261,11 +282,15 @@ macro_rules! sql_source {
                     let seek = self.seek().await?;
                     self.holder(seek).await
                 };
-                $crate::source::timed(&self.config, &self.redaction.location, holder).await
+                $crate::source::timed(&self.gate, &self.config, &self.redaction.location, holder).await
             }
 
             fn describe(&self) -> String {
                 self.redaction.location.clone()
+            }
+
+            fn connection_wait(&self) -> std::time::Duration {
+                self.gate.take_waited()
             }
 
             async fn tally_buckets(
@@ -274,11 +299,11 @@ macro_rules! sql_source {
             ) -> Result<Option<Vec<$crate::domain::late::Tally>>, $crate::source::SourceError> {
                 let work = async {
                     let seek = self.seek().await?;
-                    $crate::source::late::tally_buckets(&self.pool, &self.config, &seek.plan, check, &self.redaction)
+                    $crate::source::late::tally_buckets(self.pool(), &self.config, &seek.plan, check, &self.redaction)
                         .await
                         .map(Some)
                 };
-                $crate::source::timed(&self.config, &self.redaction.location, work).await
+                $crate::source::timed(&self.gate, &self.config, &self.redaction.location, work).await
             }
 
             async fn read_bucket(
@@ -290,7 +315,7 @@ macro_rules! sql_source {
                 let work = async {
                     let seek = self.seek().await?;
                     $crate::source::late::read_bucket(
-                        &self.pool,
+                        self.pool(),
                         &self.config,
                         &seek.plan,
                         range,
@@ -301,7 +326,7 @@ macro_rules! sql_source {
                     )
                     .await
                 };
-                $crate::source::timed(&self.config, &self.redaction.location, work).await
+                $crate::source::timed(&self.gate, &self.config, &self.redaction.location, work).await
             }
         }
     };
@@ -312,6 +337,7 @@ pub(crate) use sql_source;
 /// is cancelled: its future dropped, which closes the connection), and says once when
 /// `settleSeconds` cannot apply to what it returned.
 pub(crate) async fn guarded_fetch<F>(
+    gate: &pools::Gate,
     config: &SourceConfig,
     location: &str,
     settle_warned: &AtomicBool,
@@ -320,7 +346,7 @@ pub(crate) async fn guarded_fetch<F>(
 where
     F: Future<Output = Result<Fetched, SourceError>>,
 {
-    let fetched = timed(config, location, fetch).await?;
+    let fetched = timed(gate, config, location, fetch).await?;
     warn_if_settle_ignored(config, &fetched, settle_warned, location);
     Ok(fetched)
 }
@@ -348,13 +374,30 @@ fn warn_if_settle_ignored(config: &SourceConfig, fetched: &Fetched, warned: &Ato
     }
 }
 
-/// Opens a source for a poller. Connections are made lazily, on first use, and pooled: the source
-/// lives as long as the poller, across ticks.
+/// Opens a source on pools of its own (a tool, a test): [`open_shared`] with a fresh
+/// [`pools::Pools`] and the default tick budget as its wait for a connection.
 pub fn open(config: &SourceConfig) -> Result<Arc<dyn Source>, SourceError> {
+    let budget = std::time::Duration::from_secs(crate::config::defaults::TICK_BUDGET_SECONDS);
+    open_shared(config, &pools::Pools::new(), budget)
+}
+
+/// Opens a source for a poller. Connections are made lazily, on first use, from the pool of its
+/// database target in `pools`, shared with the app's other pollers of that target; a question
+/// that finds them all in use waits up to `wait_limit` (the poller's tick budget). The source
+/// lives as long as the poller, across ticks.
+pub fn open_shared(
+    config: &SourceConfig,
+    pools: &pools::Pools,
+    wait_limit: std::time::Duration,
+) -> Result<Arc<dyn Source>, SourceError> {
     match config.engine {
         Engine::Sqlite => Ok(Arc::new(sqlite::SqliteSource::open(config)?)),
-        Engine::Postgres => Ok(Arc::new(postgres::PostgresSource::open(config)?)),
-        Engine::MySql => Ok(Arc::new(mysql::MySqlSource::open(config)?)),
+        Engine::Postgres => {
+            Ok(Arc::new(postgres::PostgresSource::open(config, pools::Gate::new(pools.target(config), wait_limit))?))
+        }
+        Engine::MySql => {
+            Ok(Arc::new(mysql::MySqlSource::open(config, pools::Gate::new(pools.target(config), wait_limit))?))
+        }
     }
 }
 
