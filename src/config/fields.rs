@@ -229,7 +229,7 @@ fn source() -> Vec<Field> {
         field("maxConnections", Kind::integer(ranges::MAX_CONNECTIONS, defaults::MAX_CONNECTIONS_PER_DATABASE), "The most connections the app opens to this source's database, shared by every poller of the app that reads it (the same host, port, database, user and options); when its pollers disagree, the smallest wins. Defaults to app setting DBTRIGGER_MAX_CONNECTIONS_PER_DATABASE, else 10. A tick that finds them all busy waits (its summary line says how long), within its tick budget.", json!(10)),
         field("softDelete", Kind::text(TextRule::Identifier), "A column marking deleted rows: a row whose value is not NULL (nor false or 0) is delivered with op \"delete\". Not with `opColumn`.", json!("deleted_at")),
         field("opColumn", Kind::text(TextRule::Identifier), "A column saying each row's operation (insert, update, upsert, delete): an outbox or tombstone table. Not with `softDelete`.", json!("op")),
-        field("lateArrivals", Kind::Object { fields: late_arrivals(), rules: vec![] }, "The late-arrival detector: a count and key hash per cursor bucket behind the checkpoint, recounted by the source; a bucket that grew is delivered again with `late: true` (README, \"Late arrivals\").", json!({"enabled": true, "windowSeconds": 900, "windowRows": 100000, "everyTicks": 1}))
+        field("lateArrivals", Kind::Object { fields: late_arrivals(), rules: vec![] }, "The late-arrival detector: a count and key hash per cursor bucket behind the checkpoint, recounted by the source; a bucket that grew is delivered again with `late: true` (docs/late-arrivals.md: how it checks, how soon, what it costs).", json!({"enabled": true, "windowSeconds": 900, "windowRows": 100000, "everyTicks": 1, "sweepChecks": 1000}))
             .when_absent("on, with the defaults below")
             .nullable(),
         field("generation", Kind::Object { fields: generation(), rules: vec![] }, "The load the table holds, for a table that is truncated and reloaded.", json!({"query": "SELECT max(load_id) FROM load_log", "onChange": "stop"}))
@@ -288,8 +288,14 @@ fn late_arrivals() -> Vec<Field> {
         field(
             "everyTicks",
             Kind::integer(late_ranges::EVERY_TICKS, late_defaults::EVERY_TICKS),
-            "The check runs at one tick in this many: a check reads every row of the window, so a large window is cheaper checked less often.",
+            "The check runs at one tick in this many. Each check recounts the newest buckets (the last few hundred rows delivered, where a row committed seconds late lands) and a slice of the older ones.",
             json!(10),
+        ),
+        field(
+            "sweepChecks",
+            Kind::integer(late_ranges::SWEEP_CHECKS, late_defaults::SWEEP_CHECKS),
+            "The whole window is recounted over this many checks: a late row older than the newest buckets is found within sweepChecks x everyTicks ticks (docs/late-arrivals.md). Fewer is sooner, at a cost per check of about the window's rows divided by it.",
+            json!(200),
         ),
     ]
 }

@@ -92,6 +92,8 @@ pub struct Poller {
     committed_rows: std::sync::atomic::AtomicU64,
     /// Ticks of this poller in this process: the late-arrival check runs at one in `everyTicks`.
     late_ticks: std::sync::atomic::AtomicU64,
+    /// Where the late-arrival checks' turn over the window's older buckets is.
+    late_sweep: std::sync::Mutex<crate::domain::late::sweep::Sweep>,
     /// The app's budget of bytes in flight, which every read of a batch reserves from (none: no
     /// bound but the poller's own window).
     budget: Option<Arc<budget::BytesBudget>>,
@@ -132,6 +134,7 @@ impl Poller {
             learnt: std::sync::Mutex::new(Learnt::default()),
             committed_rows: std::sync::atomic::AtomicU64::new(0),
             late_ticks: std::sync::atomic::AtomicU64::new(0),
+            late_sweep: std::sync::Mutex::new(Default::default()),
             budget: None,
             budget_waited: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         }
