@@ -10,6 +10,7 @@ pub mod ddl;
 mod fetch;
 pub mod horizon;
 pub mod late;
+pub mod logical;
 pub mod mysql;
 pub mod pools;
 pub mod position;
@@ -107,6 +108,20 @@ pub trait Source: Send + Sync {
     /// last call: a tick reads it at its end, for its summary line.
     fn connection_wait(&self) -> std::time::Duration {
         std::time::Duration::ZERO
+    }
+
+    /// A logical source's replication slot, as the server reports it; `None` for the others.
+    async fn slot(&self) -> Result<Option<crate::domain::slot::SlotView>, SourceError> {
+        Ok(None)
+    }
+
+    /// The state document's checkpoint as committed: at the start of a tick (as read) and after
+    /// each commit. A source that keeps a position of its own on the server (a logical source's
+    /// replication slot) moves it here, never past what is committed; the others have nothing to
+    /// do.
+    async fn committed(&self, checkpoint: Option<&Position>) -> Result<(), SourceError> {
+        let _ = checkpoint;
+        Ok(())
     }
 
     /// The late-arrival recount ([`late`]): one tally per bucket of `check`, over the rows at or
@@ -392,6 +407,9 @@ pub fn open_shared(
 ) -> Result<Arc<dyn Source>, SourceError> {
     match config.engine {
         Engine::Sqlite => Ok(Arc::new(sqlite::SqliteSource::open(config)?)),
+        Engine::Postgres if matches!(config.target, crate::config::SourceTarget::Logical { .. }) => {
+            Ok(Arc::new(logical::LogicalSource::open(config)?))
+        }
         Engine::Postgres => {
             Ok(Arc::new(postgres::PostgresSource::open(config, pools::Gate::new(pools.target(config), wait_limit))?))
         }
