@@ -223,7 +223,7 @@ fn source() -> Vec<Field> {
         field("queryTimeoutSeconds", Kind::integer(ranges::QUERY_TIMEOUT_SECONDS, defaults::QUERY_TIMEOUT_SECONDS), "A fetch is cancelled after this long (PostgreSQL also gets it as statement_timeout) and the tick fails with that reason.", json!(60)),
         field("softDelete", Kind::text(TextRule::Identifier), "A column marking deleted rows: a row whose value is not NULL (nor false or 0) is delivered with op \"delete\". Not with `opColumn`.", json!("deleted_at")),
         field("opColumn", Kind::text(TextRule::Identifier), "A column saying each row's operation (insert, update, upsert, delete): an outbox or tombstone table. Not with `softDelete`.", json!("op")),
-        field("lateArrivals", Kind::Object { fields: late_arrivals(), rules: vec![] }, "The late-arrival detector: a count and key hash per cursor bucket behind the checkpoint, recounted by the source; a bucket that grew is delivered again with `late: true` (README, \"Late arrivals\").", json!({"enabled": true, "windowSeconds": 900, "windowRows": 100000, "everyTicks": 1}))
+        field("lateArrivals", Kind::Object { fields: late_arrivals(), rules: vec![] }, "The late-arrival detector: a count and key hash per cursor bucket behind the checkpoint, recounted by the source; a bucket that grew is delivered again with `late: true` (docs/sources.md, \"Late arrivals\").", json!({"enabled": true, "windowSeconds": 900, "windowRows": 100000, "everyTicks": 1}))
             .when_absent("on, with the defaults below")
             .nullable(),
         field("generation", Kind::Object { fields: generation(), rules: vec![] }, "The load the table holds, for a table that is truncated and reloaded.", json!({"query": "SELECT max(load_id) FROM load_log", "onChange": "stop"}))

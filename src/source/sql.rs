@@ -182,7 +182,7 @@ fn warn_if_settle_ignored(config: &SourceConfig, fetched: &Fetched, warned: &Ato
             source = %location,
             cursor = %config.cursor,
             settle_seconds = config.settle.as_secs(),
-            "settleSeconds applies to timestamp cursors only: this {} cursor is read without it (see the README, \"Sources\")",
+            "settleSeconds applies to timestamp cursors only: this {} cursor is read without it (see docs/sources.md, \"Integer cursors\")",
             kind.kind()
         );
     }
