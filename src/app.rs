@@ -99,13 +99,13 @@ impl Invocation {
                     "tick poller={poller} outcome={} rows={rows} batches={batches} quarantined={quarantined} {} message={:?}",
                     outcome.kind(),
                     report_pairs(report),
-                    outcome.to_string()
+                    format!("{outcome}{}", waited_words(report))
                 )
             }
             Invocation::Failed { poller, error, report } => format!(
                 "tick poller={poller} outcome=failed {} message={:?}",
                 report_pairs(report),
-                format!("tick failed: {error}")
+                format!("tick failed: {error}{}", waited_words(report))
             ),
             Invocation::Unusable { function, reason } => format!("{function}: {reason}"),
             Invocation::Unknown { function, known } => {
@@ -129,6 +129,25 @@ impl Invocation {
     }
 }
 
+/// What the summary's words add when the tick waited for a database connection.
+fn waited_words(report: &TickReport) -> String {
+    let mut words = String::new();
+    if report.connection_wait_ms > 0 {
+        words.push_str(&format!(
+            " (waited {} ms for a database connection: the app's others to that database were in use)",
+            report.connection_wait_ms
+        ));
+    }
+    if report.budget_wait_ms > 0 {
+        words.push_str(&format!(
+            " (waited {} ms for the app's budget of bytes in flight, {})",
+            report.budget_wait_ms,
+            crate::tick::budget::SETTING
+        ));
+    }
+    words
+}
+
 /// A tick's costs as `key=value` pairs: duration, lag after it, blob requests, fencing token, and
 /// the late-arrival detector's check and findings.
 fn report_pairs(report: &TickReport) -> String {
@@ -140,10 +159,12 @@ fn report_pairs(report: &TickReport) -> String {
     let token = report.fencing_token.map(|token| token.to_string()).unwrap_or_else(|| "none".to_string());
     let lateness = report.max_lateness_seconds.map(|seconds| seconds.to_string()).unwrap_or_else(|| "none".to_string());
     format!(
-        "late_arrivals={} max_lateness_seconds={lateness} late_check={} duration_ms={} lag_rows={lag} blob_reads={} blob_writes={} fencing_token={token}",
+        "late_arrivals={} max_lateness_seconds={lateness} late_check={} duration_ms={} connection_wait_ms={} budget_wait_ms={} lag_rows={lag} blob_reads={} blob_writes={} fencing_token={token}",
         report.late_arrivals,
         report.late_check.as_str(),
         report.duration_ms,
+        report.connection_wait_ms,
+        report.budget_wait_ms,
         report.blob_reads,
         report.blob_writes
     )
@@ -175,9 +196,18 @@ impl App {
         let owner_id = owner_id(settings);
         let schedule_zone = schedule_zone(settings);
         let mut functions = BTreeMap::new();
+        // One pool per database target, shared by the app's pollers of it; one budget of bytes in
+        // flight for them all.
+        let pools = crate::source::pools::Pools::new();
+        let budget = crate::tick::budget::BytesBudget::from_settings(settings).unwrap_or_else(|reason| {
+            error!("{reason}: the default budget ({} bytes) applies", crate::tick::budget::DEFAULT_BYTES);
+            crate::tick::budget::BytesBudget::new(crate::tick::budget::DEFAULT_BYTES)
+        });
         for (name, parsed) in config.functions {
             let function = match parsed.map_err(Unusable::Config) {
-                Ok(FunctionConfig::Poller(poller_config)) => open_poller(*poller_config, clock.clone(), &owner_id),
+                Ok(FunctionConfig::Poller(poller_config)) => {
+                    open_poller(*poller_config, clock.clone(), &owner_id, &pools, &budget)
+                }
                 Ok(FunctionConfig::Status(status)) => Function::Status(status),
                 Ok(FunctionConfig::Watchdog(config)) => {
                     let file = config.file.display().to_string();
@@ -522,12 +552,18 @@ fn schedule_zone(settings: &Settings) -> ScheduleZone {
     }
 }
 
-fn open_poller(config: PollerConfig, clock: Arc<dyn Clock>, owner_id: &str) -> Function {
+fn open_poller(
+    config: PollerConfig,
+    clock: Arc<dyn Clock>,
+    owner_id: &str,
+    pools: &crate::source::pools::Pools,
+    budget: &Arc<crate::tick::budget::BytesBudget>,
+) -> Function {
     let file = config.file.display().to_string();
     let unusable = |section: &'static str, reason: String| {
         Function::Unusable(Unusable::Open { file: file.clone(), section, reason })
     };
-    let source = match crate::source::open(&config.source) {
+    let source = match crate::source::open_shared(&config.source, pools, config.batch.tick_budget) {
         Ok(source) => source,
         Err(error) => return unusable("poller.source", error.to_string()),
     };
@@ -539,7 +575,9 @@ fn open_poller(config: PollerConfig, clock: Arc<dyn Clock>, owner_id: &str) -> F
         Ok(opened) => opened,
         Err(error) => return unusable("poller.state", error.to_string()),
     };
-    let poller = Poller::new(config, source, sink, store, clock, owner_id.to_string()).with_quarantine(blobs);
+    let poller = Poller::new(config, source, sink, store, clock, owner_id.to_string())
+        .with_quarantine(blobs)
+        .with_budget(budget.clone());
     Function::Poller(Arc::new(poller))
 }
 

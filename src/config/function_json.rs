@@ -47,6 +47,8 @@ pub(super) struct RawSource {
     pub(super) cursor_kind: Option<String>,
     pub(super) cursor_time_zone: Option<String>,
     pub(super) query_timeout_seconds: Option<u64>,
+    /// The cap on connections to this source's database, for every poller of the app reading it.
+    pub(super) max_connections: Option<u64>,
     pub(super) soft_delete: Option<String>,
     pub(super) op_column: Option<String>,
     pub(super) generation: Option<RawGeneration>,

@@ -282,6 +282,8 @@ pub mod defaults {
     /// A batch holds at most this many bytes of rows (as JSON), whatever its row count.
     pub const BATCH_MAX_BYTES: usize = 4 * 1024 * 1024;
     pub const QUERY_TIMEOUT_SECONDS: u64 = 60;
+    /// Connections the app opens to one database at most, shared by its pollers.
+    pub const MAX_CONNECTIONS_PER_DATABASE: u64 = 10;
     /// One batch at a time keeps deliveries in (cursor, pk) order across batches; more trades that
     /// order for throughput against slow receivers.
     pub const MAX_IN_FLIGHT: usize = 1;
@@ -416,6 +418,7 @@ pub mod ranges {
     pub const COMMIT_INTERVAL_MS: RangeInclusive<u64> = 0..=60_000;
     pub const SETTLE_SECONDS: RangeInclusive<u64> = 0..=limits::SECONDS;
     pub const QUERY_TIMEOUT_SECONDS: RangeInclusive<u64> = 1..=limits::SECONDS;
+    pub const MAX_CONNECTIONS: RangeInclusive<u64> = 1..=1000;
     pub const WEBHOOK_TIMEOUT_SECONDS: RangeInclusive<u64> = 1..=limits::SECONDS;
     pub const WEBHOOK_MAX_RETRIES: RangeInclusive<u32> = 0..=20;
     pub const WEBHOOK_MAX_BODY_BYTES: RangeInclusive<usize> = 1024..=limits::WEBHOOK_MAX_BODY_BYTES;

@@ -19,7 +19,7 @@ pub struct AppSetting {
 
 /// Every app setting dbtrigger reads by a fixed name, and the ones function.json names. A test
 /// scans the source for the fixed names, so that a new one is documented here.
-pub const APP_SETTINGS: [AppSetting; 18] = [
+pub const APP_SETTINGS: [AppSetting; 20] = [
     AppSetting {
         name: "<source.connection>",
         default: "(required)",
@@ -49,6 +49,18 @@ pub const APP_SETTINGS: [AppSetting; 18] = [
         default: "none",
         example: "`whsec_…` (24 to 64 random bytes in base64)",
         meaning: "The webhook signing key: `whsec_<base64>`, or any text of at least 24 bytes.",
+    },
+    AppSetting {
+        name: "DBTRIGGER_MAX_CONNECTIONS_PER_DATABASE",
+        default: "`10`",
+        example: "`5`",
+        meaning: "The most connections the app (one instance) opens to one database, shared by all its pollers of it; `source.maxConnections` overrides it. See docs/scale-out.md.",
+    },
+    AppSetting {
+        name: "DBTRIGGER_MAX_BYTES_IN_FLIGHT",
+        default: "`268435456` (256 MiB)",
+        example: "`67108864`",
+        meaning: "The bytes of rows all pollers of the app (one instance) hold at once, read and not yet delivered; a read waits for room. See docs/scale-out.md.",
     },
     AppSetting {
         name: "WEBSITE_SITE_NAME",

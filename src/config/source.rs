@@ -70,6 +70,13 @@ pub struct SourceConfig {
     pub ops: OpRule,
     /// The source's load generation, if the table is truncated and reloaded.
     pub generation: Option<GenerationConfig>,
+    /// The database this source connects to, as a key: every source of the app with the same key
+    /// shares one pool of connections (the effective target, the credentials and the connection
+    /// parameters; never the URL's text, never a secret in clear).
+    pub pool_key: String,
+    /// The cap on connections to that database (`source.maxConnections`, else app setting
+    /// `DBTRIGGER_MAX_CONNECTIONS_PER_DATABASE`, else 10); the smallest of its sources wins.
+    pub max_connections: u32,
 }
 
 /// What a cursor column holds, as `source.cursorKind` declares it.
@@ -659,6 +666,8 @@ pub(super) fn build_source(
         }))
         .filter(|legacy| *legacy != fingerprint)
     };
+    let max_connections = max_connections(settings, raw.max_connections, at)?;
+    let pool_key = pool_key(identity.engine, &effective, &resolved_url);
     let source = SourceConfig {
         connection: raw.connection,
         engine: identity.engine,
@@ -676,6 +685,8 @@ pub(super) fn build_source(
         cursor_time_zone,
         ops,
         generation,
+        pool_key,
+        max_connections,
     };
     Ok((source, Fingerprints { current: fingerprint, legacy: legacy_fingerprint }))
 }
@@ -733,6 +744,71 @@ fn effective_target(identity: &UrlIdentity, resolved_url: &str) -> Result<Effect
             })
         }
     }
+}
+
+/// The app setting that caps the connections to each database (`source.maxConnections`
+/// overrides it).
+pub const MAX_CONNECTIONS_SETTING: &str = "DBTRIGGER_MAX_CONNECTIONS_PER_DATABASE";
+
+/// `source.maxConnections`, else the app setting, else the default; each in range.
+fn max_connections(settings: &Settings, configured: Option<u64>, at: &Located<'_>) -> Result<u32, ConfigError> {
+    let range = super::ranges::MAX_CONNECTIONS;
+    let from_setting = match settings.get(MAX_CONNECTIONS_SETTING).map(str::trim).filter(|text| !text.is_empty()) {
+        None => super::defaults::MAX_CONNECTIONS_PER_DATABASE,
+        Some(text) => match text.parse::<u64>() {
+            Ok(value) if range.contains(&value) => value,
+            _ => {
+                return Err(at.error(
+                    "poller.source",
+                    format!(
+                        "app setting {MAX_CONNECTIONS_SETTING} is {text:?}: expected a whole number in {}..={}",
+                        range.start(),
+                        range.end()
+                    ),
+                ));
+            }
+        },
+    };
+    let value = super::in_range(at, "poller.source.maxConnections", configured, from_setting, range)?;
+    Ok(u32::try_from(value).unwrap_or(u32::MAX))
+}
+
+/// The key of the pool a source shares: a digest of the effective target (as the fingerprint
+/// sees it), the password and the URL's other parameters (TLS among them), sorted; so that two
+/// URLs that write one database differently share a pool, and two that log in differently do
+/// not. A digest: the key may be logged, the password must not be.
+fn pool_key(engine: Engine, effective: &EffectiveTarget, resolved_url: &str) -> String {
+    use sha2::Digest;
+    const TARGET_PARAMETERS: [&str; 7] = ["host", "hostaddr", "port", "dbname", "user", "options", "socket"];
+    let mut hasher = sha2::Sha256::new();
+    let mut part = |text: &str| {
+        hasher.update((text.len() as u64).to_be_bytes());
+        hasher.update(text.as_bytes());
+    };
+    part(engine.name());
+    part(&effective.host);
+    part(&effective.port.map(|port| port.to_string()).unwrap_or_default());
+    part(effective.socket.as_deref().unwrap_or_default());
+    part(&effective.database);
+    part(&effective.user);
+    part(effective.options.as_deref().unwrap_or_default());
+    match url::Url::parse(resolved_url) {
+        Ok(parsed) if engine != Engine::Sqlite => {
+            part(parsed.password().unwrap_or_default());
+            let mut parameters: Vec<(String, String)> = parsed
+                .query_pairs()
+                .filter(|(name, _)| !TARGET_PARAMETERS.contains(&name.to_ascii_lowercase().as_str()))
+                .map(|(name, value)| (name.into_owned(), value.into_owned()))
+                .collect();
+            parameters.sort();
+            for (name, value) in parameters {
+                part(&name);
+                part(&value);
+            }
+        }
+        _ => part(resolved_url),
+    }
+    format!("{}:{}", engine.name(), &hex::encode(hasher.finalize())[..16])
 }
 
 /// Whether the URL's query names a different target than its surface (host, port, database,

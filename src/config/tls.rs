@@ -124,6 +124,8 @@ mod tests {
             cursor_time_zone: "UTC".into(),
             ops: Default::default(),
             generation: None,
+            pool_key: String::new(),
+            max_connections: 10,
         }
     }
 

@@ -17,6 +17,11 @@ pub enum SourceError {
     /// A stored position that does not fit the configured key: never bound.
     #[error(transparent)]
     KeyMismatch(#[from] crate::domain::cursor::KeyMismatch),
+    /// Every connection the app allows to this database stayed busy for the poller's tick budget.
+    #[error(
+        "every one of the {cap} connections this app allows to {location} stayed in use for {seconds} s (source.maxConnections, app setting DBTRIGGER_MAX_CONNECTIONS_PER_DATABASE)"
+    )]
+    Busy { location: String, cap: u32, seconds: u64 },
     /// A row that cannot be delivered, named by its primary key.
     #[error("{error} (in the row with {row})")]
     InRow { row: String, error: Box<SourceError> },

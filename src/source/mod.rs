@@ -11,7 +11,8 @@
 //! | `mod.rs`      | [`Source`], what a fetch asks and returns, [`open`], [`backlog`]             |
 //! | `error.rs`    | [`SourceError`], and what a driver's error means for the poller             |
 //! | `sql.rs`      | the body every sqlx engine shares: timeouts, counts, the generation query   |
-//! | `pool.rs`     | the connection pool every sqlx engine uses                                  |
+//! | `pool.rs`     | the base of every shared connection pool                                    |
+//! | `pools.rs`    | the pools shared by the app's pollers of one database target, and their cap |
 //! | `row.rs`      | a row put together from its decoded columns: layout, cursor, keys, op       |
 //! | `fetch.rs`    | one fetch through sqlx, bounded by rows and by bytes                        |
 //! | `query.rs`    | the SQL of the seek, per dialect                                            |
@@ -28,6 +29,7 @@ pub mod horizon;
 pub mod late;
 pub mod mysql;
 mod pool;
+pub mod pools;
 pub mod position;
 pub mod postgres;
 pub mod query;
@@ -96,6 +98,12 @@ pub trait Source: Send + Sync {
     /// Where the source is, for messages; never includes a password.
     fn describe(&self) -> String;
 
+    /// How long this source waited for a connection (all of its target's were in use) since the
+    /// last call: a tick reads it at its end, for its summary line.
+    fn connection_wait(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+
     /// The late-arrival recount ([`late`]): one tally per bucket of `check`, over the rows at or
     /// before its checkpoint. `None`: this source cannot recount (a test double), and the detector
     /// stays off for it.
@@ -151,13 +159,30 @@ pub async fn last_position(source: &dyn Source) -> Result<Option<Position>, Sour
     Ok(last.rows.into_iter().next().map(|row| row.position))
 }
 
-/// Opens a source for a poller. Connections are made lazily, on first use, and pooled: the source
-/// lives as long as the poller, across ticks.
+/// Opens a source on pools of its own (a tool, a test): [`open_shared`] with a fresh
+/// [`pools::Pools`] and the default tick budget as its wait for a connection.
 pub fn open(config: &SourceConfig) -> Result<Arc<dyn Source>, SourceError> {
+    let budget = std::time::Duration::from_secs(crate::config::defaults::TICK_BUDGET_SECONDS);
+    open_shared(config, &pools::Pools::new(), budget)
+}
+
+/// Opens a source for a poller. Connections are made lazily, on first use, from the pool of its
+/// database target in `pools`, shared with the app's other pollers of that target; a question
+/// that finds them all in use waits up to `wait_limit` (the poller's tick budget). The source
+/// lives as long as the poller, across ticks.
+pub fn open_shared(
+    config: &SourceConfig,
+    pools: &pools::Pools,
+    wait_limit: std::time::Duration,
+) -> Result<Arc<dyn Source>, SourceError> {
     match config.engine {
         Engine::Sqlite => Ok(Arc::new(sqlite::SqliteSource::open(config)?)),
-        Engine::Postgres => Ok(Arc::new(postgres::PostgresSource::open(config)?)),
-        Engine::MySql => Ok(Arc::new(mysql::MySqlSource::open(config)?)),
+        Engine::Postgres => {
+            Ok(Arc::new(postgres::PostgresSource::open(config, pools::Gate::new(pools.target(config), wait_limit))?))
+        }
+        Engine::MySql => {
+            Ok(Arc::new(mysql::MySqlSource::open(config, pools::Gate::new(pools.target(config), wait_limit))?))
+        }
     }
 }
 

@@ -20,7 +20,9 @@ use crate::domain::CursorValue;
 use crate::domain::health::HorizonHolder;
 
 pub struct MySqlSource {
-    pool: MySqlPool,
+    /// The connection options of the target; the pool itself is the target's, made at first use.
+    options: MySqlConnectOptions,
+    gate: super::pools::Gate,
     config: SourceConfig,
     redaction: Redaction,
     query: OnceCell<SeekQuery>,
@@ -32,7 +34,7 @@ pub struct MySqlSource {
 }
 
 impl MySqlSource {
-    pub fn open(config: &SourceConfig) -> Result<Self, SourceError> {
+    pub(crate) fn open(config: &SourceConfig, gate: super::pools::Gate) -> Result<Self, SourceError> {
         let redaction = Redaction::of_url(config.url.expose());
         let options = MySqlConnectOptions::from_str(config.url.expose())
             .map_err(|error| SourceError::Unreachable {
@@ -40,17 +42,9 @@ impl MySqlSource {
                 reason: redaction.scrub(&error.to_string()),
             })?
             .timezone(Some("+00:00".to_string()));
-        // Every session is read-only: a poller only reads.
-        let pool = super::pool_options()
-            .after_connect(|connection: &mut sqlx::MySqlConnection, _| {
-                Box::pin(async move {
-                    connection.execute("SET SESSION TRANSACTION READ ONLY").await?;
-                    Ok(())
-                })
-            })
-            .connect_lazy_with(options);
         Ok(MySqlSource {
-            pool,
+            options,
+            gate,
             config: config.clone(),
             redaction,
             query: OnceCell::new(),
@@ -60,10 +54,26 @@ impl MySqlSource {
         })
     }
 
+    /// The target's pool, made by its first user. Every session is read-only: a poller only reads.
+    fn pool(&self) -> &MySqlPool {
+        let target = self.gate.target().expect("a MySQL source has a shared target");
+        target.mysql.get_or_init(|| {
+            target
+                .pool_options()
+                .after_connect(|connection: &mut sqlx::MySqlConnection, _| {
+                    Box::pin(async move {
+                        connection.execute("SET SESSION TRANSACTION READ ONLY").await?;
+                        Ok(())
+                    })
+                })
+                .connect_lazy_with(self.options.clone())
+        })
+    }
+
     /// `settle: "auto"`'s bound, asked for before each read (see [`super::horizon`]).
     async fn settle_bound(&self) -> Result<CursorValue, SourceError> {
         let seek = self.seek().await?;
-        super::horizon::mysql_bound(&self.pool, &self.config, seek.cursor_type, &self.redaction, &self.horizon_warned)
+        super::horizon::mysql_bound(self.pool(), &self.config, seek.cursor_type, &self.redaction, &self.horizon_warned)
             .await
     }
 
@@ -72,7 +82,7 @@ impl MySqlSource {
         if !seek.bound {
             return Ok(None);
         }
-        super::horizon::mysql_holder(&self.pool, &self.redaction).await
+        super::horizon::mysql_holder(self.pool(), &self.redaction).await
     }
 
     async fn seek(&self) -> Result<&SeekQuery, SourceError> {
@@ -82,7 +92,7 @@ impl MySqlSource {
     async fn preflight(&self) -> Result<SeekQuery, SourceError> {
         let probe = build_seek(&self.config, &SeekPlan { cursor_type: CursorType::Integer, placeholder_types: None });
         let statement = self
-            .pool
+            .pool()
             .prepare(sqlx::AssertSqlSafe(probe.from_start).into_sql_str())
             .await
             .map_err(|error| classify(&self.redaction, error))?;
@@ -117,7 +127,7 @@ impl MySqlSource {
             .bind(schema.as_deref())
             .bind(name)
             .bind(&self.config.cursor)
-            .fetch_one(&self.pool)
+            .fetch_one(self.pool())
             .await
             .map_err(|error| classify(&self.redaction, error))?;
             if indexed == 0 {

@@ -9,8 +9,9 @@ use sqlx::Database;
 /// tick starts again from the checkpoint.
 const PING_AFTER_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// The pool every engine's source uses: two connections, ten seconds to get one, a ping only
-/// after [`PING_AFTER_IDLE`] idle.
+/// The base of every shared pool ([`super::pools::Target::pool_options`] sets its size and idle time):
+/// ten seconds to get a connection once a permit is held (one is free or can be opened), a ping
+/// only after [`PING_AFTER_IDLE`] idle.
 pub(crate) fn pool_options<DB: Database>() -> sqlx::pool::PoolOptions<DB> {
     sqlx::pool::PoolOptions::new()
         .max_connections(2)

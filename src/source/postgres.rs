@@ -19,7 +19,9 @@ use crate::domain::CursorValue;
 use crate::domain::health::{Horizon, HorizonHolder};
 
 pub struct PostgresSource {
-    pool: PgPool,
+    /// The connection options of the target; the pool itself is the target's, made at first use.
+    options: PgConnectOptions,
+    gate: super::pools::Gate,
     config: SourceConfig,
     redaction: Redaction,
     query: OnceCell<SeekQuery>,
@@ -31,23 +33,17 @@ pub struct PostgresSource {
 }
 
 impl PostgresSource {
-    pub fn open(config: &SourceConfig) -> Result<Self, SourceError> {
+    pub(crate) fn open(config: &SourceConfig, gate: super::pools::Gate) -> Result<Self, SourceError> {
         let redaction = Redaction::of_url(config.url.expose());
         let options = PgConnectOptions::from_str(config.url.expose())
             .map_err(|error| SourceError::Unreachable {
                 location: redaction.location.clone(),
                 reason: redaction.scrub(&error.to_string()),
             })?
-            .application_name("dbtrigger")
-            // The server gives up on a seek that outlasts the query timeout too, not only the client;
-            // and the session is read-only: a poller only reads.
-            .options([
-                ("statement_timeout", format!("{}ms", config.query_timeout.as_millis())),
-                ("default_transaction_read_only", "on".to_string()),
-            ]);
-        let pool = super::pool_options().connect_lazy_with(options);
+            .application_name("dbtrigger");
         Ok(PostgresSource {
-            pool,
+            options,
+            gate,
             config: config.clone(),
             redaction,
             query: OnceCell::new(),
@@ -57,11 +53,25 @@ impl PostgresSource {
         })
     }
 
+    /// The target's pool, made by its first user. The server gives up on a seek that outlasts the
+    /// query timeout too (the longest of the target's sources), not only the client; and the
+    /// session is read-only: a poller only reads.
+    fn pool(&self) -> &PgPool {
+        let target = self.gate.target().expect("a PostgreSQL source has a shared target");
+        target.postgres.get_or_init(|| {
+            let options = self.options.clone().options([
+                ("statement_timeout", format!("{}ms", target.statement_timeout().as_millis())),
+                ("default_transaction_read_only", "on".to_string()),
+            ]);
+            target.pool_options().connect_lazy_with(options)
+        })
+    }
+
     /// `settle: "auto"`'s bound, asked for before each read (see [`super::horizon`]).
     async fn settle_bound(&self) -> Result<CursorValue, SourceError> {
         let seek = self.seek().await?;
         super::horizon::postgres_bound(
-            &self.pool,
+            self.pool(),
             &self.config,
             seek.cursor_type,
             &self.redaction,
@@ -80,7 +90,7 @@ impl PostgresSource {
         } else {
             return Ok(None);
         };
-        super::horizon::postgres_holder(&self.pool, holds, &self.redaction).await
+        super::horizon::postgres_holder(self.pool(), holds, &self.redaction).await
     }
 
     async fn seek(&self) -> Result<&SeekQuery, SourceError> {
@@ -92,7 +102,7 @@ impl PostgresSource {
     async fn preflight(&self) -> Result<SeekQuery, SourceError> {
         let probe = build_seek(&self.config, &SeekPlan { cursor_type: CursorType::Integer, placeholder_types: None });
         let statement = self
-            .pool
+            .pool()
             .prepare(sqlx::AssertSqlSafe(probe.from_start).into_sql_str())
             .await
             .map_err(|error| classify(&self.redaction, error))?;
@@ -138,7 +148,7 @@ impl PostgresSource {
             )
             .bind(&qualified)
             .bind(&self.config.cursor)
-            .fetch_one(&self.pool)
+            .fetch_one(self.pool())
             .await
             .map_err(|error| classify(&self.redaction, error))?;
             if indexed == 0 {

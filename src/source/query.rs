@@ -408,6 +408,8 @@ pub(super) mod tests {
             cursor_time_zone: "UTC".into(),
             ops: crate::config::source::OpRule::Upsert,
             generation: None,
+            pool_key: String::new(),
+            max_connections: 10,
         }
     }
 

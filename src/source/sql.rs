@@ -9,6 +9,7 @@ use chrono::{DateTime, NaiveDateTime, Utc};
 use serde_json::Value;
 use sqlx::{Database, Encode, Type};
 
+use super::pools;
 use super::position::bind_position;
 use super::query::SeekQuery;
 use super::{ColumnDecoder, Decoded, Fetched, SourceError, classify};
@@ -17,10 +18,17 @@ use crate::config::redact::Redaction;
 use crate::domain::{CursorValue, Position};
 
 /// Runs a source question under the source's query timeout.
-pub(crate) async fn timed<T, F>(config: &SourceConfig, location: &str, work: F) -> Result<T, SourceError>
+pub(crate) async fn timed<T, F>(
+    gate: &pools::Gate,
+    config: &SourceConfig,
+    location: &str,
+    work: F,
+) -> Result<T, SourceError>
 where
     F: Future<Output = Result<T, SourceError>>,
 {
+    // A connection of the shared target first: waiting for one is not part of the query's time.
+    let _permit = gate.enter(location).await?;
     match tokio::time::timeout(config.query_timeout, work).await {
         Ok(result) => result,
         Err(_) => Err(SourceError::Timeout { location: location.to_string(), seconds: config.query_timeout.as_secs() }),
@@ -46,7 +54,7 @@ macro_rules! sql_source {
                     // statement, so that the rows' snapshot is taken after it (see `horizon`).
                     let bound = if seek.binds_bound(probe) { Some(self.settle_bound().await?) } else { None };
                     $crate::source::fetch_rows(
-                        &self.pool,
+                        self.pool(),
                         &self.config,
                         seek,
                         probe,
@@ -62,10 +70,11 @@ macro_rules! sql_source {
                 let location = &self.redaction.location;
                 match probe {
                     $crate::source::Probe::Deliver => {
-                        $crate::source::guarded_fetch(&self.config, location, &self.settle_warned, fetch).await
+                        $crate::source::guarded_fetch(&self.gate, &self.config, location, &self.settle_warned, fetch)
+                            .await
                     }
                     $crate::source::Probe::Pending | $crate::source::Probe::Last => {
-                        $crate::source::timed(&self.config, location, fetch).await
+                        $crate::source::timed(&self.gate, &self.config, location, fetch).await
                     }
                 }
             }
@@ -81,17 +90,17 @@ macro_rules! sql_source {
                         $crate::source::position::check_key(&self.config, position)?;
                         $crate::source::position::check_xid_kind(seek.is_xid(), position)?;
                     }
-                    $crate::source::count_rows(&self.pool, seek, after, cap, &self.redaction).await
+                    $crate::source::count_rows(self.pool(), seek, after, cap, &self.redaction).await
                 };
-                $crate::source::timed(&self.config, &self.redaction.location, count).await
+                $crate::source::timed(&self.gate, &self.config, &self.redaction.location, count).await
             }
 
             async fn generation(&self) -> Result<Option<serde_json::Value>, $crate::source::SourceError> {
                 let Some(generation) = &self.config.generation else {
                     return Ok(None);
                 };
-                let value = $crate::source::fetch_scalar(&self.pool, &generation.query, &self.redaction, self);
-                $crate::source::timed(&self.config, &self.redaction.location, value).await.map(Some)
+                let value = $crate::source::fetch_scalar(self.pool(), &generation.query, &self.redaction, self);
+                $crate::source::timed(&self.gate, &self.config, &self.redaction.location, value).await.map(Some)
             }
 
             async fn horizon_holder(
@@ -101,11 +110,15 @@ macro_rules! sql_source {
                     let seek = self.seek().await?;
                     self.holder(seek).await
                 };
-                $crate::source::timed(&self.config, &self.redaction.location, holder).await
+                $crate::source::timed(&self.gate, &self.config, &self.redaction.location, holder).await
             }
 
             fn describe(&self) -> String {
                 self.redaction.location.clone()
+            }
+
+            fn connection_wait(&self) -> std::time::Duration {
+                self.gate.take_waited()
             }
 
             async fn tally_buckets(
@@ -114,11 +127,11 @@ macro_rules! sql_source {
             ) -> Result<Option<Vec<$crate::domain::late::Tally>>, $crate::source::SourceError> {
                 let work = async {
                     let seek = self.seek().await?;
-                    $crate::source::late::tally_buckets(&self.pool, &self.config, &seek.plan, check, &self.redaction)
+                    $crate::source::late::tally_buckets(self.pool(), &self.config, &seek.plan, check, &self.redaction)
                         .await
                         .map(Some)
                 };
-                $crate::source::timed(&self.config, &self.redaction.location, work).await
+                $crate::source::timed(&self.gate, &self.config, &self.redaction.location, work).await
             }
 
             async fn read_bucket(
@@ -130,7 +143,7 @@ macro_rules! sql_source {
                 let work = async {
                     let seek = self.seek().await?;
                     $crate::source::late::read_bucket(
-                        &self.pool,
+                        self.pool(),
                         &self.config,
                         &seek.plan,
                         range,
@@ -141,7 +154,7 @@ macro_rules! sql_source {
                     )
                     .await
                 };
-                $crate::source::timed(&self.config, &self.redaction.location, work).await
+                $crate::source::timed(&self.gate, &self.config, &self.redaction.location, work).await
             }
         }
     };
@@ -152,6 +165,7 @@ pub(crate) use sql_source;
 /// is cancelled: its future dropped, which closes the connection), and says once when
 /// `settleSeconds` cannot apply to what it returned.
 pub(crate) async fn guarded_fetch<F>(
+    gate: &pools::Gate,
     config: &SourceConfig,
     location: &str,
     settle_warned: &AtomicBool,
@@ -160,7 +174,7 @@ pub(crate) async fn guarded_fetch<F>(
 where
     F: Future<Output = Result<Fetched, SourceError>>,
 {
-    let fetched = timed(config, location, fetch).await?;
+    let fetched = timed(gate, config, location, fetch).await?;
     warn_if_settle_ignored(config, &fetched, settle_warned, location);
     Ok(fetched)
 }

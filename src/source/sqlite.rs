@@ -337,8 +337,13 @@ impl Source for SqliteSource {
         };
         let location = &self.redaction.location;
         match probe {
-            Probe::Deliver => super::guarded_fetch(&self.config, location, &self.settle_warned, fetch).await,
-            Probe::Pending | Probe::Last => super::timed(&self.config, location, fetch).await,
+            Probe::Deliver => {
+                super::guarded_fetch(&super::pools::Gate::open(), &self.config, location, &self.settle_warned, fetch)
+                    .await
+            }
+            Probe::Pending | Probe::Last => {
+                super::timed(&super::pools::Gate::open(), &self.config, location, fetch).await
+            }
         }
     }
 
@@ -362,7 +367,7 @@ impl Source for SqliteSource {
             })
             .await
         };
-        super::timed(&self.config, &self.redaction.location, count).await
+        super::timed(&super::pools::Gate::open(), &self.config, &self.redaction.location, count).await
     }
 
     async fn generation(&self) -> Result<Option<Value>, SourceError> {
@@ -373,7 +378,7 @@ impl Source for SqliteSource {
             let sql = &config.generation.as_ref().expect("checked above").query;
             generation_value(connection, sql, redaction)
         });
-        super::timed(&self.config, &self.redaction.location, value).await.map(Some)
+        super::timed(&super::pools::Gate::open(), &self.config, &self.redaction.location, value).await.map(Some)
     }
 
     fn describe(&self) -> String {
@@ -402,7 +407,7 @@ impl Source for SqliteSource {
             })
             .await
         };
-        super::timed(&self.config, &self.redaction.location, work).await
+        super::timed(&super::pools::Gate::open(), &self.config, &self.redaction.location, work).await
     }
 
     async fn read_bucket(
@@ -435,7 +440,7 @@ impl Source for SqliteSource {
             })
             .await
         };
-        super::timed(&self.config, &self.redaction.location, work).await
+        super::timed(&super::pools::Gate::open(), &self.config, &self.redaction.location, work).await
     }
 }
 

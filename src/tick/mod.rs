@@ -27,9 +27,11 @@
 //! | `late.rs`     | the late-arrival detector: its window recorded, recounted, delivered    |
 //! | `ledger.rs`   | the document writes: commit, heartbeat, release, failures recorded       |
 //! | `reader.rs`   | the batches: made from rows, read ahead                                  |
+//! | `budget.rs`   | the app-wide budget of bytes in flight that every read reserves from     |
 //! | `outcome.rs`  | [`TickOutcome`], [`TickError`], [`TickReport`]                           |
 //! | `timer.rs`    | the loops' timer (the [`Clock`] itself is [`crate::clock`]'s)            |
 
+pub mod budget;
 mod isolate;
 mod late;
 mod ledger;
@@ -90,6 +92,11 @@ pub struct Poller {
     committed_rows: std::sync::atomic::AtomicU64,
     /// Ticks of this poller in this process: the late-arrival check runs at one in `everyTicks`.
     late_ticks: std::sync::atomic::AtomicU64,
+    /// The app's budget of bytes in flight, which every read of a batch reserves from (none: no
+    /// bound but the poller's own window).
+    budget: Option<Arc<budget::BytesBudget>>,
+    /// How long the running tick's reads waited for that budget, in microseconds.
+    budget_waited: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// What a tick learns on the way that its outcome does not carry.
@@ -125,7 +132,20 @@ impl Poller {
             learnt: std::sync::Mutex::new(Learnt::default()),
             committed_rows: std::sync::atomic::AtomicU64::new(0),
             late_ticks: std::sync::atomic::AtomicU64::new(0),
+            budget: None,
+            budget_waited: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         }
+    }
+
+    /// Reads reserve their batches' bytes from `budget`, shared by the app's pollers.
+    pub fn with_budget(mut self, budget: Arc<budget::BytesBudget>) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// What the reads of this poller's ticks reserve from, and where their waits are added up.
+    fn reservations(&self) -> budget::Reservations {
+        budget::Reservations { budget: self.budget.clone(), waited: self.budget_waited.clone() }
     }
 
     /// Keeps rows isolated as poison in `blobs` (`quarantine/{app}/{poller}/…`).
@@ -157,6 +177,7 @@ impl Poller {
         let started = self.clock.now();
         let (reads_before, writes_before) = self.counted.counts();
         *self.learnt.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Learnt::default();
+        self.budget_waited.store(0, std::sync::atomic::Ordering::Relaxed);
         let result = match AssertUnwindSafe(self.run_tick()).catch_unwind().await {
             Ok(result) => result,
             Err(panic) => {
@@ -184,6 +205,8 @@ impl Poller {
             late_check: learnt.late_check,
             late_arrivals: learnt.late_arrivals,
             max_lateness_seconds: learnt.max_lateness_seconds,
+            connection_wait_ms: self.source.connection_wait().as_millis() as u64,
+            budget_wait_ms: self.budget_waited.load(std::sync::atomic::Ordering::Relaxed) / 1000,
         };
         (result, report)
     }
@@ -297,7 +320,10 @@ impl Poller {
         // committed behind it since it passed them ([`late`]).
         let late_found = self.check_late(document).await;
         let checkpoint = document.position()?;
+        let reservations = self.reservations();
+        let mut first_hold = reservations.reserve(self.fetch_limit().bytes).await;
         let first = self.source.fetch_after(checkpoint.as_ref(), self.fetch_limit()).await?;
+        first_hold.keep(budget::rows_bytes(&first.rows));
         let late_to_deliver = late_found.as_ref().is_some_and(late::LateFound::has_late);
         if first.rows.is_empty() && !late_to_deliver {
             // Nothing waits: failures recorded by earlier ticks are of a problem fixed or gone,
@@ -364,7 +390,7 @@ impl Poller {
             return self.isolate(writer, document, isolation, Totals::default(), deadline).await;
         }
         let Some(found) = late_found.filter(late::LateFound::has_late) else {
-            return self.deliver_and_commit(writer, document, first, maker, deadline, false).await;
+            return self.deliver_and_commit(writer, document, (first, first_hold), maker, deadline, false).await;
         };
         // Late rows go after the tick's own batches (the lease kept for them), so that a late batch
         // that keeps failing never holds up new rows.
@@ -372,7 +398,7 @@ impl Poller {
             Totals { checkpoint: checkpoint.as_ref().map(describe), ..Totals::default() }
                 .delivered(StopReason::CaughtUp)
         } else {
-            self.deliver_and_commit(writer, document, first, maker.clone(), deadline, true).await?
+            self.deliver_and_commit(writer, document, (first, first_hold), maker.clone(), deadline, true).await?
         };
         let delivered_well =
             matches!(outcome, TickOutcome::Delivered { stop: StopReason::CaughtUp | StopReason::BudgetExhausted, .. });

@@ -39,6 +39,12 @@ pub struct TickReport {
     pub late_arrivals: u64,
     /// The most seconds such a row was found after its cursor time.
     pub max_lateness_seconds: Option<u64>,
+    /// How long the tick waited for a database connection, every one the app allows to its
+    /// database being in use by other pollers.
+    pub connection_wait_ms: u64,
+    /// How long the tick's reads waited for the app's budget of bytes in flight
+    /// (`DBTRIGGER_MAX_BYTES_IN_FLIGHT`), spent by other pollers' batches.
+    pub budget_wait_ms: u64,
 }
 
 /// Whether a tick recounted the late-arrival window.

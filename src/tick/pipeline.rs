@@ -133,7 +133,7 @@ impl Poller {
         &self,
         writer: &mut StateWriter<'_>,
         document: &mut StateDocument,
-        first: Fetched,
+        (first, first_hold): (Fetched, super::budget::Hold),
         maker: Arc<BatchMaker>,
         deadline: DateTime<Utc>,
         keep_lease: bool,
@@ -147,8 +147,14 @@ impl Poller {
         let mut pipeline = Pipeline {
             window: BatchWindow::new(),
             in_flight: JoinSet::new(),
-            reader: Reader::new(self.source.clone(), self.fetch_limit(), maker.clone(), after_first),
-            ready: VecDeque::from([maker.prepare(first.rows)]),
+            reader: Reader::new(
+                self.source.clone(),
+                self.fetch_limit(),
+                maker.clone(),
+                after_first,
+                self.reservations(),
+            ),
+            ready: VecDeque::from([Prepared { hold: first_hold, ..maker.prepare(first.rows) }]),
             pending: Vec::new(),
             failed: None,
         };

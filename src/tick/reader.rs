@@ -29,6 +29,8 @@ pub(super) struct BatchMaker {
 pub(super) struct Prepared {
     pub(super) batch: Batch,
     pub(super) positions: Vec<Position>,
+    /// Its bytes in the app's budget, given back when it is dropped (delivered or given up).
+    pub(super) hold: super::budget::Hold,
 }
 
 impl BatchMaker {
@@ -39,7 +41,7 @@ impl BatchMaker {
         let id = batch_id(&self.poller, &self.fingerprint, first, last, rows.len());
         let (mut batch, positions) = Batch::from_rows(&self.ids, &self.poller, id, self.fencing_token, rows);
         batch.generation = self.generation.clone();
-        Prepared { batch, positions }
+        Prepared { batch, positions, hold: super::budget::Hold::default() }
     }
 }
 
@@ -56,6 +58,8 @@ pub(super) struct Reader {
     /// of its limits (the end of the source for now), failed, or the reader was stopped.
     from: Option<Position>,
     reading: Option<BoxFuture<'static, Result<Read, SourceError>>>,
+    /// The app's budget of bytes in flight, which each read reserves its batch from.
+    reservations: super::budget::Reservations,
     /// Why reading stopped, if a read failed: the tick ends with this error.
     pub(super) failed: Option<SourceError>,
 }
@@ -74,8 +78,9 @@ impl Reader {
         limit: FetchLimit,
         maker: Arc<BatchMaker>,
         from: Option<Position>,
+        reservations: super::budget::Reservations,
     ) -> Reader {
-        Reader { source, limit, maker, from, reading: None, failed: None }
+        Reader { source, limit, maker, from, reading: None, reservations, failed: None }
     }
 
     /// No read runs and none will: the source has nothing more this tick, a read failed, or the
@@ -104,11 +109,22 @@ impl Reader {
             return;
         };
         let (source, maker, limit) = (self.source.clone(), self.maker.clone(), self.limit);
+        let reservations = self.reservations.clone();
         let read = async move {
             let read = AssertUnwindSafe(async {
+                // The batch's byte limit first, from the app's budget (waiting while it is spent);
+                // what the rows weigh is kept once they are read.
+                let mut hold = reservations.reserve(limit.bytes).await;
                 let fetched = source.fetch_after(Some(&from), limit).await?;
+                hold.keep(super::budget::rows_bytes(&fetched.rows));
                 let next = if fetched.full { fetched.rows.last().map(|row| row.position.clone()) } else { None };
-                let batch = if fetched.rows.is_empty() { None } else { Some(maker.prepare(fetched.rows)) };
+                let batch = if fetched.rows.is_empty() {
+                    None
+                } else {
+                    let mut prepared = maker.prepare(fetched.rows);
+                    prepared.hold = hold;
+                    Some(prepared)
+                };
                 Ok(Read { batch, next })
             })
             .catch_unwind()

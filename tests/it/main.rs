@@ -2,9 +2,11 @@
 //! HTTP receivers on loopback, the real `dbtrigger` binary spoken to over the host's protocol.
 
 mod azure;
+mod budget;
 mod chaos;
 mod dev;
 mod failing;
+mod fleet;
 mod generations;
 mod harness;
 mod horizon;

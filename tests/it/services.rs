@@ -139,10 +139,15 @@ pub struct Postgres {
 /// The shared PostgreSQL server, started on first use.
 pub fn postgres() -> &'static Postgres {
     static SERVER: OnceLock<Postgres> = OnceLock::new();
-    SERVER.get_or_init(start_postgres)
+    SERVER.get_or_init(|| start_postgres(200))
 }
 
-fn start_postgres() -> Postgres {
+/// A PostgreSQL server of its own, accepting at most `max_connections` (stopped at exit).
+pub fn postgres_with_max_connections(max_connections: u32) -> Postgres {
+    start_postgres(max_connections)
+}
+
+fn start_postgres(max_connections: u32) -> Postgres {
     let initdb = find_program("initdb", &["/usr/lib/postgresql"])
         .expect("PostgreSQL is not installed (initdb not found): run scripts/test, which installs it");
     let pg_ctl = initdb.with_file_name("pg_ctl");
@@ -174,7 +179,7 @@ fn start_postgres() -> Postgres {
         &mut as_server_user(
             &pg_ctl,
             &format!(
-                "-D {} -l {} -w -t 60 -o \"-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200\" start",
+                "-D {} -l {} -w -t 60 -o \"-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections={max_connections}\" start",
                 data.display(),
                 log.display(),
                 directory.display()
@@ -216,10 +221,15 @@ pub struct MariaDb {
 /// The shared MariaDB server, started on first use.
 pub fn mariadb() -> &'static MariaDb {
     static SERVER: OnceLock<MariaDb> = OnceLock::new();
-    SERVER.get_or_init(start_mariadb)
+    SERVER.get_or_init(|| start_mariadb(300))
 }
 
-fn start_mariadb() -> MariaDb {
+/// A MariaDB server of its own, accepting at most `max_connections` (stopped at exit).
+pub fn mariadb_with_max_connections(max_connections: u32) -> MariaDb {
+    start_mariadb(max_connections)
+}
+
+fn start_mariadb(max_connections: u32) -> MariaDb {
     let install = find_program("mariadb-install-db", &[])
         .expect("MariaDB is not installed (mariadb-install-db not found): run scripts/test, which installs it");
     let server = find_program("mariadbd", &[])
@@ -249,7 +259,7 @@ fn start_mariadb() -> MariaDb {
         .arg(format!("--pid-file={}", directory.join("pid").display()))
         .arg("--skip-name-resolve")
         .arg("--innodb-flush-log-at-trx-commit=0")
-        .arg("--max-connections=300")
+        .arg(format!("--max-connections={max_connections}"))
         .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
         .stderr(Stdio::from(std::fs::File::create(directory.join("server.err")).unwrap()));
     if is_root() {

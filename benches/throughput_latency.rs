@@ -1,0 +1,274 @@
+//! Throughput with real network latency (issue 27, section 3): the throughput bench's case with
+//! the database and the receiver far away. A delaying TCP proxy sits in front of PostgreSQL (2 ms
+//! per round trip: 1 ms each way) and another in front of the webhook receiver (20 ms per round
+//! trip), and dbtrigger's catch-up is compared with the **pipelined raw limit through the same
+//! proxies, in the same run**: the same keyset pages read one after the other, page k+1 while
+//! page k is posted, with `window` posts in flight, no state and no lease. A-B-A as in
+//! `throughput`: the limit runs just before and just after dbtrigger's run, the ratio is to their
+//! mean.
+//!
+//! The arithmetic the table checks: a window of w batches of b rows, each answered in r seconds,
+//! moves at most w × b / r rows a second (here b = 100, r ≈ 20 ms: 5,000 rows/s at window 1,
+//! 40,000 at window 8), and the reads must keep up: one page per database round trip at least.
+//!
+//! Run: `cargo bench --bench throughput_latency` (`DBTRIGGER_BENCH_ROWS`, default 20,000;
+//! `DBTRIGGER_BENCH_ROUNDS`, default 3).
+
+#[path = "../tests/it/services.rs"]
+mod services;
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dbtrigger::config::{PollerConfig, Settings};
+use dbtrigger::tick::{Poller, StopReason, SystemClock, TickOutcome};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A TCP proxy on loopback to `upstream` that delays every chunk by `one_way` in each direction,
+/// keeping order and letting chunks overlap (latency, not a bandwidth limit). Returns its port.
+async fn delaying_proxy(upstream: u16, one_way: Duration) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((client, _)) = listener.accept().await else { return };
+            tokio::spawn(async move {
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else { return };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                tokio::spawn(delayed_copy(client_read, server_write, one_way));
+                tokio::spawn(delayed_copy(server_read, client_write, one_way));
+            });
+        }
+    });
+    port
+}
+
+/// Copies `from` to `to`, each chunk written `delay` after it was read.
+async fn delayed_copy(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    delay: Duration,
+) {
+    let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let writer = tokio::spawn(async move {
+        while let Some((due, chunk)) = receiver.recv().await {
+            tokio::time::sleep_until(due).await;
+            if to.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+        let _ = to.shutdown().await;
+    });
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(read) => {
+                if sender.send((tokio::time::Instant::now() + delay, buffer[..read].to_vec())).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    drop(sender);
+    let _ = writer.await;
+}
+
+/// A receiver that counts events and answers at once (the proxy in front adds the latency).
+async fn receiver() -> (u16, Arc<std::sync::atomic::AtomicU64>) {
+    let count = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counter = count.clone();
+    let router = axum::Router::new()
+        .route(
+            "/hook",
+            axum::routing::post(move |body: axum::body::Bytes| {
+                let counter = counter.clone();
+                async move {
+                    let value: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                    let events = value["events"].as_array().map(Vec::len).unwrap_or(0) as u64;
+                    counter.fetch_add(events, std::sync::atomic::Ordering::SeqCst);
+                    "{}"
+                }
+            }),
+        )
+        .layer(axum::extract::DefaultBodyLimit::disable());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    (port, count)
+}
+
+type RawRow = (i64, i64, String, f64, String);
+
+/// The pipelined raw limit through the proxies: pages read one after the other, each posted as
+/// an envelope of events, `window` posts in flight. Rows a second.
+async fn raw_pipelined(url: &str, hook: &str, batch: i64, window: usize, rows: i64) -> f64 {
+    let pool =
+        sqlx::postgres::PgPoolOptions::new().max_connections(1).test_before_acquire(false).connect(url).await.unwrap();
+    let page = |after: (i64, i64)| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_as::<_, RawRow>(
+                "SELECT id, version, status, total, note FROM orders WHERE (version, id) > ($1, $2) ORDER BY version, id LIMIT $3",
+            )
+            .bind(after.0)
+            .bind(after.1)
+            .bind(batch)
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    // Connections to the receiver opened before the clock starts, as dbtrigger's are by its warm-up.
+    let client = reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap();
+    let started = Instant::now();
+    let mut total = 0i64;
+    let mut current = page((-1, -1)).await;
+    let mut posting = VecDeque::new();
+    while !current.is_empty() {
+        let last = current.last().map(|row| (row.1, row.0)).unwrap();
+        let events: Vec<serde_json::Value> = current
+            .iter()
+            .map(|(id, version, status, total, note)| {
+                json!({"event_id": format!("evt_{id:032}"), "op": "upsert", "cursor": version, "pk": {"id": id},
+                       "row": {"id": id, "version": version, "status": status, "total": total, "note": note}})
+            })
+            .collect();
+        let body =
+            serde_json::to_vec(&json!({"poller": "orders", "batch_id": "bat_0", "fencing_token": 1, "events": events}))
+                .unwrap();
+        total += current.len() as i64;
+        let request = client.post(hook).header("content-type", "application/json").body(body);
+        posting.push_back(tokio::spawn(async move {
+            request.send().await.unwrap().error_for_status().unwrap();
+        }));
+        let oldest = if posting.len() == window { posting.pop_front() } else { None };
+        let (next, _) = tokio::join!(page(last), async {
+            if let Some(oldest) = oldest {
+                oldest.await.unwrap();
+            }
+        });
+        current = next;
+    }
+    for post in posting {
+        post.await.unwrap();
+    }
+    assert_eq!(total, rows);
+    pool.close().await;
+    rows as f64 / started.elapsed().as_secs_f64()
+}
+
+/// dbtrigger's catch-up through the proxies: ticks of a poller with file state. Rows a second.
+async fn dbtrigger(url: &str, hook: &str, batch: i64, window: usize, rows: i64) -> f64 {
+    let directory = tempfile::tempdir().unwrap();
+    let root = directory.path().join("app");
+    std::fs::create_dir_all(root.join("orders")).unwrap();
+    let function = json!({
+        "bindings": [{"type": "timerTrigger", "direction": "in", "name": "timer", "schedule": "0 * * * * *"}],
+        "poller": {
+            "source": {"connection": "DB", "table": "orders", "cursor": "version", "pk": ["id"], "lateArrivals": null},
+            "batch": {"size": batch, "maxInFlight": window},
+            "sink": {"type": "webhook", "url": hook},
+            "state": {"connection": "STATE"}
+        }
+    });
+    std::fs::write(root.join("orders/function.json"), function.to_string()).unwrap();
+    let state = format!("file:{}", directory.path().join("state").display());
+    let settings = Settings::from_pairs([("DB", url), ("STATE", state.as_str())]);
+    let config = PollerConfig::load(&root, "orders", &settings, None).unwrap();
+    let source = dbtrigger::source::open(&config.source).unwrap();
+    let sink = dbtrigger::sink::open(&config.sink).unwrap();
+    let (store, _) = dbtrigger::store::open(&config.state).unwrap();
+    let poller = Poller::new(config, source, sink, store, Arc::new(SystemClock), "bench".into());
+    let started = Instant::now();
+    let mut total = 0;
+    loop {
+        match poller.tick().await.unwrap() {
+            TickOutcome::Delivered { rows, stop: StopReason::CaughtUp, .. } => {
+                total += rows;
+                break;
+            }
+            TickOutcome::Delivered { rows, .. } => total += rows,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(total as i64, rows);
+    rows as f64 / started.elapsed().as_secs_f64()
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    runtime.block_on(run());
+}
+
+async fn run() {
+    let number =
+        |name: &str, default: i64| std::env::var(name).ok().and_then(|text| text.parse().ok()).unwrap_or(default);
+    let rows = number("DBTRIGGER_BENCH_ROWS", 20_000);
+    let rounds = number("DBTRIGGER_BENCH_ROUNDS", 3).max(1) as usize;
+    let batch = 100i64;
+    let url = services::postgres().fresh_database().await;
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE orders (id BIGINT PRIMARY KEY, version BIGINT NOT NULL, status TEXT, total DOUBLE PRECISION, note TEXT);
+         INSERT INTO orders SELECT x, x / 3, 'paid', x * 1.5, 'order number ' || x FROM generate_series(1, {rows}) AS x;
+         CREATE INDEX orders_seek ON orders (version, id);
+         ANALYZE orders;"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    let database_proxy = delaying_proxy(services::postgres().port, Duration::from_millis(1)).await;
+    let far_url = url.replace(&format!(":{}/", services::postgres().port), &format!(":{database_proxy}/"));
+    let (receiver_port, received) = receiver().await;
+    let receiver_proxy = delaying_proxy(receiver_port, Duration::from_millis(10)).await;
+    let hook = format!("http://127.0.0.1:{receiver_proxy}/hook");
+    println!(
+        "throughput with latency: PostgreSQL behind a 2 ms round trip, the receiver behind 20 ms; {rows} rows, batch {batch}, \
+         {rounds} rounds after one to warm up"
+    );
+    println!("{:<34} {:>9} {:>9} {:>17} {:>12}", "path", "rows/s", "limit", "ratio (min–max)", "w×b/r");
+    let mut expected = 0u64;
+    for window in [1usize, 8] {
+        let (mut runs, mut limits, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..=rounds {
+            let before = raw_pipelined(&far_url, &hook, batch, window, rows).await;
+            let run = dbtrigger(&far_url, &hook, batch, window, rows).await;
+            let after = raw_pipelined(&far_url, &hook, batch, window, rows).await;
+            expected += 3 * rows as u64;
+            if round == 0 {
+                continue;
+            }
+            let limit = (before + after) / 2.0;
+            runs.push(run);
+            limits.push(limit);
+            ratios.push(run / limit);
+        }
+        let low = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+        let high = ratios.iter().copied().fold(0.0, f64::max);
+        println!(
+            "{:<34} {:>9.0} {:>9.0} {:>17} {:>12.0}",
+            format!("dbtrigger, maxInFlight {window}"),
+            median(runs),
+            median(limits),
+            format!("{:.2} ({low:.2}–{high:.2})", median(ratios)),
+            window as f64 * batch as f64 / 0.020
+        );
+    }
+    assert_eq!(received.load(std::sync::atomic::Ordering::SeqCst), expected, "every row reached the receiver");
+}
