@@ -29,6 +29,8 @@ pub struct FromSource {
     /// While rows wait behind a commit horizon or a `settle: "auto"` bound: the oldest open
     /// transaction (the status function may show it up to [`SOURCE_READS_REUSED_FOR`] old).
     pub horizon_holder: Option<HorizonHolder>,
+    /// A logical source's replication slot (`None`: not one, or it could not be read).
+    pub slot: Option<crate::domain::slot::SlotView>,
 }
 
 /// The source reads of each poller, reused for a while: a capped count is up to a million rows
@@ -140,7 +142,14 @@ async fn observe(function: &str, poller: &Poller, now: DateTime<Utc>, cache: Opt
         } else {
             None
         };
-        FromSource { lag, generation, horizon_holder }
+        let slot = match poller.source.slot().await {
+            Ok(slot) => slot,
+            Err(error) => {
+                tracing::warn!(poller = %config.poller_name, %error, "the replication slot could not be read");
+                None
+            }
+        };
+        FromSource { lag, generation, horizon_holder, slot }
     };
     let from_source = match cache {
         None => read_source().await,
@@ -173,6 +182,7 @@ async fn observe(function: &str, poller: &Poller, now: DateTime<Utc>, cache: Opt
             generation: from_source.generation,
             generation_stops,
             horizon_holder: from_source.horizon_holder,
+            slot: from_source.slot,
         },
         now,
     )
@@ -225,6 +235,7 @@ mod tests {
             lag: Some(Ok(Lag { rows, capped: false, oldest: None })),
             generation: Ok(None),
             horizon_holder: None,
+            slot: None,
         }
     }
 

@@ -140,6 +140,7 @@ impl Watchdog {
             let seen = memory.pollers.get(&health.poller);
             let (mut findings, remembered) = judge(health, interval, self.config.stalled_after_intervals, seen, now);
             findings.extend(judge_horizon(health, self.config.horizon_held_after));
+            findings.extend(crate::domain::slot::judge_slot(health, self.config.slot_retention_bytes));
             if findings.iter().any(|finding| finding.kind.kickable()) {
                 report.to_kick.push(function.clone());
             }

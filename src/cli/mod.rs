@@ -418,7 +418,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::New { function, template, sets, app_root } => {
             scaffold::new(&app_root.resolve()?, &function, &template, &sets)
         }
-        Command::Check { app_root } => scaffold::check(&app_root.resolve()?),
+        Command::Check { app_root } => {
+            let app_root = app_root.resolve()?;
+            let offline = scaffold::check(&app_root)?;
+            // A logical source's server is asked what it still lacks (set-up is printed, not run).
+            let live = sql::check_logical(&app_root).await?;
+            Ok(if live { offline } else { ExitCode::FAILURE })
+        }
         Command::Schema { markdown } => {
             if markdown {
                 print!("{}", crate::config::reference::configuration_markdown());

@@ -13,6 +13,14 @@ use crate::config::{Engine, SourceConfig};
 pub fn run(app_root: &Path, name: &str) -> anyhow::Result<ExitCode> {
     let poller = find_poller(app_root, name)?;
     let source = &poller.config.source;
+    if let crate::config::SourceTarget::Logical { slot, publication } = &source.target {
+        let user = connecting_user(source);
+        print!(
+            "{}",
+            crate::source::logical::setup::logical_ddl(&poller.config.poller_name, slot, publication, user.as_deref())
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     match crate::source::ddl::cursor_ddl(&poller.config.poller_name, source, connecting_user(source).as_deref()) {
         Ok(ddl) => {
             print!("{ddl}");
@@ -20,6 +28,36 @@ pub fn run(app_root: &Path, name: &str) -> anyhow::Result<ExitCode> {
         }
         Err(reason) => bail!("{reason}"),
     }
+}
+
+/// `check`'s live part: each logical poller's server, asked what its source needs (`wal_level`,
+/// the slot, the publication and its tables' replica identity, the role's privilege). `false`
+/// when something is missing. Pollers of other sources are not connected to.
+pub async fn check_logical(app_root: &Path) -> anyhow::Result<bool> {
+    let settings = crate::config::Settings::for_app_root(app_root)?;
+    let Ok(config) = crate::config::AppConfig::load(app_root, &settings) else {
+        // The offline check has said why.
+        return Ok(true);
+    };
+    let mut all_ok = true;
+    for parsed in config.functions.values() {
+        let Ok(crate::config::FunctionConfig::Poller(poller)) = parsed else { continue };
+        let crate::config::SourceTarget::Logical { slot, publication } = &poller.source.target else { continue };
+        let name = &poller.poller_name;
+        match crate::source::logical::setup::check(poller.source.url.expose(), slot, publication).await {
+            Ok(findings) => {
+                for finding in findings {
+                    all_ok &= finding.ok;
+                    println!("{} {name}: {}", if finding.ok { "ok" } else { "missing" }, finding.what);
+                }
+            }
+            Err(reason) => {
+                all_ok = false;
+                println!("missing {name}: the server cannot be asked: {reason}");
+            }
+        }
+    }
+    Ok(all_ok)
 }
 
 /// The account the poller's URL connects as, as its driver resolves it (a `?user=` included).

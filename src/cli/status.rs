@@ -127,6 +127,16 @@ pub fn table(healths: &[PollerHealth], now: chrono::DateTime<chrono::Utc>) -> St
             };
             out.push_str(&format!("{}: rows wait behind {what}, held by {}\n", health.function, holder.describe()));
         }
+        if let Some(slot) = &health.slot {
+            out.push_str(&format!(
+                "{}: replication slot {}: {} of WAL retained, wal_status {}, {}\n",
+                health.function,
+                slot.slot,
+                slot.retained_bytes.map(|bytes| format!("{} KiB", bytes / 1024)).unwrap_or_else(|| "none".into()),
+                slot.wal_status.as_deref().unwrap_or("unknown"),
+                slot.active_pid.map(|pid| format!("read by pid {pid}")).unwrap_or_else(|| "idle".into())
+            ));
+        }
     }
     out
 }

@@ -85,6 +85,8 @@ pub enum TextRule {
     Identifier,
     /// `table` or `schema.table`, each a plain SQL name.
     TableName,
+    /// A replication slot's name: lower-case letters, digits and `_`, at most 63.
+    SlotName,
     /// A function or poller name: `is_valid_function_name`.
     PollerName,
     /// An Azure Storage container or queue name: `is_valid_container_name`.
@@ -199,6 +201,7 @@ fn poller() -> Section {
 
 fn source() -> Vec<Field> {
     vec![
+        field("kind", Kind::Choice { values: &["polling", "logical"], default: Some("polling") }, "\"polling\" reads rows after a cursor column; \"logical\" (PostgreSQL, wal_level=logical) reads every insert, update, delete and truncate of a publication's tables from a replication slot, in commit order (docs/logical.md). A logical source takes `connection`, `slot`, `publication` and `queryTimeoutSeconds` only.", json!("logical")),
         field(
             "connection",
             Kind::SettingName { default: None },
@@ -208,8 +211,10 @@ fn source() -> Vec<Field> {
         .required(),
         field("table", Kind::text(TextRule::TableName), "The table to read (schema.table allowed). Give `table` or `query`.", json!("public.orders")),
         field("query", Kind::text(TextRule::Any), "A SELECT (or WITH … SELECT), read as a subquery, instead of `table`.", json!("SELECT o.id, o.updated_at, c.email FROM orders o JOIN customers c ON c.id = o.customer_id")),
-        field("cursor", Kind::text(TextRule::Identifier), "A non-decreasing column: an integer, a version column, or a timestamp (with or without time zone).", json!("updated_at")).required(),
-        field("pk", Kind::List { rule: TextRule::Identifier, unique: true }, "One or more stable key columns: the tiebreaker between rows of one cursor value. Not the cursor.", json!(["id"])).required(),
+        field("cursor", Kind::text(TextRule::Identifier), "A non-decreasing column: an integer, a version column, or a timestamp (with or without time zone). Required by a polling source.", json!("updated_at")),
+        field("pk", Kind::List { rule: TextRule::Identifier, unique: true }, "One or more stable key columns: the tiebreaker between rows of one cursor value. Not the cursor. Required by a polling source.", json!(["id"])),
+        field("slot", Kind::text(TextRule::SlotName), "A logical source's replication slot (pgoutput), created beforehand (`dbtrigger sql` prints how): lower-case letters, digits and '_'.", json!("dbtrigger_orders")),
+        field("publication", Kind::text(TextRule::Identifier), "A logical source's publication: the tables whose changes it delivers.", json!("dbtrigger_orders")),
         field("columns", Kind::List { rule: TextRule::Identifier, unique: false }, "The columns to deliver (the cursor and the key are always read).", json!(["id", "status", "total", "updated_at"]))
             .when_absent("every column"),
         field("where", Kind::text(TextRule::Any), "A fixed SQL filter, part of the source's fingerprint: one expression that stays inside its own parentheses (no `;`, `--`, `/*`, `#`, no `$` outside quotes, no backslash inside them). Write `%%` for a literal `%`.", json!("tenant_id = 7"))
@@ -224,7 +229,7 @@ fn source() -> Vec<Field> {
         field("maxConnections", Kind::integer(ranges::MAX_CONNECTIONS, defaults::MAX_CONNECTIONS_PER_DATABASE), "The most connections the app opens to this source's database, shared by every poller of the app that reads it (the same host, port, database, user and options); when its pollers disagree, the smallest wins. Defaults to app setting DBTRIGGER_MAX_CONNECTIONS_PER_DATABASE, else 10. A tick that finds them all busy waits (its summary line says how long), within its tick budget.", json!(10)),
         field("softDelete", Kind::text(TextRule::Identifier), "A column marking deleted rows: a row whose value is not NULL (nor false or 0) is delivered with op \"delete\". Not with `opColumn`.", json!("deleted_at")),
         field("opColumn", Kind::text(TextRule::Identifier), "A column saying each row's operation (insert, update, upsert, delete): an outbox or tombstone table. Not with `softDelete`.", json!("op")),
-        field("lateArrivals", Kind::Object { fields: late_arrivals(), rules: vec![] }, "The late-arrival detector: a count and key hash per cursor bucket behind the checkpoint, recounted by the source; a bucket that grew is delivered again with `late: true` (docs/sources.md, \"Late arrivals\").", json!({"enabled": true, "windowSeconds": 900, "windowRows": 100000, "everyTicks": 1}))
+        field("lateArrivals", Kind::Object { fields: late_arrivals(), rules: vec![] }, "The late-arrival detector: a count and key hash per cursor bucket behind the checkpoint, recounted by the source; a bucket that grew is delivered again with `late: true` (docs/late-arrivals.md: how it checks, how soon, what it costs).", json!({"enabled": true, "windowSeconds": 900, "windowRows": 100000, "everyTicks": 1, "sweepChecks": 1000}))
             .when_absent("on, with the defaults below")
             .nullable(),
         field("generation", Kind::Object { fields: generation(), rules: vec![] }, "The load the table holds, for a table that is truncated and reloaded.", json!({"query": "SELECT max(load_id) FROM load_log", "onChange": "stop"}))
@@ -236,12 +241,23 @@ fn source() -> Vec<Field> {
 fn source_rules() -> Vec<Rule> {
     vec![
         Rule {
-            says: "give `table` or `query`, not both",
+            says: "a logical source (kind \"logical\") gives `slot` and `publication`; a polling source gives `table` or `query` (not both), `cursor` and `pk`",
             // `null` is "left out" to the loader: a field counts only when it holds text.
-            schema: json!({"oneOf": [
-                {"required": ["table"], "properties": {"table": {"type": "string"}}},
-                {"required": ["query"], "properties": {"query": {"type": "string"}}}
-            ]}),
+            schema: json!({
+                "if": {"required": ["kind"], "properties": {"kind": {"const": "logical"}}},
+                "then": {
+                    "required": ["slot", "publication"],
+                    "properties": {"slot": {"type": "string"}, "publication": {"type": "string"}}
+                },
+                "else": {
+                    "required": ["cursor", "pk"],
+                    "properties": {"cursor": {"type": "string"}, "pk": {"type": "array"}},
+                    "oneOf": [
+                        {"required": ["table"], "properties": {"table": {"type": "string"}}},
+                        {"required": ["query"], "properties": {"query": {"type": "string"}}}
+                    ]
+                }
+            }),
         },
         Rule {
             says: "not both `softDelete` and `opColumn`",
@@ -272,8 +288,14 @@ fn late_arrivals() -> Vec<Field> {
         field(
             "everyTicks",
             Kind::integer(late_ranges::EVERY_TICKS, late_defaults::EVERY_TICKS),
-            "The check runs at one tick in this many: a check reads every row of the window, so a large window is cheaper checked less often.",
+            "The check runs at one tick in this many. Each check recounts the newest buckets (the last few hundred rows delivered, where a row committed seconds late lands) and a slice of the older ones.",
             json!(10),
+        ),
+        field(
+            "sweepChecks",
+            Kind::integer(late_ranges::SWEEP_CHECKS, late_defaults::SWEEP_CHECKS),
+            "The whole window is recounted over this many checks: a late row older than the newest buckets is found within sweepChecks x everyTicks ticks (docs/late-arrivals.md). Fewer is sooner, at a cost per check of about the window's rows divided by it.",
+            json!(200),
         ),
     ]
 }
@@ -496,6 +518,12 @@ fn watchdog() -> Section {
                 Kind::integer(ranges::HORIZON_HELD_AFTER_SECONDS, defaults::HORIZON_HELD_AFTER_SECONDS),
                 "A poller whose rows wait behind a transaction open this long (the commit horizon of an xid cursor, the bound of settle \"auto\") is reported as horizon_held; a tick cannot fix it, so it is never kicked.",
                 json!(300),
+            ),
+            field(
+                "slotRetentionMegabytes",
+                Kind::integer(ranges::SLOT_RETENTION_MEGABYTES, defaults::SLOT_RETENTION_MEGABYTES),
+                "A logical source's replication slot holding more WAL than this is reported as slot_retention (a slot the server invalidated, as slot_lost). Keep it well below max_slot_wal_keep_size.",
+                json!(1024),
             ),
             field(
                 "kick",

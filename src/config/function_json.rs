@@ -32,11 +32,16 @@ pub(super) struct RawPoller {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(super) struct RawSource {
+    /// `"polling"` (the default) or `"logical"` (PostgreSQL logical decoding).
+    pub(super) kind: Option<String>,
     pub(super) connection: String,
     pub(super) table: Option<String>,
     pub(super) query: Option<String>,
-    pub(super) cursor: String,
-    pub(super) pk: Vec<String>,
+    pub(super) cursor: Option<String>,
+    pub(super) pk: Option<Vec<String>>,
+    /// A logical source's replication slot and publication.
+    pub(super) slot: Option<String>,
+    pub(super) publication: Option<String>,
     pub(super) columns: Option<Vec<String>>,
     #[serde(rename = "where")]
     pub(super) where_clause: Option<String>,

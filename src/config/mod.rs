@@ -18,6 +18,7 @@ mod disabled;
 pub mod fields;
 mod function_json;
 pub mod late;
+pub mod logical;
 pub mod plan;
 pub mod redact;
 pub mod reference;
@@ -42,7 +43,8 @@ pub use self::connection::{StorageConnection, StorageCredential};
 pub use self::late::LateArrivalsConfig;
 pub use self::sink::{MessageEncoding, MessagePer, QueueConfig, SigningKey, SinkConfig, WebhookConfig};
 pub use self::source::{
-    Engine, GenerationConfig, OnGenerationChange, OpRule, SourceConfig, SourceTarget, validate_identifier,
+    Engine, GenerationConfig, LOGICAL_CURSOR, LOGICAL_KEY, OnGenerationChange, OpRule, SourceConfig, SourceTarget,
+    validate_identifier,
 };
 pub use self::state::{StateConfig, StateLocation};
 pub use self::status::StatusConfig;
@@ -311,6 +313,7 @@ pub mod defaults {
     pub const GENERATION_ON_CHANGE: &str = "stop";
     pub const STALLED_AFTER_INTERVALS: u32 = 3;
     pub const HORIZON_HELD_AFTER_SECONDS: u64 = 300;
+    pub const SLOT_RETENTION_MEGABYTES: u64 = 1024;
     pub const ALERT_TIMEOUT_SECONDS: u64 = 10;
     /// A tick ends at least this long before host.json's functionTimeout.
     pub const TIMEOUT_MARGIN_SECONDS: u64 = 30;
@@ -428,6 +431,7 @@ pub mod ranges {
     pub const POISON_MAX_ATTEMPTS: RangeInclusive<u32> = 1..=1000;
     pub const STALLED_AFTER_INTERVALS: RangeInclusive<u32> = 1..=1000;
     pub const HORIZON_HELD_AFTER_SECONDS: RangeInclusive<u64> = 1..=limits::SECONDS;
+    pub const SLOT_RETENTION_MEGABYTES: RangeInclusive<u64> = 1..=1_048_576;
     pub const ALERT_TIMEOUT_SECONDS: RangeInclusive<u64> = 1..=limits::SECONDS;
 }
 

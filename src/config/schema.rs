@@ -255,6 +255,7 @@ fn text_schema(rule: TextRule) -> Value {
         TextRule::Any | TextRule::Url => return json!({"type": "string", "pattern": PAIRED_PERCENT}),
         TextRule::Identifier => json!({"pattern": format!("^{IDENTIFIER}$")}),
         TextRule::TableName => json!({"pattern": format!("^{IDENTIFIER}(?:\\.{IDENTIFIER})?$")}),
+        TextRule::SlotName => json!({"pattern": "^[a-z0-9_]{1,63}$"}),
         TextRule::PollerName => {
             json!({"pattern": "^[A-Za-z][A-Za-z0-9_-]{0,127}$", "not": {"pattern": any_case(&["host"])}})
         }
@@ -271,6 +272,7 @@ pub fn text_rule_words(rule: TextRule) -> &'static str {
         TextRule::Url => "an http or https URL",
         TextRule::Identifier => "a plain SQL name: `[A-Za-z_][A-Za-z0-9_$]*`, at most 63",
         TextRule::TableName => "`table` or `schema.table`, plain SQL names",
+        TextRule::SlotName => "lower-case letters, digits and `_`, at most 63",
         TextRule::PollerName => "a letter, then letters, digits, `_`, `-`; at most 128; not `host`",
         TextRule::StorageName => "3 to 63 lower-case letters, digits and single `-`",
         TextRule::TimeZone => "`UTC`, an offset like `+02:00`, or a zone name like `Europe/Paris`",

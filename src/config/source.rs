@@ -36,7 +36,17 @@ pub enum SourceTarget {
     },
     /// A SELECT, wrapped as a subquery.
     Query(String),
+    /// PostgreSQL logical decoding (`source.kind: "logical"`): the changes of a publication, read
+    /// from a replication slot. Its positions are (commit LSN, ordinal): never a seek.
+    Logical {
+        slot: String,
+        publication: String,
+    },
 }
+
+/// A logical source's cursor and key, as its positions name them.
+pub const LOGICAL_CURSOR: &str = "commit_lsn";
+pub const LOGICAL_KEY: &str = "ordinal";
 
 #[derive(Debug, Clone)]
 pub struct SourceConfig {
@@ -509,6 +519,76 @@ pub(super) fn build_source(
     let (identity, resolved_url) = parse_source_url(url_value, app_root)
         .map_err(|reason| at.error("poller.source.connection", format!("app setting {}: {reason}", raw.connection)))?;
 
+    let logical = match raw.kind.as_deref() {
+        None | Some("polling") => false,
+        Some("logical") => true,
+        Some(other) => {
+            return Err(at.error("poller.source.kind", format!("{other:?}: expected \"polling\" or \"logical\"")));
+        }
+    };
+    if logical {
+        let (slot, publication) = super::logical::check(&raw, identity.engine, at)?;
+        let effective = effective_target(&identity, &resolved_url).map_err(|reason| {
+            at.error("poller.source.connection", format!("app setting {}: {reason}", raw.connection))
+        })?;
+        let pk = vec![LOGICAL_KEY.to_string()];
+        let fingerprint = source_fingerprint(&FingerprintInput {
+            engine: identity.engine.name(),
+            host: &effective.host,
+            port: effective.port,
+            database: &effective.database,
+            user: &effective.user,
+            socket: effective.socket.as_deref(),
+            options: effective.options.as_deref(),
+            target: format!("logical:{slot}:{publication}"),
+            cursor: LOGICAL_CURSOR,
+            pk: &pk,
+            columns: None,
+            where_clause: None,
+        });
+        let query_timeout_seconds = in_range(
+            at,
+            "poller.source.queryTimeoutSeconds",
+            raw.query_timeout_seconds,
+            defaults::QUERY_TIMEOUT_SECONDS,
+            ranges::QUERY_TIMEOUT_SECONDS,
+        )?;
+        let logical_pool_key = pool_key(identity.engine, &effective, &resolved_url);
+        let source = SourceConfig {
+            connection: raw.connection,
+            engine: identity.engine,
+            url: Secret::new(resolved_url),
+            target: SourceTarget::Logical { slot, publication },
+            cursor: LOGICAL_CURSOR.to_string(),
+            pk,
+            columns: None,
+            where_clause: None,
+            settle: Duration::ZERO,
+            settle_mode: SettleMode::Fixed,
+            cursor_kind: None,
+            settle_configured: false,
+            query_timeout: Duration::from_secs(query_timeout_seconds),
+            cursor_time_zone: defaults::CURSOR_TIME_ZONE.to_string(),
+            ops: OpRule::Upsert,
+            generation: None,
+            // A logical source reads its slot on a session of its own, outside the shared pools.
+            pool_key: logical_pool_key,
+            max_connections: 1,
+        };
+        return Ok((source, Fingerprints { current: fingerprint, legacy: None }));
+    }
+    if let Some(name) = [("slot", raw.slot.is_some()), ("publication", raw.publication.is_some())]
+        .iter()
+        .find_map(|(name, given)| given.then_some(*name))
+    {
+        return Err(at.error(&format!("poller.source.{name}"), "belongs to a logical source (kind \"logical\")"));
+    }
+    let cursor = raw.cursor.clone().ok_or_else(|| {
+        at.error("poller.source", "missing field `cursor`: a polling source reads rows after its cursor column")
+    })?;
+    let pk = raw.pk.clone().ok_or_else(|| {
+        at.error("poller.source", "missing field `pk`: a polling source orders rows of one cursor value by their key")
+    })?;
     let target = match (raw.table, raw.query) {
         (Some(_), Some(_)) => {
             return Err(at.error("poller.source", "give either `table` or `query`, not both"));
@@ -540,19 +620,19 @@ pub(super) fn build_source(
             SourceTarget::Query(trimmed)
         }
     };
-    validate_identifier(&raw.cursor).map_err(|reason| at.error("poller.source.cursor", reason))?;
-    if raw.pk.is_empty() {
+    validate_identifier(&cursor).map_err(|reason| at.error("poller.source.cursor", reason))?;
+    if pk.is_empty() {
         return Err(
             at.error("poller.source.pk", "give at least one primary key column: the tiebreaker between equal cursors")
         );
     }
-    for (index, column) in raw.pk.iter().enumerate() {
+    for (index, column) in pk.iter().enumerate() {
         validate_identifier(column).map_err(|reason| at.error(&format!("poller.source.pk[{index}]"), reason))?;
-        if raw.pk[..index].contains(column) {
+        if pk[..index].contains(column) {
             return Err(at.error(&format!("poller.source.pk[{index}]"), format!("{column:?} is listed twice")));
         }
     }
-    if raw.pk.contains(&raw.cursor) {
+    if pk.contains(&cursor) {
         return Err(at.error("poller.source.pk", "the cursor column cannot also be a primary key column"));
     }
     if let Some(columns) = &raw.columns {
@@ -582,7 +662,7 @@ pub(super) fn build_source(
         (None, None) => OpRule::Upsert,
     };
     if let Some(column) = ops.column()
-        && (column == raw.cursor || raw.pk.iter().any(|key| key == column))
+        && (column == cursor || pk.iter().any(|key| key == column))
     {
         return Err(at.error(
             if matches!(ops, OpRule::SoftDelete(_)) { "poller.source.softDelete" } else { "poller.source.opColumn" },
@@ -630,6 +710,7 @@ pub(super) fn build_source(
         SourceTarget::Table { schema: Some(schema), name } => format!("table:{schema}.{name}"),
         SourceTarget::Table { schema: None, name } => format!("table:{name}"),
         SourceTarget::Query(query) => format!("query:{query}"),
+        SourceTarget::Logical { slot, publication } => format!("logical:{slot}:{publication}"),
     };
     let effective = effective_target(&identity, &resolved_url)
         .map_err(|reason| at.error("poller.source.connection", format!("app setting {}: {reason}", raw.connection)))?;
@@ -642,8 +723,8 @@ pub(super) fn build_source(
         socket: effective.socket.as_deref(),
         options: effective.options.as_deref(),
         target: target_text.clone(),
-        cursor: &raw.cursor,
-        pk: &raw.pk,
+        cursor: &cursor,
+        pk: &pk,
         columns: raw.columns.as_deref(),
         where_clause: raw.where_clause.as_deref(),
     });
@@ -659,8 +740,8 @@ pub(super) fn build_source(
             socket: None,
             options: None,
             target: target_text,
-            cursor: &raw.cursor,
-            pk: &raw.pk,
+            cursor: &cursor,
+            pk: &pk,
             columns: raw.columns.as_deref(),
             where_clause: raw.where_clause.as_deref(),
         }))
@@ -673,8 +754,8 @@ pub(super) fn build_source(
         engine: identity.engine,
         url: Secret::new(resolved_url),
         target,
-        cursor: raw.cursor,
-        pk: raw.pk,
+        cursor,
+        pk,
         columns: raw.columns,
         where_clause: raw.where_clause,
         settle: Duration::from_secs(settle_seconds),
@@ -830,6 +911,9 @@ impl fmt::Display for SourceTarget {
             SourceTarget::Table { schema: Some(schema), name } => write!(formatter, "{schema}.{name}"),
             SourceTarget::Table { schema: None, name } => formatter.write_str(name),
             SourceTarget::Query(_) => formatter.write_str("(query)"),
+            SourceTarget::Logical { slot, publication } => {
+                write!(formatter, "(publication {publication}, slot {slot})")
+            }
         }
     }
 }

@@ -461,13 +461,22 @@ fn late_arrivals_are_detected_by_default_and_configurable() {
     assert_eq!(config.unwrap().late_arrivals, LateArrivalsConfig::default());
     let mut poller = valid_poller();
     poller["source"]["lateArrivals"] =
-        json!({"enabled": false, "windowSeconds": 60, "windowRows": 500, "everyTicks": 3});
+        json!({"enabled": false, "windowSeconds": 60, "windowRows": 500, "everyTicks": 3, "sweepChecks": 20});
     let (_root, config) = load(&function_json(poller), &settings());
     let late = config.unwrap().late_arrivals;
     assert_eq!(
         late,
-        LateArrivalsConfig { enabled: false, window: Duration::from_secs(60), window_rows: 500, every_ticks: 3 }
+        LateArrivalsConfig {
+            enabled: false,
+            window: Duration::from_secs(60),
+            window_rows: 500,
+            every_ticks: 3,
+            sweep_checks: 20
+        }
     );
+    let mut poller = valid_poller();
+    poller["source"]["lateArrivals"] = json!({"sweepChecks": 0});
+    assert!(load_error(poller).to_string().contains("poller.source.lateArrivals.sweepChecks"));
     let mut poller = valid_poller();
     poller["source"]["lateArrivals"] = json!({"everyTicks": 0});
     assert!(load_error(poller).to_string().contains("poller.source.lateArrivals.everyTicks"));

@@ -31,6 +31,8 @@ pub struct WatchdogConfig {
     pub kick: bool,
     /// Rows waiting behind a transaction open this long are reported (`horizon_held`).
     pub horizon_held_after: chrono::Duration,
+    /// A logical source's slot holding more WAL than this is reported (`slot_retention`).
+    pub slot_retention_bytes: u64,
     pub alert: Option<AlertConfig>,
     /// Where it lists the app's state documents and keeps what it saw last time.
     pub state: StateConfig,
@@ -49,6 +51,7 @@ pub struct AlertConfig {
 pub(super) struct RawWatchdog {
     stalled_after_intervals: Option<u32>,
     horizon_held_after_seconds: Option<u64>,
+    slot_retention_megabytes: Option<u64>,
     kick: Option<bool>,
     alert: Option<RawAlert>,
     #[serde(default)]
@@ -120,6 +123,13 @@ fn build_checked(
         DEFAULT_HORIZON_HELD_AFTER_SECONDS,
         ranges::HORIZON_HELD_AFTER_SECONDS,
     )?;
+    let slot_retention_megabytes = in_range(
+        at,
+        "watchdog.slotRetentionMegabytes",
+        raw.slot_retention_megabytes,
+        super::defaults::SLOT_RETENTION_MEGABYTES,
+        ranges::SLOT_RETENTION_MEGABYTES,
+    )?;
     let alert = match raw.alert {
         None => None,
         Some(alert) => {
@@ -147,6 +157,7 @@ fn build_checked(
         run_on_startup,
         stalled_after_intervals,
         horizon_held_after: chrono::Duration::seconds(horizon_held_after_seconds as i64),
+        slot_retention_bytes: slot_retention_megabytes * 1024 * 1024,
         kick: raw.kick.unwrap_or(false),
         alert,
         state,

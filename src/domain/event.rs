@@ -75,6 +75,8 @@ pub enum Op {
     Insert,
     Update,
     Delete,
+    /// A table emptied at once (the logical source: PostgreSQL's TRUNCATE).
+    Truncate,
 }
 
 impl Op {
@@ -95,6 +97,7 @@ impl Op {
             Op::Insert => "insert",
             Op::Update => "update",
             Op::Delete => "delete",
+            Op::Truncate => "truncate",
         }
     }
 }

@@ -132,6 +132,8 @@ pub struct PollerHealth {
     /// While rows wait: the oldest open transaction, for a poller read below a commit horizon
     /// (`xid`) or a bound (`settle: "auto"`).
     pub horizon_holder: Option<HorizonHolder>,
+    /// A logical source's replication slot: the WAL it holds, its `wal_status`, its reader.
+    pub slot: Option<super::slot::SlotView>,
     pub lease: Option<LeaseView>,
     /// When a tick last committed.
     pub last_success_at: Option<DateTime<Utc>>,
@@ -189,6 +191,7 @@ impl PollerHealth {
             lag_capped: false,
             oldest_pending_age_seconds: None,
             horizon_holder: None,
+            slot: None,
             lease: None,
             last_success_at: None,
             attempts: 0,
@@ -226,6 +229,8 @@ pub struct Observed<'a> {
     pub generation_stops: bool,
     /// The oldest open transaction, asked for only while rows wait (see [`HorizonHolder`]).
     pub horizon_holder: Option<HorizonHolder>,
+    /// A logical source's slot (`None`: not one, or not read).
+    pub slot: Option<super::slot::SlotView>,
 }
 
 /// The status of one poller at `now`.
@@ -331,6 +336,15 @@ pub fn assess(observed: Observed<'_>, now: DateTime<Utc>) -> PollerHealth {
             health.error.get_or_insert(reason);
         }
     }
+    if let Some(slot) = observed.slot {
+        if slot.lost() {
+            health.problems.push(format!(
+                "replication slot {} was invalidated by the server: changes were lost (docs/logical.md)",
+                slot.slot
+            ));
+        }
+        health.slot = Some(slot);
+    }
     health.healthy = health.problems.is_empty();
     health
 }
@@ -375,6 +389,7 @@ mod tests {
             generation: Ok(None),
             generation_stops: true,
             horizon_holder: None,
+            slot: None,
         }
     }
 

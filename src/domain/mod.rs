@@ -26,6 +26,7 @@ pub mod late;
 pub mod lease;
 pub mod poison;
 pub mod schedule;
+pub mod slot;
 pub mod state;
 pub mod transitions;
 pub mod watchdog;

@@ -13,6 +13,8 @@
 //! | `generation_changed` | the source generation moved and the poller stops (`onChange: stop`)     |
 //! | `late_arrivals`      | the late-arrival detector found (and delivered) more rows than at the previous run |
 //! | `horizon_held`       | rows wait behind a transaction open longer than `horizonHeldAfterSeconds` ([`judge_horizon`]) |
+//! | `slot_retention`     | a logical source's slot holds more WAL than `slotRetentionBytes` ([`super::slot::judge_slot`]) |
+//! | `slot_lost`          | the server invalidated a logical source's slot: a gap                  |
 //!
 //! `stalled` and `lease_abandoned` are what a tick can fix, so `kick` runs one for them.
 
@@ -58,6 +60,8 @@ pub enum FindingKind {
     GenerationChanged,
     LateArrivals,
     HorizonHeld,
+    SlotRetention,
+    SlotLost,
 }
 
 impl FindingKind {
@@ -73,6 +77,8 @@ impl FindingKind {
             FindingKind::GenerationChanged => "generation_changed",
             FindingKind::LateArrivals => "late_arrivals",
             FindingKind::HorizonHeld => "horizon_held",
+            FindingKind::SlotRetention => "slot_retention",
+            FindingKind::SlotLost => "slot_lost",
         }
     }
 

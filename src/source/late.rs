@@ -1,10 +1,10 @@
 //! The late-arrival detector's two questions to the database (the window and its buckets are in
 //! [`crate::domain::late`]):
 //!
-//! - **the recount**: for each bucket of the window, the rows at or before the checkpoint, counted
-//!   with the sums of their key hashes, in one indexed grouped query (one range scan of the
-//!   `(cursor, pk…)` index; the bucket of a row found by `width_bucket` over the bounds on
-//!   PostgreSQL, by a balanced `CASE` of the bounds elsewhere);
+//! - **the recount**: for each bucket a check covers (the fresh ones and a slice of the older
+//!   ones, [`crate::domain::late::sweep`]), its rows (the last bucket's up to the checkpoint)
+//!   counted with the sums of their key hashes, in one statement: an aggregate a bucket over its
+//!   own range scan of the `(cursor, pk…)` index, joined by `UNION ALL`;
 //! - **the re-read** of one bucket: its rows, in order, after a position, as batches are read (or
 //!   only the rows of one key hash).
 //!
@@ -30,11 +30,11 @@ use crate::domain::{CursorValue, PkValue, Position};
 /// The SQLite function that hashes a key (`u << 31 | v`): registered on every SQLite connection.
 pub const SQLITE_KEY_HASH_FUNCTION: &str = "dbtrigger_key_hash";
 
-/// A recount: the window's bucket bounds (each bucket's first cursor, oldest first) and the
-/// checkpoint the last bucket ends at.
+/// A recount: some buckets of the window (each its first cursor and where it ends, oldest first)
+/// and the checkpoint the last bucket ends at.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BucketCheck {
-    pub bounds: Vec<CursorValue>,
+    pub ranges: Vec<(CursorValue, BucketEnd)>,
     pub checkpoint: Position,
 }
 
@@ -64,6 +64,8 @@ impl BucketRange {
 pub enum LateSlot {
     /// The n-th bucket's first cursor.
     Bound(usize),
+    /// The first cursor after the n-th bucket of a recount (the next bucket's).
+    End(usize),
     /// The first cursor of the bucket after the one read.
     Until,
     /// The checkpoint's cursor or key column.
@@ -88,6 +90,11 @@ struct Builder<'a> {
     engine: Engine,
     plan: &'a SeekPlan,
     slots: Vec<LateSlot>,
+    /// PostgreSQL: each value in a scalar subquery, `(SELECT $n)`, so that the planner cannot
+    /// plan for the values bound: the prepared statement's generic plan (the same index range
+    /// scan, its bounds read at run time) is then as cheap as a custom one, and is kept after five
+    /// runs instead of planning the recount again at every check (about 0.2 ms a time).
+    generic: bool,
 }
 
 impl Builder<'_> {
@@ -98,6 +105,7 @@ impl Builder<'_> {
         }
         let typed = match slot {
             LateSlot::Bound(_)
+            | LateSlot::End(_)
             | LateSlot::Until
             | LateSlot::Checkpoint(Slot::Cursor)
             | LateSlot::After(Slot::Cursor) => Some(0),
@@ -108,6 +116,9 @@ impl Builder<'_> {
             .and_then(|index| self.plan.placeholder_types.as_ref().and_then(|types| types.get(index)))
             .map(|name| format!("::{}", super::query::postgres_type_name(name)))
             .unwrap_or_default();
+        if self.generic {
+            return format!("(SELECT ${}{cast})", self.slots.len());
+        }
         format!("${}{cast}", self.slots.len())
     }
 
@@ -141,30 +152,6 @@ impl Builder<'_> {
             }
         }
     }
-
-    /// The index of the bucket `cursor` falls in, among `buckets` whose first cursors are bound.
-    fn bucket_of(&mut self, cursor: &str, buckets: usize) -> String {
-        if buckets <= 1 {
-            return "0".to_string();
-        }
-        if self.engine == Engine::Postgres {
-            let thresholds: Vec<String> = (1..buckets).map(|index| self.placeholder(LateSlot::Bound(index))).collect();
-            return format!("width_bucket({cursor}, ARRAY[{}])::bigint", thresholds.join(", "));
-        }
-        self.case_tree(cursor, 0, buckets - 1)
-    }
-
-    /// A balanced `CASE` over buckets `low..=high`: log2 comparisons a row.
-    fn case_tree(&mut self, cursor: &str, low: usize, high: usize) -> String {
-        if low == high {
-            return low.to_string();
-        }
-        let middle = (low + high).div_ceil(2);
-        let threshold = self.placeholder(LateSlot::Bound(middle));
-        let below = self.case_tree(cursor, low, middle - 1);
-        let above = self.case_tree(cursor, middle, high);
-        format!("CASE WHEN {cursor} < {threshold} THEN {below} ELSE {above} END")
-    }
 }
 
 /// The quoted cursor and key columns, and the source's FROM.
@@ -176,6 +163,8 @@ fn columns_and_from(config: &SourceConfig) -> (Vec<String>, String) {
         SourceTarget::Table { schema: Some(schema), name } => format!("{}.{}", quote(schema), quote(name)),
         SourceTarget::Table { schema: None, name } => quote(name),
         SourceTarget::Query(query) => format!("({query}) AS dbtrigger_source"),
+        // Never read by a seek (see `source::logical`): a name that cannot be a table's.
+        SourceTarget::Logical { slot, .. } => quote(&format!("logical slot {slot}")),
     };
     (columns, from)
 }
@@ -230,32 +219,54 @@ fn hash_parts(engine: Engine, kind: KeyHashKind, x: &str) -> (String, String) {
     }
 }
 
-/// The recount of `buckets` buckets: `(bucket, rows, Σu, Σv)` for each bucket holding a row.
-pub fn tally_sql(config: &SourceConfig, plan: &SeekPlan, buckets: usize, kind: KeyHashKind) -> LateSql {
+/// The recount of buckets whose ranges end as `ends` says (`true`: at the checkpoint, included;
+/// `false`: before the next bucket's first cursor): `(bucket, rows, Σu, Σv)` for each, one
+/// aggregate a bucket over its own range of the `(cursor, pk…)` index, joined by `UNION ALL` (no
+/// bucket is computed per row, no row outside the buckets asked for is read).
+pub fn tally_sql(config: &SourceConfig, plan: &SeekPlan, ends: &[bool], kind: KeyHashKind) -> LateSql {
     let engine = config.engine;
     let (columns, from) = columns_and_from(config);
-    let mut builder = Builder { engine, plan, slots: Vec::new() };
-    let bucket = builder.bucket_of(&columns[0], buckets);
+    let mut builder = Builder { engine, plan, slots: Vec::new(), generic: engine == Engine::Postgres };
     let x = hash_source(engine, kind, &columns[1..]);
-    let mut predicates = vec![format!("{} >= {}", columns[0], builder.placeholder(LateSlot::Bound(0)))];
-    predicates.push(builder.compare(&columns, false, LateSlot::Checkpoint));
-    if let Some(clause) = &config.where_clause {
-        predicates.push(format!("({clause})"));
-    }
     let (u, v) = hash_parts(engine, kind, "dbtrigger_x");
-    let (count, sum_u, sum_v) = match engine {
-        Engine::MySql => (
-            "CAST(COUNT(*) AS SIGNED)".to_string(),
-            format!("CAST(SUM({u}) AS SIGNED)"),
-            format!("CAST(SUM({v}) AS SIGNED)"),
-        ),
-        Engine::Postgres | Engine::Sqlite => ("count(*)".to_string(), format!("sum({u})"), format!("sum({v})")),
-    };
-    let sql = format!(
-        "SELECT dbtrigger_bucket, {count}, {sum_u}, {sum_v} FROM (SELECT {bucket} AS dbtrigger_bucket, {x} AS dbtrigger_x FROM {from} WHERE {}) AS dbtrigger_keys GROUP BY dbtrigger_bucket",
-        predicates.join(" AND ")
-    );
-    LateSql { sql, slots: builder.slots }
+    let mut parts = Vec::with_capacity(ends.len());
+    for (index, until_checkpoint) in ends.iter().enumerate() {
+        let mut predicates = vec![format!("{} >= {}", columns[0], builder.placeholder(LateSlot::Bound(index)))];
+        if *until_checkpoint {
+            if engine == Engine::Postgres {
+                // The range's upper end beside the row comparison: the planner estimates a range
+                // (`>=` and `<=` of one column) as narrow, and keeps to the index.
+                predicates.push(format!(
+                    "{} <= {}",
+                    columns[0],
+                    builder.placeholder(LateSlot::Checkpoint(Slot::Cursor))
+                ));
+            }
+            predicates.push(builder.compare(&columns, false, LateSlot::Checkpoint));
+        } else {
+            predicates.push(format!("{} < {}", columns[0], builder.placeholder(LateSlot::End(index))));
+        }
+        if let Some(clause) = &config.where_clause {
+            predicates.push(format!("({clause})"));
+        }
+        let (bucket, count, sum_u, sum_v) = match engine {
+            Engine::MySql => (
+                format!("CAST({index} AS SIGNED)"),
+                "CAST(COUNT(*) AS SIGNED)".to_string(),
+                format!("CAST(SUM({u}) AS SIGNED)"),
+                format!("CAST(SUM({v}) AS SIGNED)"),
+            ),
+            Engine::Postgres => {
+                (format!("{index}::bigint"), "count(*)".to_string(), format!("sum({u})"), format!("sum({v})"))
+            }
+            Engine::Sqlite => (index.to_string(), "count(*)".to_string(), format!("sum({u})"), format!("sum({v})")),
+        };
+        parts.push(format!(
+            "SELECT {bucket}, {count}, {sum_u}, {sum_v} FROM (SELECT {x} AS dbtrigger_x FROM {from} WHERE {}) AS dbtrigger_keys{index}",
+            predicates.join(" AND ")
+        ));
+    }
+    LateSql { sql: parts.join(" UNION ALL "), slots: builder.slots }
 }
 
 /// The re-read of a bucket: its rows from `from` to the next bucket (`until`) or the checkpoint,
@@ -269,7 +280,7 @@ pub fn bucket_sql(
 ) -> LateSql {
     let engine = config.engine;
     let (columns, from) = columns_and_from(config);
-    let mut builder = Builder { engine, plan, slots: Vec::new() };
+    let mut builder = Builder { engine, plan, slots: Vec::new(), generic: false };
     let mut predicates = vec![format!("{} >= {}", columns[0], builder.placeholder(LateSlot::Bound(0)))];
     if until_checkpoint {
         predicates.push(builder.compare(&columns, false, LateSlot::Checkpoint));
@@ -314,7 +325,30 @@ pub fn bucket_sql(
 
 /// The recount's SQL for `check`.
 pub(crate) fn tally_sql_for(config: &SourceConfig, plan: &SeekPlan, check: &BucketCheck) -> LateSql {
-    tally_sql(config, plan, check.bounds.len(), check.key_kind())
+    let ends: Vec<bool> = check.ranges.iter().map(|(_, end)| matches!(end, BucketEnd::Checkpoint)).collect();
+    tally_sql(config, plan, &ends, check.key_kind())
+}
+
+/// The values a recount's slots bind.
+pub(crate) fn check_values(slots: &[LateSlot], check: &BucketCheck) -> Result<Vec<SlotValue>, SourceError> {
+    let at = |cursor: &CursorValue| Position { cursor: cursor.clone(), pk: check.checkpoint.pk.clone() };
+    let mut values = Vec::with_capacity(slots.len());
+    for slot in slots {
+        let value = match slot {
+            LateSlot::Bound(index) => match check.ranges.get(*index) {
+                Some((from, _)) => SlotValue::Position(at(from), Slot::Cursor),
+                None => return Err(SourceError::Position(format!("no bucket {index} in the recount"))),
+            },
+            LateSlot::End(index) => match check.ranges.get(*index) {
+                Some((_, BucketEnd::Before(until))) => SlotValue::Position(at(until), Slot::Cursor),
+                _ => return Err(SourceError::Position(format!("bucket {index} of the recount has no end"))),
+            },
+            LateSlot::Checkpoint(slot) => SlotValue::Position(check.checkpoint.clone(), *slot),
+            other => return Err(SourceError::Position(format!("a recount does not bind {other:?}"))),
+        };
+        values.push(value);
+    }
+    Ok(values)
 }
 
 /// The re-read's SQL for `range`.
@@ -347,6 +381,7 @@ pub(crate) fn slot_values(
                 Some(cursor) => SlotValue::Position(at(cursor), Slot::Cursor),
                 None => return Err(SourceError::Position(format!("no bucket bound {index}"))),
             },
+            LateSlot::End(_) => return Err(SourceError::Position("a re-read does not bind a recount's end".into())),
             LateSlot::Until => match until {
                 Some(cursor) => SlotValue::Position(at(cursor), Slot::Cursor),
                 None => return Err(SourceError::Position("a bucket range without its end".into())),
@@ -419,7 +454,7 @@ where
 {
     super::position::check_key(config, &check.checkpoint)?;
     let late = tally_sql_for(config, plan, check);
-    let values = slot_values(&late.slots, &check.bounds, None, &check.checkpoint, None, None, 0)?;
+    let values = check_values(&late.slots, check)?;
     let query = bind_values(sqlx::query(sqlx::AssertSqlSafe(late.sql)), &values)?;
     let rows = query.fetch_all(pool).await.map_err(|error| classify(redaction, error))?;
     let mut numbers = Vec::with_capacity(rows.len());
@@ -431,7 +466,7 @@ where
         };
         numbers.push((get(0)?, get(1)?, get(2)?, get(3)?));
     }
-    tallies(check.bounds.len(), &numbers)
+    tallies(check.ranges.len(), &numbers)
 }
 
 /// Runs a re-read (PostgreSQL, MySQL): up to `limit` rows of the bucket after `after`.
@@ -533,22 +568,32 @@ mod tests {
     }
 
     #[test]
-    fn postgres_recounts_with_width_bucket_and_a_digest_for_a_composite_key() {
-        let late =
-            tally_sql(&config(Engine::Postgres, None, Some("tenant = 7")), &typed_plan(), 3, KeyHashKind::Digest);
+    fn postgres_recounts_each_bucket_over_its_own_range_with_a_digest_for_a_composite_key() {
+        let late = tally_sql(
+            &config(Engine::Postgres, None, Some("tenant = 7")),
+            &typed_plan(),
+            &[false, true],
+            KeyHashKind::Digest,
+        );
+        let x = "encode(sha256(convert_to(concat_ws(chr(31), \"tenant\"::text, \"id\"::text), 'UTF8')), 'hex')";
+        let sums = "sum(((('x' || substr(dbtrigger_x, 1, 8))::bit(32)::bigint >> 1)::int)), sum(((('x' || substr(dbtrigger_x, 9, 8))::bit(32)::bigint >> 1)::int))";
         assert_eq!(
             late.sql,
-            "SELECT dbtrigger_bucket, count(*), sum(((('x' || substr(dbtrigger_x, 1, 8))::bit(32)::bigint >> 1)::int)), sum(((('x' || substr(dbtrigger_x, 9, 8))::bit(32)::bigint >> 1)::int)) \
-             FROM (SELECT width_bucket(\"updated_at\", ARRAY[$1::TIMESTAMPTZ, $2::TIMESTAMPTZ])::bigint AS dbtrigger_bucket, \
-             encode(sha256(convert_to(concat_ws(chr(31), \"tenant\"::text, \"id\"::text), 'UTF8')), 'hex') AS dbtrigger_x \
-             FROM \"public\".\"orders\" WHERE \"updated_at\" >= $3::TIMESTAMPTZ AND (\"updated_at\", \"tenant\", \"id\") <= ($4::TIMESTAMPTZ, $5::INT4, $6::INT8) AND (tenant = 7)) AS dbtrigger_keys GROUP BY dbtrigger_bucket"
+            format!(
+                "SELECT 0::bigint, count(*), {sums} FROM (SELECT {x} AS dbtrigger_x FROM \"public\".\"orders\" \
+                 WHERE \"updated_at\" >= (SELECT $1::TIMESTAMPTZ) AND \"updated_at\" < (SELECT $2::TIMESTAMPTZ) AND (tenant = 7)) AS dbtrigger_keys0 \
+                 UNION ALL SELECT 1::bigint, count(*), {sums} FROM (SELECT {x} AS dbtrigger_x FROM \"public\".\"orders\" \
+                 WHERE \"updated_at\" >= (SELECT $3::TIMESTAMPTZ) AND \"updated_at\" <= (SELECT $4::TIMESTAMPTZ) \
+                 AND (\"updated_at\", \"tenant\", \"id\") <= ((SELECT $5::TIMESTAMPTZ), (SELECT $6::INT4), (SELECT $7::INT8)) AND (tenant = 7)) AS dbtrigger_keys1"
+            )
         );
         assert_eq!(
             late.slots,
             vec![
-                LateSlot::Bound(1),
-                LateSlot::Bound(2),
                 LateSlot::Bound(0),
+                LateSlot::End(0),
+                LateSlot::Bound(1),
+                LateSlot::Checkpoint(Slot::Cursor),
                 LateSlot::Checkpoint(Slot::Cursor),
                 LateSlot::Checkpoint(Slot::Key(0)),
                 LateSlot::Checkpoint(Slot::Key(1))
@@ -557,19 +602,18 @@ mod tests {
     }
 
     #[test]
-    fn mysql_and_sqlite_find_the_bucket_with_a_balanced_case() {
+    fn mysql_and_sqlite_recount_with_integer_arithmetic_or_the_registered_function() {
         let mut source = config(Engine::MySql, None, None);
         source.pk = vec!["id".into()];
-        let late = tally_sql(&source, &plan(), 4, KeyHashKind::Integer);
+        let late = tally_sql(&source, &plan(), &[false, true], KeyHashKind::Integer);
+        assert!(late.sql.starts_with("SELECT CAST(0 AS SIGNED), CAST(COUNT(*) AS SIGNED)"), "{}", late.sql);
         assert!(
-            late.sql.contains(
-                "CASE WHEN `updated_at` < ? THEN CASE WHEN `updated_at` < ? THEN 0 ELSE 1 END ELSE CASE WHEN `updated_at` < ? THEN 2 ELSE 3 END END AS dbtrigger_bucket"
-            ),
+            late.sql.contains("MOD(MOD(`id`, 2147483647) + 2147483647, 2147483647) AS dbtrigger_x"),
             "{}",
             late.sql
         );
         assert!(
-            late.sql.contains("MOD(MOD(`id`, 2147483647) + 2147483647, 2147483647) AS dbtrigger_x"),
+            late.sql.contains("`updated_at` >= ? AND `updated_at` < ?) AS dbtrigger_keys0 UNION ALL"),
             "{}",
             late.sql
         );
@@ -578,10 +622,10 @@ mod tests {
             "{}",
             late.sql
         );
-        assert_eq!(&late.slots[..3], &[LateSlot::Bound(2), LateSlot::Bound(1), LateSlot::Bound(3)]);
+        assert_eq!(&late.slots[..3], &[LateSlot::Bound(0), LateSlot::End(0), LateSlot::Bound(1)]);
         source.engine = Engine::Sqlite;
-        let sqlite = tally_sql(&source, &plan(), 1, KeyHashKind::Integer);
-        assert!(sqlite.sql.starts_with("SELECT dbtrigger_bucket, count(*), sum((dbtrigger_x >> 31)), sum((dbtrigger_x & 2147483647)) FROM (SELECT 0 AS dbtrigger_bucket, dbtrigger_key_hash(\"id\") AS dbtrigger_x"), "{}", sqlite.sql);
+        let sqlite = tally_sql(&source, &plan(), &[true], KeyHashKind::Integer);
+        assert!(sqlite.sql.starts_with("SELECT 0, count(*), sum((dbtrigger_x >> 31)), sum((dbtrigger_x & 2147483647)) FROM (SELECT dbtrigger_key_hash(\"id\") AS dbtrigger_x"), "{}", sqlite.sql);
     }
 
     #[test]

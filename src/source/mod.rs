@@ -20,6 +20,7 @@
 //! | `horizon.rs`  | the commit horizon and `settle: "auto"`'s bound, and what holds them back   |
 //! | `late.rs`     | the late-arrival recount: per-bucket tallies, a bucket re-read               |
 //! | `ddl.rs`      | the DDL `dbtrigger sql` prints                                              |
+//! | `logical/`    | the PostgreSQL logical-decoding source: pgoutput, the slot, its set-up      |
 //! | `postgres.rs`, `mysql.rs`, `sqlite.rs` | each engine: its connection, pre-flight, decoding   |
 
 pub mod ddl;
@@ -27,6 +28,7 @@ mod error;
 mod fetch;
 pub mod horizon;
 pub mod late;
+pub mod logical;
 pub mod mysql;
 mod pool;
 pub mod pools;
@@ -104,6 +106,20 @@ pub trait Source: Send + Sync {
         std::time::Duration::ZERO
     }
 
+    /// A logical source's replication slot, as the server reports it; `None` for the others.
+    async fn slot(&self) -> Result<Option<crate::domain::slot::SlotView>, SourceError> {
+        Ok(None)
+    }
+
+    /// The state document's checkpoint as committed: at the start of a tick (as read) and after
+    /// each commit. A source that keeps a position of its own on the server (a logical source's
+    /// replication slot) moves it here, never past what is committed; the others have nothing to
+    /// do.
+    async fn committed(&self, checkpoint: Option<&Position>) -> Result<(), SourceError> {
+        let _ = checkpoint;
+        Ok(())
+    }
+
     /// The late-arrival recount ([`late`]): one tally per bucket of `check`, over the rows at or
     /// before its checkpoint. `None`: this source cannot recount (a test double), and the detector
     /// stays off for it.
@@ -177,6 +193,9 @@ pub fn open_shared(
 ) -> Result<Arc<dyn Source>, SourceError> {
     match config.engine {
         Engine::Sqlite => Ok(Arc::new(sqlite::SqliteSource::open(config)?)),
+        Engine::Postgres if matches!(config.target, crate::config::SourceTarget::Logical { .. }) => {
+            Ok(Arc::new(logical::LogicalSource::open(config)?))
+        }
         Engine::Postgres => {
             Ok(Arc::new(postgres::PostgresSource::open(config, pools::Gate::new(pools.target(config), wait_limit))?))
         }

@@ -263,6 +263,8 @@ pub fn build_seek(config: &SourceConfig, plan: &SeekPlan) -> SeekQuery {
         SourceTarget::Table { schema: Some(schema), name } => format!("{}.{}", quote(schema), quote(name)),
         SourceTarget::Table { schema: None, name } => quote(name),
         SourceTarget::Query(query) => format!("({query}) AS dbtrigger_source"),
+        // Never read by a seek (see `source::logical`): a name that cannot be a table's.
+        SourceTarget::Logical { slot, .. } => quote(&format!("logical slot {slot}")),
     };
     let cursor = quote(&config.cursor);
     let keys: Vec<String> = config.pk.iter().map(|column| quote(column)).collect();

@@ -391,7 +391,7 @@ impl Source for SqliteSource {
             let seek = self.seek().await?;
             self.ask(move |connection, config, redaction| {
                 let late = late::tally_sql_for(config, &seek.plan, &check);
-                let values = late::slot_values(&late.slots, &check.bounds, None, &check.checkpoint, None, None, 0)?;
+                let values = late::check_values(&late.slots, &check)?;
                 let bound = sqlite_values(config, values)?;
                 let failed = |error| classify(redaction, error);
                 let mut statement = connection.prepare_cached(&late.sql).map_err(failed)?;
@@ -403,7 +403,7 @@ impl Source for SqliteSource {
                     .map_err(failed)?
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(failed)?;
-                late::tallies(check.bounds.len(), &rows).map(Some)
+                late::tallies(check.ranges.len(), &rows).map(Some)
             })
             .await
         };

@@ -3,7 +3,8 @@
 //! - **Record**: every commit extends the window of the state document with the keys of the rows
 //!   it covers ([`Poller::record_late`]), in the same compare-and-swap.
 //! - **Check**: at one tick in `everyTicks`, before the first fetch, the source recounts the
-//!   window's buckets in one grouped query ([`Poller::check_late`]). Reading only, no lease.
+//!   fresh buckets and a slice of the older ones in one query ([`Poller::check_late`],
+//!   [`late::sweep`]: the turn over the older ones is kept in memory). Reading only, no lease.
 //! - **Deliver**: buckets that grew are delivered again under the tick's lease, after the tick's
 //!   own batches (so that a late batch that keeps failing never holds up new rows): the one new row
 //!   when its hash names it, else the bucket's rows page by page, each page a batch with
@@ -18,7 +19,7 @@ use std::sync::atomic::Ordering;
 use tracing::{info, warn};
 
 use crate::domain::StateDocument;
-use crate::domain::late::{self, CheckPlan, KeyRow, LateBucket, LateRecord, Tally};
+use crate::domain::late::{self, BucketEnd, CheckPlan, KeyRow, LateBucket, LateRecord, Tally};
 use crate::domain::lease;
 use crate::domain::state::describe;
 use crate::domain::transitions;
@@ -98,15 +99,19 @@ impl Poller {
             return None;
         }
         let position = document.position().ok().flatten()?;
-        let bounds = match late::bounds(window) {
-            Ok(bounds) => bounds,
+        let froms = match late::bounds(window) {
+            Ok(froms) => froms,
             Err(reason) => {
                 warn!(poller = %self.config.poller_name, "the late-arrival window cannot be read ({reason}): a new one starts");
                 return None;
             }
         };
-        let check = BucketCheck { bounds, checkpoint: position.clone() };
-        let tallies = match self.source.tally_buckets(&check).await {
+        let sweep = self.late_sweep.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        // A turn not begun starts at a bucket picked by the clock: a process restarted often does
+        // not always recount the same ones first.
+        let start = self.clock.now().timestamp_millis().unsigned_abs();
+        let selection = late::sweep::select(window, &sweep, config.sweep_checks, start);
+        let tallies = match self.recount(window, &froms, &selection.indices, &position).await {
             Ok(Some(tallies)) => tallies,
             Ok(None) => return None,
             Err(error) => {
@@ -116,7 +121,8 @@ impl Poller {
             }
         };
         self.learn(|learnt| learnt.late_check = LateCheck::Checked);
-        match late::plan_check(window, &tallies) {
+        *self.late_sweep.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = selection.sweep;
+        match late::plan_partial(window, &selection.indices, &tallies) {
             Ok(plan) if plan.is_empty() => None,
             Ok(plan) => Some(LateFound { plan, checkpoint: position }),
             Err(reason) => {
@@ -124,6 +130,48 @@ impl Poller {
                 None
             }
         }
+    }
+
+    /// The tallies of the buckets `indices` (the old ones the sweep reached, then the fresh ones).
+    /// The fresh buckets are asked for as one range first, since their tallies add up: only when
+    /// that total differs from what they recorded (rows arrived, or left) are they asked for one by
+    /// one, to find which. An idle check is then one aggregate over the newest rows (and, now and
+    /// then, an old bucket's).
+    async fn recount(
+        &self,
+        window: &late::Window,
+        froms: &[CursorValue],
+        indices: &[usize],
+        checkpoint: &Position,
+    ) -> Result<Option<Vec<Tally>>, crate::source::SourceError> {
+        let fresh_start = window.buckets.len().saturating_sub(late::FRESH_BUCKETS);
+        let old: Vec<usize> = indices.iter().copied().filter(|index| *index < fresh_start).collect();
+        let mut ranges: Vec<_> = old.iter().map(|index| (froms[*index].clone(), late::end_of(froms, *index))).collect();
+        ranges.push((froms[fresh_start].clone(), BucketEnd::Checkpoint));
+        let check = BucketCheck { ranges, checkpoint: checkpoint.clone() };
+        let Some(mut tallies) = self.source.tally_buckets(&check).await? else {
+            return Ok(None);
+        };
+        let Some(fresh_total) = tallies.pop() else {
+            return Ok(None);
+        };
+        let fresh = &window.buckets[fresh_start..];
+        let recorded = fresh.iter().fold(Tally::default(), |total, bucket| total.plus(&bucket.tally));
+        if fresh.len() == 1 {
+            tallies.push(fresh_total);
+        } else if fresh_total == recorded {
+            tallies.extend(fresh.iter().map(|bucket| bucket.tally));
+        } else {
+            let ranges = (fresh_start..window.buckets.len())
+                .map(|index| (froms[index].clone(), late::end_of(froms, index)))
+                .collect();
+            let check = BucketCheck { ranges, checkpoint: checkpoint.clone() };
+            let Some(each) = self.source.tally_buckets(&check).await? else {
+                return Ok(None);
+            };
+            tallies.extend(each);
+        }
+        Ok(Some(tallies))
     }
 
     /// `document` with the buckets that shrank adopted (`false`: none did).

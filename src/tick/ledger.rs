@@ -110,6 +110,11 @@ impl Poller {
         match written {
             Ok(()) => {
                 self.committed_rows.fetch_add(delivered.rows as u64, std::sync::atomic::Ordering::Relaxed);
+                // After the commit, never before: a logical source's slot moves past what it covers.
+                // A failure here costs WAL retention until the next commit, never a change.
+                if let Err(error) = self.source.committed(Some(delivered.last)).await {
+                    warn!(poller = %self.config.poller_name, %error, "the source could not record the commit (the next one retries)");
+                }
                 Ok(true)
             }
             Err(WriteFailure::Conflict(_)) => Ok(false),

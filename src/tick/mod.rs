@@ -92,6 +92,8 @@ pub struct Poller {
     committed_rows: std::sync::atomic::AtomicU64,
     /// Ticks of this poller in this process: the late-arrival check runs at one in `everyTicks`.
     late_ticks: std::sync::atomic::AtomicU64,
+    /// Where the late-arrival checks' turn over the window's older buckets is.
+    late_sweep: std::sync::Mutex<crate::domain::late::sweep::Sweep>,
     /// The app's budget of bytes in flight, which every read of a batch reserves from (none: no
     /// bound but the poller's own window).
     budget: Option<Arc<budget::BytesBudget>>,
@@ -132,6 +134,7 @@ impl Poller {
             learnt: std::sync::Mutex::new(Learnt::default()),
             committed_rows: std::sync::atomic::AtomicU64::new(0),
             late_ticks: std::sync::atomic::AtomicU64::new(0),
+            late_sweep: std::sync::Mutex::new(Default::default()),
             budget: None,
             budget_waited: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         }
@@ -320,6 +323,8 @@ impl Poller {
         // committed behind it since it passed them ([`late`]).
         let late_found = self.check_late(document).await;
         let checkpoint = document.position()?;
+        // A source with a position of its own (a logical source's slot) learns what is committed.
+        self.source.committed(checkpoint.as_ref()).await?;
         let reservations = self.reservations();
         let mut first_hold = reservations.reserve(self.fetch_limit().bytes).await;
         let first = self.source.fetch_after(checkpoint.as_ref(), self.fetch_limit()).await?;

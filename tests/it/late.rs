@@ -472,3 +472,79 @@ async fn late_arrivals_are_in_status_and_the_watchdog() {
     assert_eq!(kinds, ["late_arrivals"]);
     assert!(findings[0].message.contains("settleSeconds does not apply"), "{}", findings[0].message);
 }
+
+/// A table whose integer cursor `seq` the test writes (a row "committed late" is one inserted with
+/// a `seq` the checkpoint passed), on every engine.
+fn seq_table(engine: Engine) -> &'static str {
+    match engine {
+        Engine::Postgres => {
+            "CREATE TABLE items (id BIGINT PRIMARY KEY, seq BIGINT NOT NULL, note TEXT);\nCREATE INDEX ON items (seq, id);\n"
+        }
+        Engine::MariaDb => {
+            "CREATE TABLE items (id BIGINT PRIMARY KEY, seq BIGINT NOT NULL, note TEXT, INDEX (seq, id));\n"
+        }
+        Engine::Sqlite => {
+            "CREATE TABLE items (id INTEGER PRIMARY KEY, seq INTEGER NOT NULL, note TEXT);\nCREATE INDEX items_seq ON items (seq, id);\n"
+        }
+    }
+}
+
+/// Ticks until one finds a late row, at most `bound`: how many it took.
+async fn ticks_to_find(case: &Case, bound: usize) -> usize {
+    for tick in 1..=bound {
+        let report = case.tick().await;
+        assert_eq!(report.late_check, LateCheck::Checked);
+        match report.late_arrivals {
+            0 => continue,
+            1 => return tick,
+            more => panic!("{more} rows found late, one was"),
+        }
+    }
+    panic!("the late row was not found within {bound} ticks");
+}
+
+/// docs/late-arrivals.md, the delay bound: a check recounts the newest buckets and a slice of the
+/// older ones. A row committed late far behind the checkpoint (in the oldest bucket of 800 rows)
+/// is found within `sweepChecks` ticks (`everyTicks` 1); one committed late among the newest rows
+/// at the next tick. Each is delivered once, marked late, and counted; nothing else is.
+async fn old_and_fresh_late_rows_are_found_within_the_bound(engine: Engine) {
+    const SWEEP_CHECKS: usize = 4;
+    let extra = json!({"cursor": "seq", "lateArrivals": {"windowRows": 3200, "sweepChecks": SWEEP_CHECKS}});
+    let case = Case::new(engine, seq_table(engine), extra).await;
+    let rows: Vec<String> = (1..=800).map(|n| format!("({}, {}, 'row')", 10 * n, 10 * n)).collect();
+    execute(&case.url, &format!("INSERT INTO items (id, seq, note) VALUES {};\n", rows.join(", "))).await;
+    case.tick().await;
+    assert_eq!(case.delivered().len(), 800);
+    let window = case.document().late.unwrap().window.unwrap();
+    // Small buckets behind the checkpoint, merged ones (at most 3200 / 16 rows) further back.
+    assert_eq!(window.buckets.iter().map(|bucket| bucket.tally.rows).sum::<u64>(), 800);
+    let sizes: Vec<u64> = window.buckets.iter().map(|bucket| bucket.tally.rows).collect();
+    assert!(sizes.iter().rev().take(4).all(|rows| *rows <= 16), "{sizes:?}");
+    assert!(sizes.iter().all(|rows| *rows <= 200) && sizes.len() < 12, "{sizes:?}");
+    for _ in 0..3 {
+        assert_eq!(case.tick().await.late_arrivals, 0, "nothing is late yet");
+    }
+
+    execute(&case.url, "INSERT INTO items (id, seq, note) VALUES (15, 15, 'late, oldest bucket');\n").await;
+    let took = ticks_to_find(&case, SWEEP_CHECKS).await;
+    assert!(took <= SWEEP_CHECKS);
+    assert_eq!(case.delivered().last(), Some(&(15, true)));
+
+    execute(&case.url, "INSERT INTO items (id, seq, note) VALUES (7995, 7995, 'late, newest bucket');\n").await;
+    assert_eq!(ticks_to_find(&case, 1).await, 1, "a fresh late row is found at the next tick");
+    assert_eq!(case.delivered().last(), Some(&(7995, true)));
+
+    for _ in 0..(2 * SWEEP_CHECKS) {
+        assert_eq!(case.tick().await.late_arrivals, 0, "nothing found twice, nothing else late");
+    }
+    let late: Vec<i64> = case.delivered().into_iter().filter(|(_, late)| *late).map(|(id, _)| id).collect();
+    assert_eq!(late, vec![15, 7995]);
+    assert_eq!(case.delivered().len(), 802);
+    assert_eq!(case.document().late.unwrap().found, 2);
+}
+
+per_engine! {
+    postgres_old_and_fresh_late_rows_are_found_within_the_bound: old_and_fresh_late_rows_are_found_within_the_bound, Engine::Postgres;
+    mariadb_old_and_fresh_late_rows_are_found_within_the_bound: old_and_fresh_late_rows_are_found_within_the_bound, Engine::MariaDb;
+    sqlite_old_and_fresh_late_rows_are_found_within_the_bound: old_and_fresh_late_rows_are_found_within_the_bound, Engine::Sqlite;
+}

@@ -14,6 +14,8 @@ mod horizon;
 mod host;
 mod host_rules;
 mod late;
+mod logical;
+mod logical_ops;
 mod matrix;
 mod memory;
 mod operations;

@@ -179,7 +179,7 @@ fn start_postgres(max_connections: u32) -> Postgres {
         &mut as_server_user(
             &pg_ctl,
             &format!(
-                "-D {} -l {} -w -t 60 -o \"-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections={max_connections}\" start",
+                "-D {} -l {} -w -t 60 -o \"-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections={max_connections} -c wal_level=logical -c max_replication_slots=64 -c max_wal_senders=64\" start",
                 data.display(),
                 log.display(),
                 directory.display()

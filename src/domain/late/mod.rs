@@ -27,6 +27,7 @@
 //! the next commit starts a new one.
 
 pub mod hash;
+pub mod sweep;
 
 use std::cmp::Ordering;
 
@@ -41,8 +42,16 @@ pub use hash::{KeyHash, KeyHashKind, key_hash, position_key_hash};
 /// bucket is about 200 bytes of JSON).
 pub const MAX_BUCKETS: usize = 32;
 
-/// A bucket closes after a sixteenth of the window (in time, and in rows).
+/// An old bucket holds at most a sixteenth of the window (in time, and in rows).
 const BUCKETS_PER_WINDOW: i64 = 16;
+
+/// The newest buckets, recounted at every check ([`sweep`]): where late commits land.
+pub const FRESH_BUCKETS: usize = 4;
+
+/// A bucket closes after this many rows (or a sixteenth of the window, if fewer), so that the
+/// fresh buckets are small; once older than the newest [`FRESH_BUCKETS`], neighbours merge up to a
+/// sixteenth of the window ([`compact`]).
+pub const FRESH_BUCKET_ROWS: u64 = 16;
 
 /// How much of the past the detector covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +75,11 @@ impl Tally {
         self.rows += 1;
         self.sum_u += u64::from(hash.u);
         self.sum_v += u64::from(hash.v);
+    }
+
+    /// The tally of two ranges together.
+    pub fn plus(&self, other: &Tally) -> Tally {
+        Tally { rows: self.rows + other.rows, sum_u: self.sum_u + other.sum_u, sum_v: self.sum_v + other.sum_v }
     }
 }
 
@@ -170,7 +184,7 @@ pub fn extend(
     let mut next = record.cloned().unwrap_or_default();
     let mut window =
         next.window.take().filter(|window| previous.is_some_and(|(_, batch)| batch == window.checkpoint_batch));
-    let rows_per_bucket = (policy.rows / BUCKETS_PER_WINDOW as u64).max(1);
+    let rows_per_bucket = (policy.rows / BUCKETS_PER_WINDOW as u64).max(1).min(FRESH_BUCKET_ROWS);
     let span_per_bucket = policy.span / BUCKETS_PER_WINDOW as i32;
     // The open bucket's first instant, parsed once (timestamps only).
     let mut open_from: Option<DateTime<Utc>> = window
@@ -220,10 +234,43 @@ pub fn extend(
     }
     if let Some(window) = window.as_mut() {
         window.checkpoint_batch = checkpoint_batch.to_string();
+        compact(window, policy);
         prune(window, last_cursor, policy);
     }
     next.window = window;
     next
+}
+
+/// Merges neighbours older than the newest [`FRESH_BUCKETS`] while the merged bucket holds at most
+/// a sixteenth of the window's rows and (timestamps) starts less than a sixteenth of its span
+/// before the next: fresh buckets are small, old ones few. A merged bucket keeps the older one's
+/// `from` and `since`; counts and sums add, so nothing is lost but where a late row lies within it.
+pub fn compact(window: &mut Window, policy: &WindowPolicy) {
+    let rows_per_bucket = (policy.rows / BUCKETS_PER_WINDOW as u64).max(1);
+    let span_per_bucket = policy.span / BUCKETS_PER_WINDOW as i32;
+    let instants: Vec<Option<DateTime<Utc>>> =
+        window.buckets.iter().map(|bucket| bucket.from_cursor(&window.kind).ok().as_ref().and_then(instant)).collect();
+    let old = window.buckets.len().saturating_sub(FRESH_BUCKETS);
+    let mut kept: Vec<Bucket> = Vec::with_capacity(window.buckets.len());
+    let mut kept_from: Option<DateTime<Utc>> = None;
+    for (index, bucket) in window.buckets.drain(..).enumerate() {
+        if index < old
+            && let Some(last) = kept.last_mut()
+        {
+            let fits = last.tally.rows + bucket.tally.rows <= rows_per_bucket;
+            let close = match (kept_from, instants[index]) {
+                (Some(from), Some(at)) => at - from < span_per_bucket,
+                _ => true,
+            };
+            if fits && close {
+                last.tally = last.tally.plus(&bucket.tally);
+                continue;
+            }
+        }
+        kept_from = instants[index];
+        kept.push(bucket);
+    }
+    window.buckets = kept;
 }
 
 /// Drops the oldest buckets beyond the window: past [`MAX_BUCKETS`], past the rows it covers, and
@@ -327,12 +374,31 @@ pub fn bounds(window: &Window) -> Result<Vec<CursorValue>, String> {
 
 /// Compares the recount `found` (one tally per bucket, in order) with the window.
 pub fn plan_check(window: &Window, found: &[Tally]) -> Result<CheckPlan, String> {
-    if found.len() != window.buckets.len() {
-        return Err(format!("the recount has {} buckets, the window {}", found.len(), window.buckets.len()));
+    let every: Vec<usize> = (0..window.buckets.len()).collect();
+    plan_partial(window, &every, found)
+}
+
+/// Where bucket `index` of `window` ends (`froms`: every bucket's first cursor).
+pub fn end_of(froms: &[CursorValue], index: usize) -> BucketEnd {
+    match froms.get(index + 1) {
+        Some(next) => BucketEnd::Before(next.clone()),
+        None => BucketEnd::Checkpoint,
+    }
+}
+
+/// Compares the recount `found` of the buckets `indices` (ascending; one tally each, in order)
+/// with the window.
+pub fn plan_partial(window: &Window, indices: &[usize], found: &[Tally]) -> Result<CheckPlan, String> {
+    if found.len() != indices.len() {
+        return Err(format!("the recount has {} buckets, the check asked for {}", found.len(), indices.len()));
+    }
+    if indices.iter().any(|index| *index >= window.buckets.len()) {
+        return Err(format!("a check of a bucket beyond the window's {}", window.buckets.len()));
     }
     let froms = bounds(window)?;
     let mut plan = CheckPlan::default();
-    for (index, (bucket, found)) in window.buckets.iter().zip(found).enumerate() {
+    for (&index, found) in indices.iter().zip(found) {
+        let bucket = &window.buckets[index];
         let late_rows = match classify(&bucket.tally, found) {
             BucketChange::Same => continue,
             BucketChange::Shrank => {
@@ -342,10 +408,7 @@ pub fn plan_check(window: &Window, found: &[Tally]) -> Result<CheckPlan, String>
             BucketChange::Grew { late_rows } => late_rows,
             BucketChange::Replaced => 1,
         };
-        let until = match froms.get(index + 1) {
-            Some(next) => BucketEnd::Before(next.clone()),
-            None => BucketEnd::Checkpoint,
-        };
+        let until = end_of(&froms, index);
         plan.late.push(LateBucket {
             from: froms[index].clone(),
             until,
@@ -397,14 +460,21 @@ pub fn adopt(record: &LateRecord, from: &CursorValue, checked: Tally, recount: T
     let mut next = record.clone();
     if let Some(window) = next.window.as_mut() {
         let kind = window.kind.clone();
-        for bucket in &mut window.buckets {
-            if bucket.from_cursor(&kind).ok().as_ref() == Some(from) {
-                bucket.tally = Tally {
-                    rows: recount.rows + bucket.tally.rows.saturating_sub(checked.rows),
-                    sum_u: recount.sum_u + bucket.tally.sum_u.saturating_sub(checked.sum_u),
-                    sum_v: recount.sum_v + bucket.tally.sum_v.saturating_sub(checked.sum_v),
-                };
-            }
+        // The bucket that holds `from` now: the one checked, or the older one it was merged into
+        // by a commit since (whose other rows are kept as commits' additions are).
+        let holder = window.buckets.iter().rposition(|bucket| {
+            bucket
+                .from_cursor(&kind)
+                .ok()
+                .and_then(|start| start.compare(from))
+                .is_some_and(|order| order != Ordering::Greater)
+        });
+        if let Some(bucket) = holder.map(|index| &mut window.buckets[index]) {
+            bucket.tally = Tally {
+                rows: recount.rows + bucket.tally.rows.saturating_sub(checked.rows),
+                sum_u: recount.sum_u + bucket.tally.sum_u.saturating_sub(checked.sum_u),
+                sum_v: recount.sum_v + bucket.tally.sum_v.saturating_sub(checked.sum_v),
+            };
         }
     }
     next

@@ -109,7 +109,8 @@ fn a_full_window_stays_a_few_kilobytes() {
         })
         .collect();
     let record = extend(None, None, &[&rows], "batch_0123456789abcdef", &policy(100_000), at(0));
-    assert_eq!(record.window.as_ref().unwrap().buckets.len(), 17);
+    // A minute a bucket for 16 minutes, and the four fresh ones (16 rows each).
+    assert_eq!(record.window.as_ref().unwrap().buckets.len(), 15 + FRESH_BUCKETS);
     let record = LateRecord {
         window: Some(Window {
             buckets: vec![record.window.as_ref().unwrap().buckets[0].clone(); MAX_BUCKETS],
@@ -292,4 +293,80 @@ proptest! {
             prop_assert!(added.contains_key(&bucket), "bucket {bucket} called late without an arrival");
         }
     }
+}
+
+/// The newest buckets stay small (a row committed seconds late lands there, and every check
+/// recounts them); older neighbours merge up to a sixteenth of the window, so that a window of
+/// 100,000 rows is a few dozen buckets and most of its rows are recounted only by the sweep.
+#[test]
+fn fresh_buckets_are_small_and_old_ones_merge_up_to_a_sixteenth_of_the_window() {
+    let mut record: Option<LateRecord> = None;
+    let mut previous: Option<(Position, String)> = None;
+    for commit in 0..100 {
+        let rows: Vec<KeyRow> = (commit * 1000 + 1..=(commit + 1) * 1000).map(|id| row(id, id)).collect();
+        let batch = format!("b{commit}");
+        let before = previous.as_ref().map(|(position, id)| (position, id.as_str()));
+        record = Some(extend(record.as_ref(), before, &[&rows], &batch, &policy(100_000), at(0)));
+        previous = Some((position((commit + 1) * 1000, (commit + 1) * 1000), batch));
+    }
+    let window = record.unwrap().window.unwrap();
+    let sizes = rows_of(&window);
+    assert!(sizes.len() <= MAX_BUCKETS, "{sizes:?}");
+    assert!(sizes[sizes.len() - FRESH_BUCKETS..].iter().all(|rows| *rows <= FRESH_BUCKET_ROWS), "{sizes:?}");
+    assert!(sizes.iter().all(|rows| *rows <= 6_250), "{sizes:?}");
+    let total: u64 = sizes.iter().sum();
+    assert!((100_000 - 6_250..=100_000).contains(&total), "{total}");
+    // What the recount of every bucket finds is what was recorded: merging lost nothing.
+    let keys: Vec<(i64, i64)> = (1..=100_000).map(|id| (id, id)).collect();
+    assert!(plan_check(&window, &recount(&window, &keys, (100_000, 100_000))).unwrap().is_empty());
+}
+
+/// A late bucket written after the tick's commits merged it into its older neighbour: the merged
+/// bucket takes the recount, and keeps the neighbour's rows.
+#[test]
+fn a_late_write_finds_the_bucket_its_rows_were_merged_into() {
+    let mut window =
+        extend(None, None, &[&(1..=20).map(|id| row(id, id)).collect::<Vec<_>>()], "b", &policy(16), at(0))
+            .window
+            .unwrap();
+    window.buckets.truncate(3);
+    let checked = window.buckets[1].tally;
+    let mut found = checked;
+    found.add(integer_key_hash(1000));
+    let neighbour = window.buckets[0].tally;
+    // The commits merged bucket 1 into bucket 0.
+    let mut merged = window.clone();
+    merged.buckets[0].tally.rows += checked.rows;
+    merged.buckets[0].tally.sum_u += checked.sum_u;
+    merged.buckets[0].tally.sum_v += checked.sum_v;
+    merged.buckets.remove(1);
+    let record = LateRecord { window: Some(merged), ..LateRecord::default() };
+    let from = window.buckets[1].from_cursor("integer").unwrap();
+    let written = after_redelivery(&record, &from, checked, found, 1, 3, at(2));
+    let tally = written.window.unwrap().buckets[0].tally;
+    assert_eq!(
+        tally,
+        Tally {
+            rows: neighbour.rows + found.rows,
+            sum_u: neighbour.sum_u + found.sum_u,
+            sum_v: neighbour.sum_v + found.sum_v
+        }
+    );
+}
+
+/// A check of some buckets only: each found tally is compared with its own bucket, and a late
+/// one ends where its bucket does.
+#[test]
+fn a_partial_recount_is_compared_bucket_by_bucket() {
+    let rows: Vec<KeyRow> = (1..=30).map(|id| row(id, id)).collect();
+    let window = extend(None, None, &[&rows], "b", &policy(160), at(0)).window.unwrap();
+    let mut keys: Vec<(i64, i64)> = (1..=30).map(|id| (id, id)).collect();
+    keys.push((15, 1000));
+    let all = recount(&window, &keys, (30, 30));
+    let plan = plan_partial(&window, &[1, 2], &all[1..]).unwrap();
+    assert_eq!(plan.late.len(), 1);
+    assert_eq!(plan.late[0].until, BucketEnd::Before(CursorValue::Integer(21)));
+    assert!(plan_partial(&window, &[0, 2], &[all[0], all[2]]).unwrap().is_empty());
+    assert!(plan_partial(&window, &[0, 3], &[all[0], all[2]]).is_err());
+    assert!(plan_partial(&window, &[0], &all).is_err());
 }

@@ -40,7 +40,10 @@ pub fn poller_config(variant: &Variant, name: &str, edited: bool) -> PollerConfi
     }
     let mut source = json!({
         "connection": "SIM_DB", "table": "orders", "cursor": "version", "pk": ["id"],
-        "generation": {"query": "SELECT load_id FROM loads", "onChange": "restart"}
+        "generation": {"query": "SELECT load_id FROM loads", "onChange": "restart"},
+        // A small window (buckets of 4 rows, merged when older than the newest 4), recounted in
+        // slices over 3 checks: every simulated tick exercises the sweep, and no row may be called late.
+        "lateArrivals": {"windowRows": 64, "sweepChecks": 3}
     });
     if edited {
         source["columns"] = json!(["id", "version", "gen"]);

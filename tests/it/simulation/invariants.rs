@@ -111,8 +111,8 @@ pub async fn check(world: &mut World) -> Result<(), Violation> {
             continue;
         };
         // Every simulated row commits in order (a new row takes the next cursor, an update moves
-        // its row past every other): the late-arrival detector, which recounts its window behind
-        // the checkpoint at every tick, must never take a reload, an update or a reset for a row
+        // its row past every other): the late-arrival detector, which recounts buckets of its
+        // window behind the checkpoint at every tick, must never take a reload, an update or a reset for a row
         // that arrived late.
         if let Some(late) = document.late.as_ref().filter(|late| late.found > 0) {
             return Err(Violation::new(

@@ -63,8 +63,9 @@
 //! checkpoint a copy was cloned at); it only moves forward within a load unless reset; a quarantine
 //! entry holds only a refused row (an HTTP status, never a transient failure); every entry is
 //! written while its token is the document's, and never for a row already delivered under a newer
-//! token; no panic but the scripted ones; no row reported late (the late-arrival detector recounts
-//! its window at every tick, through the scripted source's recount and re-read, which take the fault
+//! token; no panic but the scripted ones; no row reported late (the late-arrival detector checks at
+//! every tick, its newest buckets and a slice of the older ones (a window of 64 rows in buckets of 4,
+//! merged as they age, recounted over 3 checks), through the scripted source's recount and re-read, which take the fault
 //! script like any read; every simulated row commits in order, so whatever it reports is a false
 //! alarm). After every tick: a tick loses its lease only if someone
 //! took it (another owner, a rival, a reset) or one of its writes failed; four ticks in a row that

@@ -198,29 +198,36 @@ impl Source for ScriptedSource {
         "sim:orders".to_string()
     }
 
-    /// The late-arrival recount, as the SQL sources compute it: per bucket (each from its first
-    /// cursor to the next one's), the rows at or before the checkpoint, with the sums of their key
-    /// hashes. It takes the fault script like a delivering read: a recount can fail or be slow.
+    /// The late-arrival recount, as the SQL sources compute it: per bucket asked for (from its
+    /// first cursor to the next bucket's, or to the checkpoint), the rows at or before the
+    /// checkpoint, with the sums of their key hashes. It takes the fault script like a delivering
+    /// read: a recount can fail or be slow.
     async fn tally_buckets(&self, check: &BucketCheck) -> Result<Option<Vec<Tally>>, SourceError> {
         self.fault().await?;
         let checkpoint = cursor_and_key(&check.checkpoint).ok_or_else(|| bad_position(&check.checkpoint))?;
-        let mut bounds = Vec::with_capacity(check.bounds.len());
-        for bound in &check.bounds {
-            let CursorValue::Integer(cursor) = bound else {
-                return Err(SourceError::Position(format!("not a cursor of the simulated table: {bound:?}")));
+        let integer = |cursor: &CursorValue| match cursor {
+            CursorValue::Integer(cursor) => Ok(*cursor),
+            other => Err(SourceError::Position(format!("not a cursor of the simulated table: {other:?}"))),
+        };
+        let mut ranges = Vec::with_capacity(check.ranges.len());
+        for (from, until) in &check.ranges {
+            let until = match until {
+                BucketEnd::Before(cursor) => Some(integer(cursor)?),
+                BucketEnd::Checkpoint => None,
             };
-            bounds.push(*cursor);
+            ranges.push((integer(from)?, until));
         }
-        let mut tallies = vec![Tally::default(); bounds.len()];
+        let mut tallies = vec![Tally::default(); ranges.len()];
         for row in self.shared.table.lock().unwrap().ordered() {
             if (row.cursor, row.key) > checkpoint {
                 continue;
             }
-            // The last bucket whose first cursor is at or before the row's (none: before the window).
-            let Some(bucket) = bounds.iter().rposition(|first| *first <= row.cursor) else {
-                continue;
-            };
-            tallies[bucket].add(key_hash(&[&PkValue::Integer(row.key)]));
+            let bucket = ranges
+                .iter()
+                .position(|(from, until)| row.cursor >= *from && until.is_none_or(|until| row.cursor < until));
+            if let Some(bucket) = bucket {
+                tallies[bucket].add(key_hash(&[&PkValue::Integer(row.key)]));
+            }
         }
         Ok(Some(tallies))
     }

@@ -1,0 +1,169 @@
+//! The logical source's throughput (issue 29): changes per second delivered by real ticks of a
+//! logical poller (peek, decode, batches, checkpoint commits on the file store, the slot advanced
+//! after each commit) to an in-process recording sink, against the **raw limit** measured in the
+//! same run on the same changes: `pg_logical_slot_peek_binary_changes` of the same publication,
+//! every message decoded by the same pgoutput decoder into the same JSON rows, nothing delivered,
+//! nothing committed. Two slots are created together so that both paths read the same changes;
+//! the raw path peeks (which consumes nothing) before and after dbtrigger's run, and dbtrigger is
+//! compared with the mean of the two.
+//!
+//! Run: `cargo bench --bench logical` (starts PostgreSQL with wal_level=logical like the tests).
+//! `DBTRIGGER_BENCH_CHANGES` (default 50,000: inserts, updates and deletes in transactions of 10)
+//! and `DBTRIGGER_BENCH_ROUNDS` (default 3) change the size; the table shows medians.
+
+#[path = "../tests/it/services.rs"]
+mod services;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use dbtrigger::config::{PollerConfig, Settings};
+use dbtrigger::sink::recording::RecordingSink;
+use dbtrigger::source::logical::changes::{Assembler, event_row};
+use dbtrigger::source::logical::values::parse_lsn;
+use dbtrigger::tick::{Poller, StopReason, SystemClock, TickOutcome};
+use serde_json::json;
+use sqlx::Row;
+
+fn env_number(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|value| value.parse().ok()).unwrap_or(default)
+}
+
+/// Peeks everything the slot holds and decodes it to event rows: the changes seen.
+async fn raw(url: &str, slot: &str) -> (usize, f64) {
+    let mut connection = <sqlx::PgConnection as sqlx::Connection>::connect(url).await.unwrap();
+    sqlx::raw_sql("SET TimeZone = 'UTC'; SET extra_float_digits = 3").execute(&mut connection).await.unwrap();
+    let started = Instant::now();
+    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes('{slot}', NULL, NULL, \
+         'proto_version', '1', 'publication_names', 'feed')"
+    )))
+    .fetch_all(&mut connection)
+    .await
+    .unwrap();
+    let mut assembler = Assembler::default();
+    let mut changes = 0;
+    let mut bytes = 0;
+    for row in &rows {
+        let lsn = parse_lsn(&row.get::<String, _>(0)).unwrap();
+        if let Some(transaction) = assembler.push(lsn, row.get::<&[u8], _>(1)).unwrap() {
+            for change in &transaction.changes {
+                bytes += serde_json::to_vec(&event_row(&transaction, change)).unwrap().len();
+                changes += 1;
+            }
+        }
+    }
+    std::hint::black_box(bytes);
+    (changes, started.elapsed().as_secs_f64())
+}
+
+async fn dbtrigger(url: &str, slot: &str, batch: usize) -> (usize, f64) {
+    let directory = tempfile::tempdir().unwrap();
+    let root = directory.path().join("app");
+    std::fs::create_dir_all(root.join("orders")).unwrap();
+    let function = json!({
+        "bindings": [{"type": "timerTrigger", "direction": "in", "name": "timer", "schedule": "0 * * * * *"}],
+        "poller": {
+            "source": {"kind": "logical", "connection": "DB", "slot": slot, "publication": "feed"},
+            "batch": {"size": batch},
+            "sink": {"type": "webhook", "url": "http://127.0.0.1:9/unused"},
+            "state": {"connection": "STATE"}
+        }
+    });
+    std::fs::write(root.join("orders/function.json"), function.to_string()).unwrap();
+    let state = format!("file:{}", directory.path().join("state").display());
+    let settings = Settings::from_pairs([("DB", url), ("STATE", state.as_str())]);
+    let config = PollerConfig::load(&root, "orders", &settings, None).unwrap();
+    let source = dbtrigger::source::open(&config.source).unwrap();
+    let (store, _) = dbtrigger::store::open(&config.state).unwrap();
+    let sink = Arc::new(RecordingSink::new());
+    let poller = Poller::new(config, source, sink, store, Arc::new(SystemClock), "bench".into());
+    let started = Instant::now();
+    let mut total = 0;
+    loop {
+        match poller.tick().await.unwrap() {
+            TickOutcome::Delivered { rows, stop: StopReason::CaughtUp, .. } => {
+                total += rows;
+                break;
+            }
+            TickOutcome::Delivered { rows, .. } => total += rows,
+            other => panic!("{other:?}"),
+        }
+    }
+    (total as usize, started.elapsed().as_secs_f64())
+}
+
+/// Runs each statement (separated by `;` and a line break) on its own: a slot is created, and a
+/// DO block commits, only outside a transaction block.
+async fn execute(url: &str, sql: &str) {
+    let pool = sqlx::PgPool::connect(url).await.unwrap();
+    for statement in sql.split(";\n") {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_string())).execute(&pool).await.unwrap();
+    }
+    pool.close().await;
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+async fn run() {
+    let changes = env_number("DBTRIGGER_BENCH_CHANGES", 50_000);
+    let rounds = env_number("DBTRIGGER_BENCH_ROUNDS", 3).max(1);
+    let url = services::postgres().fresh_database().await;
+    execute(&url, "CREATE TABLE orders (id BIGINT PRIMARY KEY, status TEXT, total NUMERIC(12,2), at TIMESTAMPTZ);\nCREATE PUBLICATION feed FOR TABLE orders").await;
+    println!("logical source, {changes} changes (transactions of 10), 2-core AMD EPYC, loopback, {rounds} rounds");
+    println!("{:<10} {:>14} {:>14} {:>8}", "batch", "raw changes/s", "dbtrigger c/s", "ratio");
+    for batch in [500usize, 5000] {
+        let (mut raws, mut ours, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..=rounds {
+            let (raw_slot, our_slot) = (format!("bench_raw_{round}_{batch}"), format!("bench_ours_{round}_{batch}"));
+            execute(&url, &format!(
+                "SELECT pg_create_logical_replication_slot('{raw_slot}', 'pgoutput');\nSELECT pg_create_logical_replication_slot('{our_slot}', 'pgoutput')"
+            )).await;
+            // Inserts, then updates of half of them, then deletes of a quarter, ten per transaction.
+            let inserts = changes * 4 / 7;
+            execute(&url, &format!(
+                "TRUNCATE orders;\nDO $$ BEGIN FOR i IN 0..{} LOOP \
+                 INSERT INTO orders SELECT g, 'new', g * 1.5, now() FROM generate_series(i * 10 + 1, i * 10 + 10) g; COMMIT; END LOOP; END $$;\n\
+                 DO $$ BEGIN FOR i IN 0..{} LOOP UPDATE orders SET status = 'paid' WHERE id BETWEEN i * 10 + 1 AND i * 10 + 10; COMMIT; END LOOP; END $$;\n\
+                 DO $$ BEGIN FOR i IN 0..{} LOOP DELETE FROM orders WHERE id BETWEEN i * 10 + 1 AND i * 10 + 10; COMMIT; END LOOP; END $$",
+                inserts / 10 - 1, inserts / 20 - 1, inserts / 40 - 1
+            )).await;
+            let (seen_before, raw_before) = raw(&url, &raw_slot).await;
+            let (delivered, ours_seconds) = dbtrigger(&url, &our_slot, batch).await;
+            let (seen_after, raw_after) = raw(&url, &raw_slot).await;
+            // TRUNCATE is a change too: one event.
+            assert_eq!(seen_before, delivered);
+            assert_eq!(seen_after, delivered);
+            execute(
+                &url,
+                &format!(
+                    "SELECT pg_drop_replication_slot('{raw_slot}');\nSELECT pg_drop_replication_slot('{our_slot}')"
+                ),
+            )
+            .await;
+            if round == 0 {
+                continue; // warm-up
+            }
+            let raw_rate = delivered as f64 / ((raw_before + raw_after) / 2.0);
+            let our_rate = delivered as f64 / ours_seconds;
+            raws.push(raw_rate);
+            ours.push(our_rate);
+            ratios.push(our_rate / raw_rate);
+        }
+        let (low, high) = (ratios.iter().cloned().fold(f64::MAX, f64::min), ratios.iter().cloned().fold(0.0, f64::max));
+        println!(
+            "{:<10} {:>14.0} {:>14.0} {:>8.2}  (ratio {low:.2}-{high:.2})",
+            batch,
+            median(raws),
+            median(ours),
+            median(ratios.clone())
+        );
+    }
+}
+
+fn main() {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(run());
+}

@@ -1,0 +1,84 @@
+//! A logical source's replication slot as `status` shows it, and what the watchdog concludes: the
+//! WAL a slot holds grows while nobody moves it, and a slot the server invalidated
+//! (`max_slot_wal_keep_size`) is a gap in the changes. Pure.
+
+use serde::Serialize;
+
+use super::health::PollerHealth;
+use super::watchdog::{Finding, FindingKind};
+
+/// The slot, as `pg_replication_slots` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SlotView {
+    pub slot: String,
+    /// `pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)`: the WAL the server keeps for it
+    /// (`None` when it has no restart position: invalidated).
+    pub retained_bytes: Option<i64>,
+    /// `reserved`, `extended`, `unreserved` or `lost`.
+    pub wal_status: Option<String>,
+    /// The process reading it now, if any.
+    pub active_pid: Option<i32>,
+}
+
+impl SlotView {
+    pub fn lost(&self) -> bool {
+        self.wal_status.as_deref() == Some("lost")
+    }
+}
+
+/// `slot_lost` when the server invalidated the slot; `slot_retention` when it holds more than
+/// `threshold_bytes` of WAL.
+pub fn judge_slot(health: &PollerHealth, threshold_bytes: u64) -> Option<Finding> {
+    let slot = health.slot.as_ref()?;
+    let finding =
+        |kind, message| Finding { kind, function: health.function.clone(), poller: health.poller.clone(), message };
+    if slot.lost() {
+        return Some(finding(
+            FindingKind::SlotLost,
+            format!(
+                "the server invalidated replication slot {} (max_slot_wal_keep_size): the changes it dropped are gone; \
+                 recreate the slot, load the tables again and reset the poller (docs/logical.md)",
+                slot.slot
+            ),
+        ));
+    }
+    let retained = slot.retained_bytes?;
+    if retained > 0 && retained as u64 > threshold_bytes {
+        return Some(finding(
+            FindingKind::SlotRetention,
+            format!(
+                "replication slot {} holds {} MiB of WAL (threshold {} MiB): the poller is not moving it (stopped, failing, or one long transaction)",
+                slot.slot,
+                retained / (1024 * 1024),
+                threshold_bytes / (1024 * 1024)
+            ),
+        ));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn health(retained: Option<i64>, wal_status: &str) -> PollerHealth {
+        let mut health = PollerHealth::empty("feed", "feed");
+        health.slot = Some(SlotView {
+            slot: "s".into(),
+            retained_bytes: retained,
+            wal_status: Some(wal_status.into()),
+            active_pid: None,
+        });
+        health
+    }
+
+    #[test]
+    fn retention_past_the_threshold_and_a_lost_slot_are_reported() {
+        assert_eq!(judge_slot(&health(Some(10), "reserved"), 100), None);
+        let grown = judge_slot(&health(Some(200 << 20), "extended"), 100 << 20).expect("past the threshold");
+        assert_eq!(grown.kind, FindingKind::SlotRetention);
+        assert!(grown.message.contains("200 MiB"), "{}", grown.message);
+        assert_eq!(judge_slot(&health(None, "lost"), 100).unwrap().kind, FindingKind::SlotLost);
+        assert_eq!(judge_slot(&PollerHealth::empty("f", "f"), 0), None, "no slot, nothing to say");
+    }
+}

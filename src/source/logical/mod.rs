@@ -1,0 +1,19 @@
+//! PostgreSQL logical decoding: the `pgoutput` plugin read through the SQL interface.
+//!
+//! | file          | holds                                                              |
+//! |---------------|--------------------------------------------------------------------|
+//! | `pgoutput.rs` | the protocol's messages, decoded from bytes                        |
+//! | `values.rs`   | a value's text form as JSON, by its type OID; LSNs                 |
+//! | `changes.rs`  | transactions put together from messages; an event's row           |
+//! | `progress.rs` | what is read, handed out, committed; how far the slot may move     |
+//! | `setup.rs`    | what `dbtrigger sql` prints and `check` asks a live server         |
+//! | `source.rs`   | the [`crate::source::Source`]: peeks, hands out, advances the slot |
+
+pub mod changes;
+pub mod pgoutput;
+pub mod progress;
+pub mod setup;
+mod source;
+pub mod values;
+
+pub use source::LogicalSource;

@@ -1,0 +1,239 @@
+//! Where a logical source is, in pure code: the changes read and not yet handed out, the
+//! transactions read (to know where each ends), what the state document has committed, and from
+//! these, how far the slot may move.
+//!
+//! A change's position is (commit LSN, ordinal): the LSN of its transaction's commit record and
+//! its number within the transaction, from 1. A position is stored as the cursor (the commit LSN,
+//! an integer) and the key `ordinal`. The slot moves only past whole transactions the committed
+//! checkpoint covers, never past a change that is read and not yet committed: a crash at any
+//! point re-reads from the slot and skips what the checkpoint covers.
+
+use std::collections::VecDeque;
+
+use crate::config::LOGICAL_KEY;
+use crate::domain::{CursorValue, PkValue, Position};
+use crate::source::SourceRow;
+
+/// A logical position: (commit LSN, ordinal).
+pub type Key = (u64, u32);
+
+/// The position a change is stored as.
+pub fn position(commit_lsn: u64, ordinal: u32) -> Position {
+    Position {
+        cursor: CursorValue::Integer(commit_lsn as i64),
+        pk: vec![(LOGICAL_KEY.to_string(), PkValue::Integer(i64::from(ordinal)))],
+    }
+}
+
+/// The (commit LSN, ordinal) of a stored position; an error when it is not a logical source's
+/// (a checkpoint written by a polling source under the same poller name).
+pub fn key_of(position: &Position) -> Result<Key, String> {
+    let not_logical = || {
+        format!(
+            "the checkpoint ({}) is not a logical source's (commit LSN, ordinal): the poller's source changed kind; reset it (`dbtrigger reset`)",
+            crate::domain::state::describe(position)
+        )
+    };
+    let CursorValue::Integer(lsn) = position.cursor else {
+        return Err(not_logical());
+    };
+    match position.pk.as_slice() {
+        [(name, PkValue::Integer(ordinal))] if name == LOGICAL_KEY && lsn >= 0 => {
+            Ok((lsn as u64, u32::try_from(*ordinal).map_err(|_| not_logical())?))
+        }
+        _ => Err(not_logical()),
+    }
+}
+
+/// A transaction read: where it commits, where it ends, how many changes it has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mark {
+    pub commit_lsn: u64,
+    pub end_lsn: u64,
+    pub changes: u32,
+}
+
+/// A read that reached the end of what was flushed: every transaction committed before `flushed`
+/// was in it, the last of its changes being `last`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadToEnd {
+    pub flushed: u64,
+    pub last: Option<Key>,
+}
+
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Changes read, not yet handed out, in order.
+    pub buffer: VecDeque<(Key, SourceRow)>,
+    /// The last read stopped at its row limit: more may follow what it returned.
+    pub more: bool,
+    /// The last change handed out: the changes waiting come right after it.
+    handed_out: Option<Key>,
+    /// Transactions read whose end the slot has not passed yet.
+    marks: Vec<Mark>,
+    read_to_end: Option<ReadToEnd>,
+    /// What the state document holds, once known: the last change delivered and committed
+    /// (`Some(None)`: nothing yet).
+    committed: Option<Option<Key>>,
+    /// How far the slot was moved by this process.
+    advanced: u64,
+}
+
+impl Progress {
+    /// Drops what `after` covers from the changes waiting; all of them when `after` is before
+    /// the last change handed out (a failed tick starts again from its checkpoint: what was handed
+    /// out after it is read again from the slot).
+    pub fn skip_to(&mut self, after: Option<Key>) {
+        if after < self.handed_out {
+            self.buffer.clear();
+            self.more = true;
+        }
+        self.handed_out = after;
+        while let Some((key, _)) = self.buffer.front() {
+            if after.is_some_and(|after| *key <= after) {
+                self.buffer.pop_front();
+            } else {
+                break;
+            }
+        }
+    }
+
+    /// The next change waiting, handed out.
+    pub fn hand_out(&mut self) -> Option<SourceRow> {
+        let (key, row) = self.buffer.pop_front()?;
+        self.handed_out = Some(key);
+        Some(row)
+    }
+
+    /// A transaction read.
+    pub fn read(&mut self, mark: Mark) {
+        if mark.end_lsn > self.advanced && !self.marks.contains(&mark) {
+            self.marks.push(mark);
+        }
+    }
+
+    pub fn reached_end(&mut self, end: Option<ReadToEnd>) {
+        self.read_to_end = end;
+    }
+
+    /// The state document's checkpoint, as committed.
+    pub fn committed(&mut self, at: Option<Key>) {
+        match self.committed {
+            Some(known) if known >= at => {}
+            _ => self.committed = Some(at),
+        }
+    }
+
+    /// Where the slot may move now, when further than where it was moved: the end of the last
+    /// whole transaction the committed checkpoint covers, or, when a read reached the end of the
+    /// flushed WAL and everything it returned is committed, that end (a quiet publication on a
+    /// busy server).
+    pub fn advance_target(&self) -> Option<u64> {
+        let committed = self.committed?;
+        let covered = |key: Key| committed.is_some_and(|committed| key <= committed);
+        let mut target =
+            self.marks.iter().filter(|mark| covered((mark.commit_lsn, mark.changes))).map(|mark| mark.end_lsn).max();
+        if let Some(end) = self.read_to_end
+            && end.last.is_none_or(covered)
+        {
+            target = target.max(Some(end.flushed));
+        }
+        target.filter(|target| *target > self.advanced)
+    }
+
+    /// The slot was moved to `lsn`: what it passed is forgotten.
+    pub fn advanced(&mut self, lsn: u64) {
+        self.advanced = self.advanced.max(lsn);
+        self.marks.retain(|mark| mark.end_lsn > lsn);
+        if self.read_to_end.is_some_and(|end| end.flushed <= lsn) {
+            self.read_to_end = None;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mark(commit_lsn: u64, end_lsn: u64, changes: u32) -> Mark {
+        Mark { commit_lsn, end_lsn, changes }
+    }
+
+    #[test]
+    fn positions_round_trip_and_foreign_ones_are_refused() {
+        assert_eq!(key_of(&position(0x1_0000_0000, 3)), Ok((0x1_0000_0000, 3)));
+        let polling = Position { cursor: CursorValue::Integer(5), pk: vec![("id".into(), PkValue::Integer(1))] };
+        assert!(key_of(&polling).unwrap_err().contains("reset"));
+        let xid = Position { cursor: CursorValue::Xid(5), pk: vec![(LOGICAL_KEY.into(), PkValue::Integer(1))] };
+        assert!(key_of(&xid).is_err());
+    }
+
+    fn row(commit_lsn: u64, ordinal: u32) -> (Key, SourceRow) {
+        let row = SourceRow {
+            position: position(commit_lsn, ordinal),
+            row: crate::domain::event::RowJson::default(),
+            op: crate::domain::Op::Insert,
+        };
+        ((commit_lsn, ordinal), row)
+    }
+
+    #[test]
+    fn what_waits_is_handed_out_in_order_and_dropped_when_asked_from_further_back() {
+        let mut progress = Progress::default();
+        progress.buffer.extend([row(100, 1), row(100, 2), row(200, 1)]);
+        progress.skip_to(None);
+        assert_eq!(progress.hand_out().unwrap().position, position(100, 1));
+        // The next read goes on after it; a read past a change skips it.
+        progress.skip_to(Some((100, 2)));
+        assert_eq!(progress.hand_out().unwrap().position, position(200, 1));
+        progress.buffer.extend([row(300, 1)]);
+        // A failed tick starts again from its checkpoint, behind what was handed out: nothing of
+        // what waits may be handed out before what was lost is read again.
+        progress.skip_to(Some((100, 1)));
+        assert!(progress.buffer.is_empty());
+        assert!(progress.more);
+    }
+
+    #[test]
+    fn the_slot_moves_past_whole_committed_transactions_only() {
+        let mut progress = Progress::default();
+        progress.read(mark(100, 120, 2));
+        progress.read(mark(200, 220, 3));
+        assert_eq!(progress.advance_target(), None, "nothing committed");
+        progress.committed(Some((100, 1)));
+        assert_eq!(progress.advance_target(), None, "half of the first transaction");
+        progress.committed(Some((200, 2)));
+        assert_eq!(progress.advance_target(), Some(120), "the first whole, the second not");
+        progress.advanced(120);
+        assert_eq!(progress.advance_target(), None);
+        progress.committed(Some((200, 3)));
+        assert_eq!(progress.advance_target(), Some(220));
+        // A checkpoint never moves back.
+        progress.committed(Some((100, 2)));
+        assert_eq!(progress.advance_target(), Some(220));
+    }
+
+    #[test]
+    fn a_read_to_the_end_lets_a_quiet_slot_move_once_all_it_returned_is_committed() {
+        let mut progress = Progress::default();
+        progress.read(mark(100, 120, 1));
+        progress.reached_end(Some(ReadToEnd { flushed: 5000, last: Some((100, 1)) }));
+        assert_eq!(progress.advance_target(), None, "the checkpoint is not known yet");
+        progress.committed(None);
+        assert_eq!(progress.advance_target(), None, "nothing committed, a change returned");
+        progress.committed(Some((100, 1)));
+        assert_eq!(progress.advance_target(), Some(5000));
+        progress.advanced(5000);
+        assert_eq!(progress.advance_target(), None);
+        // Nothing returned at all: the end is covered by any checkpoint known, even none.
+        let mut fresh = Progress::default();
+        fresh.reached_end(Some(ReadToEnd { flushed: 700, last: None }));
+        fresh.committed(None);
+        assert_eq!(fresh.advance_target(), Some(700));
+        progress.reached_end(Some(ReadToEnd { flushed: 9000, last: None }));
+        assert_eq!(progress.advance_target(), Some(9000));
+        // A change returned past the checkpoint holds the end back.
+        progress.reached_end(Some(ReadToEnd { flushed: 12000, last: Some((9500, 1)) }));
+        assert_eq!(progress.advance_target(), None);
+    }
+}

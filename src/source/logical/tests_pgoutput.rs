@@ -1,0 +1,201 @@
+//! pgoutput on byte sequences written here by the protocol's layout.
+
+use serde_json::json;
+
+use super::*;
+use crate::domain::event::Op;
+use crate::source::logical::changes::{Assembler, event_row};
+
+fn string(out: &mut Vec<u8>, text: &str) {
+    out.extend_from_slice(text.as_bytes());
+    out.push(0);
+}
+
+fn begin(final_lsn: u64, time: i64, xid: u32) -> Vec<u8> {
+    let mut out = vec![b'B'];
+    out.extend(final_lsn.to_be_bytes());
+    out.extend(time.to_be_bytes());
+    out.extend(xid.to_be_bytes());
+    out
+}
+
+fn commit(commit_lsn: u64, end_lsn: u64, time: i64) -> Vec<u8> {
+    let mut out = vec![b'C', 0];
+    out.extend(commit_lsn.to_be_bytes());
+    out.extend(end_lsn.to_be_bytes());
+    out.extend(time.to_be_bytes());
+    out
+}
+
+/// `orders(id int8 key, body text, amount numeric)` as relation 16384.
+fn relation() -> Vec<u8> {
+    let mut out = vec![b'R'];
+    out.extend(16384u32.to_be_bytes());
+    string(&mut out, "public");
+    string(&mut out, "orders");
+    out.push(b'd');
+    out.extend(3u16.to_be_bytes());
+    for (flags, name, oid) in [(1u8, "id", 20u32), (0, "body", 25), (0, "amount", 1700)] {
+        out.push(flags);
+        string(&mut out, name);
+        out.extend(oid.to_be_bytes());
+        out.extend((-1i32).to_be_bytes());
+    }
+    out
+}
+
+fn tuple(out: &mut Vec<u8>, values: &[Option<Option<&str>>]) {
+    out.extend((values.len() as u16).to_be_bytes());
+    for value in values {
+        match value {
+            None => out.push(b'u'),
+            Some(None) => out.push(b'n'),
+            Some(Some(text)) => {
+                out.push(b't');
+                out.extend((text.len() as u32).to_be_bytes());
+                out.extend_from_slice(text.as_bytes());
+            }
+        }
+    }
+}
+
+fn insert(values: &[Option<Option<&str>>]) -> Vec<u8> {
+    let mut out = vec![b'I'];
+    out.extend(16384u32.to_be_bytes());
+    out.push(b'N');
+    tuple(&mut out, values);
+    out
+}
+
+#[test]
+fn every_message_decodes() {
+    assert_eq!(
+        decode(&begin(0x1_0000_0010, 5, 740)).unwrap(),
+        Message::Begin { final_lsn: 0x1_0000_0010, commit_time: 5, xid: 740 }
+    );
+    assert_eq!(decode(&commit(16, 24, 5)).unwrap(), Message::Commit { commit_lsn: 16, end_lsn: 24, commit_time: 5 });
+    let Message::Relation(described) = decode(&relation()).unwrap() else { panic!("a relation") };
+    assert_eq!(described.qualified_name(), "public.orders");
+    assert_eq!(described.columns.iter().map(|column| column.key).collect::<Vec<_>>(), [true, false, false]);
+    assert_eq!(described.columns[2].type_oid, 1700);
+    assert_eq!(
+        decode(&insert(&[Some(Some("7")), Some(None), None])).unwrap(),
+        Message::Insert { relation: 16384, new: vec![Datum::Text("7".into()), Datum::Null, Datum::UnchangedToast] }
+    );
+    let mut update = vec![b'U'];
+    update.extend(16384u32.to_be_bytes());
+    update.push(b'K');
+    tuple(&mut update, &[Some(Some("7")), Some(None), Some(None)]);
+    update.push(b'N');
+    tuple(&mut update, &[Some(Some("8")), Some(Some("x")), Some(Some("1.50"))]);
+    let Message::Update { old: Some((OldKind::Key, old)), new, .. } = decode(&update).unwrap() else {
+        panic!("an update with its old key")
+    };
+    assert_eq!((old[0].clone(), new[0].clone()), (Datum::Text("7".into()), Datum::Text("8".into())));
+    let mut delete = vec![b'D'];
+    delete.extend(16384u32.to_be_bytes());
+    delete.push(b'O');
+    tuple(&mut delete, &[Some(Some("7")), Some(Some("x")), Some(None)]);
+    assert!(matches!(decode(&delete).unwrap(), Message::Delete { old: (OldKind::Full, _), .. }));
+    let mut truncate = vec![b'T'];
+    truncate.extend(2u32.to_be_bytes());
+    truncate.push(3);
+    truncate.extend(16384u32.to_be_bytes());
+    truncate.extend(16390u32.to_be_bytes());
+    assert_eq!(
+        decode(&truncate).unwrap(),
+        Message::Truncate { relations: vec![16384, 16390], cascade: true, restart_identity: true }
+    );
+    let mut origin = vec![b'O'];
+    origin.extend(9u64.to_be_bytes());
+    string(&mut origin, "upstream");
+    assert_eq!(decode(&origin).unwrap(), Message::Other(b'O'));
+}
+
+#[test]
+fn malformed_messages_are_errors_never_panics() {
+    let mut cases: Vec<Vec<u8>> = vec![vec![], vec![b'Z'], vec![b'B', 0, 0], commit(1, 2, 3)[..20].to_vec()];
+    let mut bad_length = vec![b'I'];
+    bad_length.extend(16384u32.to_be_bytes());
+    bad_length.extend([b'N', 0, 1, b't', 0xFF, 0xFF, 0xFF, 0xFF, b'x']);
+    cases.push(bad_length);
+    let mut truncate = vec![b'T'];
+    truncate.extend(u32::MAX.to_be_bytes());
+    truncate.push(0);
+    cases.push(truncate);
+    let mut trailing = begin(1, 2, 3);
+    trailing.push(0);
+    cases.push(trailing);
+    let mut unterminated = vec![b'R', 0, 0, 0, 1];
+    unterminated.extend_from_slice(b"public");
+    cases.push(unterminated);
+    for bytes in cases {
+        assert!(decode(&bytes).is_err(), "{bytes:?}");
+    }
+    // Every prefix of a valid message fails cleanly too.
+    let whole = relation();
+    for end in 1..whole.len() {
+        assert!(decode(&whole[..end]).is_err(), "prefix of {end} bytes");
+    }
+}
+
+#[test]
+fn a_transaction_becomes_numbered_changes_with_json_rows() {
+    let mut assembler = Assembler::default();
+    assert_eq!(assembler.push(10, &begin(100, 0, 740)).unwrap(), None);
+    assembler.push(11, &relation()).unwrap();
+    assembler.push(12, &insert(&[Some(Some("7")), Some(Some("hello")), Some(Some("12.50"))])).unwrap();
+    // An update whose body is an unchanged TOAST value, the key the same.
+    let mut update = vec![b'U'];
+    update.extend(16384u32.to_be_bytes());
+    update.push(b'N');
+    tuple(&mut update, &[Some(Some("7")), None, Some(None)]);
+    assembler.push(13, &update).unwrap();
+    let mut delete = vec![b'D'];
+    delete.extend(16384u32.to_be_bytes());
+    delete.push(b'K');
+    tuple(&mut delete, &[Some(Some("7")), Some(None), Some(None)]);
+    assembler.push(14, &delete).unwrap();
+    assert!(assembler.in_transaction());
+    let transaction = assembler.push(15, &commit(100, 120, 1_000_000)).unwrap().expect("committed");
+    assert!(!assembler.in_transaction());
+    assert_eq!((transaction.xid, transaction.commit_lsn, transaction.end_lsn), (740, 100, 120));
+    let ops: Vec<_> = transaction.changes.iter().map(|change| (change.op, change.ordinal)).collect();
+    assert_eq!(ops, [(Op::Insert, 1), (Op::Update, 2), (Op::Delete, 3)]);
+    assert_eq!(
+        json!(event_row(&transaction, &transaction.changes[0])),
+        json!({
+            "table": "public.orders",
+            "new": {"id": 7, "body": "hello", "amount": "12.50"},
+            "old": null,
+            "lsn": "0/C",
+            "commit_lsn": "0/64",
+            "commit_time": "2000-01-01T00:00:01Z",
+            "xid": 740
+        })
+    );
+    // The unchanged TOAST value is left out of the row and named, never null.
+    let update = event_row(&transaction, &transaction.changes[1]);
+    assert_eq!(update["new"], json!({"id": 7, "amount": null}));
+    assert_eq!(update["unchanged_toast"], json!(["body"]));
+    assert_eq!(update["old"], json!({"id": 7}));
+    // A delete by the key: the key columns only.
+    assert_eq!(event_row(&transaction, &transaction.changes[2])["old"], json!({"id": 7}));
+    assert_eq!(event_row(&transaction, &transaction.changes[2])["new"], json!(null));
+}
+
+#[test]
+fn out_of_place_messages_are_refused() {
+    let mut assembler = Assembler::default();
+    assert!(assembler.push(1, &commit(1, 2, 3)).is_err());
+    assembler.push(1, &begin(5, 0, 1)).unwrap();
+    assert!(assembler.push(2, &begin(6, 0, 2)).is_err());
+    // A change of a relation never described.
+    assert!(assembler.push(3, &insert(&[Some(Some("1"))])).is_err());
+    assembler.push(4, &relation()).unwrap();
+    // As many values as the relation has columns.
+    assert!(assembler.push(5, &insert(&[Some(Some("1"))])).is_err());
+    // A value that is not its type.
+    assert!(assembler.push(6, &insert(&[Some(Some("seven")), Some(None), Some(None)])).is_err());
+    assert!(assembler.push(7, &commit(99, 100, 0)).is_err(), "a Commit must match its Begin");
+}
