@@ -765,6 +765,7 @@ fn engine_name(engine: Engine) -> &'static str {
     match engine {
         Engine::Sqlite => "SQLite",
         Engine::Postgres => "PostgreSQL",
+        Engine::MariaDb => "MariaDB",
     }
 }
 
