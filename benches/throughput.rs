@@ -31,9 +31,15 @@
 //! (default 200,000); `DBTRIGGER_BENCH_ONLY=text` runs only the engines, batch sizes and paths whose
 //! description contains `text` (and the raw limits they are compared with), e.g.
 //! `Sqlite 1000 dbtrigger, file state, maxInFlight 1` for a profile, or `10 KB` for the memory case.
+//!
+//! The chart: at the end of a run of every path, rows/s of each configuration beside its raw
+//! limit, written as an SVG to `docs/throughput.svg` (linked from docs/performance.md), or to
+//! `DBTRIGGER_BENCH_SVG` when set (a run of some paths only writes one only there).
 
 #[path = "../tests/it/services.rs"]
 mod services;
+
+mod chart;
 
 /// The binary's allocator (src/main.rs), for dbtrigger's paths and the raw one alike.
 #[global_allocator]
@@ -677,6 +683,7 @@ async fn run() {
     let azurite = services::azurite().connection_string();
     let directory = tempfile::tempdir().unwrap();
     let mut expected = 0u64;
+    let mut bars: Vec<chart::Bar> = Vec::new();
     println!(
         "throughput, {rows} rows to a webhook receiver in another process on loopback, {rounds} rounds after one to warm up"
     );
@@ -735,11 +742,59 @@ async fn run() {
             for line in &lines {
                 line.print(engine, batch);
             }
+            for ((path, _, max_in_flight), line) in paths.iter().zip(&lines) {
+                let limit = &limits[windows.iter().position(|window| window == max_in_flight).unwrap()];
+                let rows_per_second = |line: &Line| median(line.runs.iter().map(|run| run.rows_per_second).collect());
+                bars.push(chart::Bar {
+                    group: format!("{}, batch {batch}", engine_name(engine)),
+                    label: path.trim_start_matches("dbtrigger, ").to_string(),
+                    rows_per_second: rows_per_second(line),
+                    limit_rows_per_second: rows_per_second(limit),
+                    ratio: median(line.ratios.clone()),
+                });
+            }
         }
     }
+    write_chart(&bars, rows, rounds, only.is_some());
     expected += wide_rows(&receiver, directory.path(), rounds, only.as_deref()).await;
     expected += late_detector(&receiver, directory.path(), &azurite, rounds, only.as_deref()).await;
     assert_eq!(receiver.count().await.0, expected, "every row reached the receiver");
+}
+
+fn engine_name(engine: Engine) -> &'static str {
+    match engine {
+        Engine::Sqlite => "SQLite",
+        Engine::Postgres => "PostgreSQL",
+        Engine::MariaDb => "MariaDB",
+    }
+}
+
+/// Writes the chart of `bars` to `DBTRIGGER_BENCH_SVG`, else (for a run of every path) to
+/// `docs/throughput.svg`, with when and where it was measured.
+fn write_chart(bars: &[chart::Bar], rows: i64, rounds: usize, partial: bool) {
+    let path = match std::env::var("DBTRIGGER_BENCH_SVG") {
+        Ok(path) => std::path::PathBuf::from(path),
+        Err(_) if partial || bars.is_empty() => return,
+        Err(_) => std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/throughput.svg"),
+    };
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|line| line.starts_with("model name"))
+                .and_then(|line| line.split(':').nth(1))
+                .map(str::trim)
+                .map(String::from)
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map(|cores| cores.get()).unwrap_or(1);
+    let caption = format!(
+        "cargo bench --bench throughput, {} UTC: {rows} rows to a webhook receiver on loopback, medians of {rounds} rounds; {cores} cores, {cpu}",
+        chrono::Utc::now().format("%Y-%m-%d %H:%M"),
+    );
+    let svg = chart::svg("Rows/s by configuration, against the raw limit of the same run", &caption, bars);
+    std::fs::write(&path, svg).unwrap_or_else(|error| panic!("cannot write the chart to {}: {error}", path.display()));
+    println!("chart: {}", path.display());
 }
 
 /// Memory on wide rows: a catch-up of 10 KB rows at batch 1,000 with four batches in flight

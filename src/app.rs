@@ -9,12 +9,13 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use tracing::{error, info, warn};
 
+use crate::clock::{Clock, SystemClock};
 use crate::config::plan::{FunctionTimeout, HostingPlan};
 use crate::config::{AppConfig, ConfigError, FunctionConfig, PollerConfig, Settings, StatusConfig};
 use crate::domain::health::PollerHealth;
 use crate::domain::schedule::ScheduleZone;
 use crate::protocol::InvocationRequest;
-use crate::tick::{Clock, Poller, SystemClock, TickError, TickOutcome, TickReport};
+use crate::tick::{Poller, TickError, TickOutcome, TickReport};
 
 /// One function of the app, as it was opened at start-up.
 pub enum Function {

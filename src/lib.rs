@@ -9,6 +9,7 @@
 //! |--------------|-------------------------------------------------------------------------------|
 //! | [`domain`]   | the pure core: state, cursor order, lease, events, ids, window, schedule.      |
 //! | [`settings`] | app settings (environment, local.settings.json) and `%NAME%` values.           |
+//! | [`clock`]    | `Clock`: where `now` comes from, for the tick and the operator commands alike. |
 //! | [`config`]   | function.json, one file a section, parsed once into a validated `PollerConfig`.|
 //! | [`store`]    | `BlobStore` (get/put/list/delete, ETag CAS): Azure Blob, file; state documents.|
 //! | [`azure`]    | Azure Storage clients from a validated connection; Shared Key signing.         |
@@ -24,7 +25,7 @@
 //! | [`cli`]      | `serve`, `tick`, `dev`, `demo`, `package`, `new`, `check`, `schema`, operators.|
 //! | [`logging`]  | logs by severity: warnings and errors to stderr, the rest to stdout (the host).|
 //!
-//! Dependencies point one way: `domain` and `settings` import nothing of the crate; `config`
+//! Dependencies point one way: `domain`, `settings` and `clock` import nothing of the crate; `config`
 //! imports them; the adapters (`store`, `azure`, `source`, `sink`) read config's plain types; `tick`
 //! drives the adapters; `operations` drives them for an operator; `app`, `handler` and `cli` sit on
 //! top. No two modules import each other.
@@ -36,6 +37,7 @@
 pub mod app;
 pub mod azure;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod domain;
 pub mod handler;

@@ -8,7 +8,7 @@ use dbtrigger::cli::{Cli, Command};
 /// mimalloc rather than the C library's allocator: a batch's rows and events are allocated by the
 /// task that reads them and freed by the one that delivers them, on another thread, and the C
 /// library's allocator pays for that in locks (in the throughput bench dbtrigger's CPU per row at
-/// batch 1,000 fell by a tenth to a sixth; README, "Performance").
+/// batch 1,000 fell by a tenth to a sixth; docs/performance.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -16,8 +16,8 @@ use serde_json::{Value, json};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 
 use crate::app::App;
+use crate::clock::SystemClock;
 use crate::config::{AppConfig, Settings};
-use crate::tick::SystemClock;
 
 #[derive(Default)]
 struct Received {

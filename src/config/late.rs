@@ -1,4 +1,4 @@
-//! `poller.source.lateArrivals`: the late-arrival detector (README, "Late arrivals"). On unless
+//! `poller.source.lateArrivals`: the late-arrival detector (docs/sources.md, "Late arrivals"). On unless
 //! `"enabled": false`.
 //!
 //! ```json

@@ -15,12 +15,13 @@ pub mod fingerprint;
 pub mod quarantine;
 pub mod reset;
 
+use crate::clock::Clock;
 use crate::config::PollerConfig;
 use crate::domain::StateDocument;
 use crate::domain::transitions::Refusal;
 use crate::source::{Source, SourceError};
 use crate::store::{ETag, StateKey, StateStore, StoreError, WriteCondition};
-use crate::tick::{Clock, Poller};
+use crate::tick::Poller;
 
 pub use crate::domain::transitions::Operator;
 

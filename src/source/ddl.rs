@@ -254,7 +254,7 @@ mod tests {
         );
         assert!(ddl.contains("CREATE INDEX IF NOT EXISTS `orders_updated_at_dbtrigger` ON `public`.`orders` (`updated_at`, `tenant`, `id`);"));
         assert!(ddl.contains("GRANT PROCESS ON *.* TO 'o''brien'@'%';"), "{ddl}");
-        assert!(ddl.contains("whole second"), "the README's warning is in the DDL's comment too");
+        assert!(ddl.contains("whole second"), "docs/sources.md's warning is in the DDL's comment too");
         let ddl = cursor_ddl("orders", &mysql, None).unwrap();
         assert!(ddl.contains("-- GRANT PROCESS ON *.* TO '<the poller's user>'@'%';"), "{ddl}");
     }

@@ -5,7 +5,7 @@
 //! Timestamp cursors in SQLite are text. The checkpoint keeps the parsed time (typed, RFC 3339)
 //! and the exact stored text, and the seek binds that text back: rows are ordered as SQLite orders
 //! them, by their text (BINARY collation), and the checkpoint compares that same text. Text order
-//! is time order only when every value has one layout and one offset (UTC, ideally): the README
+//! is time order only when every value has one layout and one offset (UTC, ideally): docs/sources.md
 //! says so. A cursor text must be a layout SQLite's date functions read (the settle predicate uses
 //! `julianday`); any other is an error naming the row, never a row silently held back.
 
@@ -40,7 +40,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// A SQLite source. Each question (a batch, a count) runs whole on a blocking thread, on a pooled
 /// connection: its rows are stepped and written as JSON where SQLite hands them out, with one
 /// hand-off per batch instead of one per row (sqlx's driver copies every value and sends each row
-/// across a channel: four to five times the CPU per row; README, "Performance").
+/// across a channel: four to five times the CPU per row; docs/performance.md).
 pub struct SqliteSource {
     connections: Arc<Connections>,
     config: Arc<SourceConfig>,

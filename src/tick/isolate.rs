@@ -30,12 +30,12 @@ use crate::store::quarantine::{self, QuarantineEntry};
 use crate::store::{StateWriter, WriteFailure};
 
 use super::Poller;
-use super::clock::{Timer, runtime_deadline};
 use super::ledger::HeartbeatFailure;
 use super::outcome::{StopReason, TickError, TickOutcome, Totals};
 use super::panic_message;
 use super::pipeline::{HEARTBEAT_RETRY_DELAY, failure_kind};
 use super::reader::Prepared;
+use super::timer::{Timer, runtime_deadline};
 
 /// A poison batch under isolation.
 pub(super) struct Isolation {

@@ -28,9 +28,9 @@ use crate::source::{BucketCheck, BucketRange, FetchLimit, SourceRow};
 use crate::store::{StateWriter, WriteFailure};
 
 use super::Poller;
-use super::clock::runtime_deadline;
 use super::outcome::{LateCheck, TickError};
 use super::reader::BatchMaker;
+use super::timer::runtime_deadline;
 
 /// What a check found, and the checkpoint it was made behind.
 pub(super) struct LateFound {

@@ -29,16 +29,16 @@
 //! | `reader.rs`   | the batches: made from rows, read ahead                                  |
 //! | `budget.rs`   | the app-wide budget of bytes in flight that every read reserves from     |
 //! | `outcome.rs`  | [`TickOutcome`], [`TickError`], [`TickReport`]                           |
-//! | `clock.rs`    | [`Clock`] and the loops' timer                                           |
+//! | `timer.rs`    | the loops' timer (the [`Clock`] itself is [`crate::clock`]'s)            |
 
 pub mod budget;
-mod clock;
 mod isolate;
 mod late;
 mod ledger;
 mod outcome;
 mod pipeline;
 mod reader;
+mod timer;
 
 use std::any::Any;
 use std::panic::AssertUnwindSafe;
@@ -48,8 +48,8 @@ use futures::FutureExt;
 use tracing::{error, warn};
 
 #[cfg(any(test, feature = "testing"))]
-pub use clock::ManualClock;
-pub use clock::{Clock, SystemClock};
+pub use crate::clock::ManualClock;
+pub use crate::clock::{Clock, SystemClock};
 pub use outcome::{LagAfter, LateCheck, SUMMARY_LAG_CAP, StopReason, TickError, TickOutcome, TickReport};
 
 use chrono::{DateTime, Utc};

@@ -163,7 +163,7 @@ pub enum TickError {
     Delivery { error: SinkError, rows_committed: u64 },
     #[error(
         "the source definition changed: the state document was written for fingerprint {stored}, the configuration now gives {current}. \
-         The checkpoint may not mean the same rows any more: reset the poller or use a new poller name"
+         The checkpoint may not mean the same rows any more: if it still does, `dbtrigger fingerprint accept` keeps it (after `dbtrigger reset` when the key changed); if not, reset the poller or use a new poller name"
     )]
     FingerprintMismatch { stored: String, current: String },
     #[error(transparent)]

@@ -29,12 +29,12 @@ use crate::source::Fetched;
 use crate::store::StateWriter;
 
 use super::Poller;
-use super::clock::{Timer, runtime_deadline};
 use super::isolate::Isolation;
 use super::ledger::HeartbeatFailure;
 use super::outcome::{StopReason, TickError, TickOutcome, Totals};
 use super::panic_message;
 use super::reader::{BatchMaker, Prepared, Reader};
+use super::timer::{Timer, runtime_deadline};
 
 /// How long after a failed heartbeat the next attempt is made (the lease stays ours until it
 /// expires; `holder_may_act` stops the tick before that).

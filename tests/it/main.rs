@@ -5,6 +5,7 @@ mod azure;
 mod budget;
 mod chaos;
 mod dev;
+mod docs;
 mod failing;
 mod fleet;
 mod generations;

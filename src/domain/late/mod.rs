@@ -20,7 +20,7 @@
 //! A bucket that grew by one row whose hash is the difference of the sums has that one row
 //! delivered; otherwise the whole bucket is delivered again (same event ids, `late: true`), and
 //! its record becomes what was delivered. A bucket that shrank by more rows than arrived in it
-//! hides the arrivals: checking every tick makes that rare (README, "Late arrivals").
+//! hides the arrivals: checking every tick makes that rare (docs/sources.md, "Late arrivals").
 //!
 //! The window is tied to the checkpoint it was extended to (`checkpoint_batch`): a checkpoint moved
 //! by anything else (a reset, a clone, a build that does not keep the window) makes it stale, and

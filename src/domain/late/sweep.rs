@@ -1,4 +1,4 @@
-//! Which buckets a check recounts (README "Late arrivals", docs/late-arrivals.md).
+//! Which buckets a check recounts (docs/sources.md "Late arrivals", docs/late-arrivals.md).
 //!
 //! A recount reads every row of the buckets it covers, so that covering the whole window at every
 //! check costs a fraction of a microsecond per row of the window (tens of milliseconds for 100,000

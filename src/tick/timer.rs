@@ -1,53 +1,11 @@
-//! Time, as the tick sees it: one injected clock for every decision (budget, lease, heartbeat),
-//! and a runtime timer that the loops keep across their turns.
+//! The loops' runtime timer, kept across their turns, and the sink's deadline in the runtime's
+//! terms. `now` itself comes from the injected [`Clock`](crate::clock::Clock).
 
 use std::pin::Pin;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tokio::time::{Instant, Sleep};
-
-/// Where `now` comes from. Production reads the system clock; the domain never does.
-pub trait Clock: Send + Sync {
-    fn now(&self) -> DateTime<Utc>;
-}
-
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now(&self) -> DateTime<Utc> {
-        Utc::now()
-    }
-}
-
-/// A clock that moves only when told: tests drive leases and budgets through time without sleeping.
-#[cfg(any(test, feature = "testing"))]
-pub struct ManualClock {
-    now: std::sync::Mutex<DateTime<Utc>>,
-}
-
-#[cfg(any(test, feature = "testing"))]
-impl ManualClock {
-    pub fn at(now: DateTime<Utc>) -> Self {
-        ManualClock { now: std::sync::Mutex::new(now) }
-    }
-
-    pub fn set(&self, now: DateTime<Utc>) {
-        *self.now.lock().unwrap() = now;
-    }
-
-    pub fn advance(&self, by: chrono::Duration) {
-        let mut now = self.now.lock().unwrap();
-        *now += by;
-    }
-}
-
-#[cfg(any(test, feature = "testing"))]
-impl Clock for ManualClock {
-    fn now(&self) -> DateTime<Utc> {
-        *self.now.lock().unwrap()
-    }
-}
 
 /// A timer kept across the turns of a loop, instead of one registered and dropped on every turn:
 /// set again only when its deadline moves by more than a millisecond.

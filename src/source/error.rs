@@ -1,0 +1,56 @@
+//! What can go wrong in a source, and what a driver's error means for the poller.
+
+use crate::config::redact::Redaction;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SourceError {
+    #[error("cannot reach the database ({location}): {reason}")]
+    Unreachable { location: String, reason: String },
+    #[error("the query on {location} failed: {reason}")]
+    Query { location: String, reason: String },
+    #[error("column {column:?} has type {type_name}, which dbtrigger cannot turn into JSON")]
+    UnsupportedType { column: String, type_name: String },
+    #[error("cursor/key column problem: {0}")]
+    Position(String),
+    #[error("the query on {location} took longer than {seconds} s (source.queryTimeoutSeconds) and was cancelled")]
+    Timeout { location: String, seconds: u64 },
+    /// A stored position that does not fit the configured key: never bound.
+    #[error(transparent)]
+    KeyMismatch(#[from] crate::domain::cursor::KeyMismatch),
+    /// Every connection the app allows to this database stayed busy for the poller's tick budget.
+    #[error(
+        "every one of the {cap} connections this app allows to {location} stayed in use for {seconds} s (source.maxConnections, app setting DBTRIGGER_MAX_CONNECTIONS_PER_DATABASE)"
+    )]
+    Busy { location: String, cap: u32, seconds: u64 },
+    /// A row that cannot be delivered, named by its primary key.
+    #[error("{error} (in the row with {row})")]
+    InRow { row: String, error: Box<SourceError> },
+}
+
+/// Maps a driver error to what it means for the poller, scrubbed of the URL's secrets (a driver
+/// may quote its configuration).
+pub(crate) fn classify(redaction: &Redaction, error: sqlx::Error) -> SourceError {
+    let location = redaction.location.clone();
+    match error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Configuration(_) => {
+            SourceError::Unreachable { location, reason: redaction.scrub(&error.to_string()) }
+        }
+        sqlx::Error::Database(database_error) => {
+            let message = redaction.scrub(database_error.message());
+            let unreachable = message.contains("unable to open")
+                || message.contains("password authentication failed")
+                || message.contains("Access denied")
+                || message.contains("does not exist") && message.contains("database");
+            if unreachable {
+                SourceError::Unreachable { location, reason: message }
+            } else {
+                SourceError::Query { location, reason: message }
+            }
+        }
+        other => SourceError::Query { location, reason: redaction.scrub(&other.to_string()) },
+    }
+}
