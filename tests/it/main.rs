@@ -24,6 +24,7 @@ mod package;
 mod poison;
 mod quarantine;
 mod queue;
+mod scale_out;
 mod schema;
 mod security;
 mod services;
