@@ -233,8 +233,12 @@ impl Source for LogicalSource {
     async fn read(&self, probe: Probe, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
         let location = self.redaction.location.clone();
         match probe {
-            Probe::Deliver => timed(&crate::source::pools::Gate::open(), &self.config, &location, self.deliver(after, limit)).await,
-            Probe::Pending => timed(&crate::source::pools::Gate::open(), &self.config, &location, self.look(after, limit)).await,
+            Probe::Deliver => {
+                timed(&crate::source::pools::Gate::open(), &self.config, &location, self.deliver(after, limit)).await
+            }
+            Probe::Pending => {
+                timed(&crate::source::pools::Gate::open(), &self.config, &location, self.look(after, limit)).await
+            }
             Probe::Last => Err(SourceError::Query {
                 location,
                 reason: "a logical source has no last row to reset to: `reset --to-end` is not supported for it yet \
