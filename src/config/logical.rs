@@ -2,12 +2,76 @@
 //! publication. What a polling source reads by (table, cursor, key, filters, settle) means
 //! nothing here and is refused by name, rather than ignored.
 
+use std::time::Duration;
+
 use super::function_json::RawSource;
-use super::source::{Engine, validate_identifier};
-use super::{ConfigError, Located};
+use super::source::{
+    Engine, Fingerprints, LOGICAL_CURSOR, LOGICAL_KEY, OpRule, SettleMode, SourceConfig, SourceTarget, UrlIdentity,
+    effective_of, pool_key, validate_identifier,
+};
+use super::{ConfigError, Located, defaults, in_range, ranges};
+use crate::domain::ids::{FingerprintInput, source_fingerprint};
+use crate::settings::Secret;
+
+/// A logical source's configuration and fingerprint: its slot and publication checked, the rest
+/// fixed (its cursor is the commit LSN, its key the change's ordinal, no settle).
+pub(super) fn build(
+    raw: RawSource,
+    identity: UrlIdentity,
+    resolved_url: String,
+    at: &Located<'_>,
+) -> Result<(SourceConfig, Fingerprints), ConfigError> {
+    let (slot, publication) = check(&raw, identity.engine, at)?;
+    let effective = effective_of(&identity, &resolved_url, &raw.connection, at)?;
+    let pk = vec![LOGICAL_KEY.to_string()];
+    let fingerprint = source_fingerprint(&FingerprintInput {
+        engine: identity.engine.name(),
+        host: &effective.host,
+        port: effective.port,
+        database: &effective.database,
+        user: &effective.user,
+        socket: effective.socket.as_deref(),
+        options: effective.options.as_deref(),
+        target: format!("logical:{slot}:{publication}"),
+        cursor: LOGICAL_CURSOR,
+        pk: &pk,
+        columns: None,
+        where_clause: None,
+    });
+    let query_timeout_seconds = in_range(
+        at,
+        "poller.source.queryTimeoutSeconds",
+        raw.query_timeout_seconds,
+        defaults::QUERY_TIMEOUT_SECONDS,
+        ranges::QUERY_TIMEOUT_SECONDS,
+    )?;
+    let logical_pool_key = pool_key(identity.engine, &effective, &resolved_url);
+    let source = SourceConfig {
+        connection: raw.connection,
+        engine: identity.engine,
+        url: Secret::new(resolved_url),
+        target: SourceTarget::Logical { slot, publication },
+        cursor: LOGICAL_CURSOR.to_string(),
+        pk,
+        columns: None,
+        where_clause: None,
+        settle: Duration::ZERO,
+        settle_mode: SettleMode::Fixed,
+        cursor_kind: None,
+        settle_configured: false,
+        query_timeout: Duration::from_secs(query_timeout_seconds),
+        cursor_time_zone: defaults::CURSOR_TIME_ZONE.to_string(),
+        ops: OpRule::Upsert,
+        generation: None,
+        // A logical source reads its slot on a session of its own, outside the shared pools.
+        pool_key: logical_pool_key,
+        max_connections: 1,
+    };
+    Ok((source, Fingerprints { current: fingerprint, legacy: None }))
+}
 
 /// Checks a logical source's fields; its slot and publication.
-pub(super) fn check(raw: &RawSource, engine: Engine, at: &Located<'_>) -> Result<(String, String), ConfigError> {
+fn check(raw: &RawSource, engine: Engine, at: &Located<'_>) -> Result<(String, String), ConfigError> {
     if engine != Engine::Postgres {
         return Err(at.error(
             "poller.source.kind",

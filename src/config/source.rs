@@ -351,12 +351,12 @@ fn validate_fragment(value: &str) -> Result<(), String> {
 }
 
 /// The parts of a database URL that identify it (no password).
-struct UrlIdentity {
-    engine: Engine,
-    host: String,
-    port: Option<u16>,
-    database: String,
-    user: String,
+pub(super) struct UrlIdentity {
+    pub(super) engine: Engine,
+    pub(super) host: String,
+    pub(super) port: Option<u16>,
+    pub(super) database: String,
+    pub(super) user: String,
 }
 
 fn parse_source_url(url: &str, app_root: &Path) -> Result<(UrlIdentity, String), String> {
@@ -527,55 +527,7 @@ pub(super) fn build_source(
         }
     };
     if logical {
-        let (slot, publication) = super::logical::check(&raw, identity.engine, at)?;
-        let effective = effective_target(&identity, &resolved_url).map_err(|reason| {
-            at.error("poller.source.connection", format!("app setting {}: {reason}", raw.connection))
-        })?;
-        let pk = vec![LOGICAL_KEY.to_string()];
-        let fingerprint = source_fingerprint(&FingerprintInput {
-            engine: identity.engine.name(),
-            host: &effective.host,
-            port: effective.port,
-            database: &effective.database,
-            user: &effective.user,
-            socket: effective.socket.as_deref(),
-            options: effective.options.as_deref(),
-            target: format!("logical:{slot}:{publication}"),
-            cursor: LOGICAL_CURSOR,
-            pk: &pk,
-            columns: None,
-            where_clause: None,
-        });
-        let query_timeout_seconds = in_range(
-            at,
-            "poller.source.queryTimeoutSeconds",
-            raw.query_timeout_seconds,
-            defaults::QUERY_TIMEOUT_SECONDS,
-            ranges::QUERY_TIMEOUT_SECONDS,
-        )?;
-        let logical_pool_key = pool_key(identity.engine, &effective, &resolved_url);
-        let source = SourceConfig {
-            connection: raw.connection,
-            engine: identity.engine,
-            url: Secret::new(resolved_url),
-            target: SourceTarget::Logical { slot, publication },
-            cursor: LOGICAL_CURSOR.to_string(),
-            pk,
-            columns: None,
-            where_clause: None,
-            settle: Duration::ZERO,
-            settle_mode: SettleMode::Fixed,
-            cursor_kind: None,
-            settle_configured: false,
-            query_timeout: Duration::from_secs(query_timeout_seconds),
-            cursor_time_zone: defaults::CURSOR_TIME_ZONE.to_string(),
-            ops: OpRule::Upsert,
-            generation: None,
-            // A logical source reads its slot on a session of its own, outside the shared pools.
-            pool_key: logical_pool_key,
-            max_connections: 1,
-        };
-        return Ok((source, Fingerprints { current: fingerprint, legacy: None }));
+        return super::logical::build(raw, identity, resolved_url, at);
     }
     if let Some(name) = [("slot", raw.slot.is_some()), ("publication", raw.publication.is_some())]
         .iter()
@@ -712,8 +664,7 @@ pub(super) fn build_source(
         SourceTarget::Query(query) => format!("query:{query}"),
         SourceTarget::Logical { slot, publication } => format!("logical:{slot}:{publication}"),
     };
-    let effective = effective_target(&identity, &resolved_url)
-        .map_err(|reason| at.error("poller.source.connection", format!("app setting {}: {reason}", raw.connection)))?;
+    let effective = effective_of(&identity, &resolved_url, &raw.connection, at)?;
     let fingerprint = source_fingerprint(&FingerprintInput {
         engine: identity.engine.name(),
         host: &effective.host,
@@ -779,13 +730,24 @@ pub(super) struct Fingerprints {
 
 /// The database a URL really points at, as the driver resolves it: query parameters
 /// (`?host=`, `?port=`, `?dbname=`, `?user=`, `?options=`) and the driver's defaults included.
-struct EffectiveTarget {
-    host: String,
-    port: Option<u16>,
-    socket: Option<String>,
-    database: String,
-    user: String,
-    options: Option<String>,
+pub(super) struct EffectiveTarget {
+    pub(super) host: String,
+    pub(super) port: Option<u16>,
+    pub(super) socket: Option<String>,
+    pub(super) database: String,
+    pub(super) user: String,
+    pub(super) options: Option<String>,
+}
+
+/// The effective target of `resolved_url`, or an error naming the app setting (never its value).
+pub(super) fn effective_of(
+    identity: &UrlIdentity,
+    resolved_url: &str,
+    setting: &str,
+    at: &Located<'_>,
+) -> Result<EffectiveTarget, ConfigError> {
+    effective_target(identity, resolved_url)
+        .map_err(|reason| at.error("poller.source.connection", format!("app setting {setting}: {reason}")))
 }
 
 fn effective_target(identity: &UrlIdentity, resolved_url: &str) -> Result<EffectiveTarget, String> {
@@ -858,7 +820,7 @@ fn max_connections(settings: &Settings, configured: Option<u64>, at: &Located<'_
 /// sees it), the password and the URL's other parameters (TLS among them), sorted; so that two
 /// URLs that write one database differently share a pool, and two that log in differently do
 /// not. A digest: the key may be logged, the password must not be.
-fn pool_key(engine: Engine, effective: &EffectiveTarget, resolved_url: &str) -> String {
+pub(super) fn pool_key(engine: Engine, effective: &EffectiveTarget, resolved_url: &str) -> String {
     use sha2::Digest;
     const TARGET_PARAMETERS: [&str; 7] = ["host", "hostaddr", "port", "dbname", "user", "options", "socket"];
     let mut hasher = sha2::Sha256::new();
