@@ -8,7 +8,6 @@
 //! Run: `cargo bench --bench queue` (starts Azurite like the tests). Three rounds per mode, medians.
 
 #[path = "../tests/it/services.rs"]
-#[allow(dead_code)]
 mod services;
 
 use std::sync::Arc;

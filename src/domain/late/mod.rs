@@ -184,7 +184,7 @@ pub fn extend(
     let mut next = record.cloned().unwrap_or_default();
     let mut window =
         next.window.take().filter(|window| previous.is_some_and(|(_, batch)| batch == window.checkpoint_batch));
-    let rows_per_bucket = (policy.rows / BUCKETS_PER_WINDOW as u64).max(1).min(FRESH_BUCKET_ROWS);
+    let rows_per_bucket = (policy.rows / BUCKETS_PER_WINDOW as u64).clamp(1, FRESH_BUCKET_ROWS);
     let span_per_bucket = policy.span / BUCKETS_PER_WINDOW as i32;
     // The open bucket's first instant, parsed once (timestamps only).
     let mut open_from: Option<DateTime<Utc>> = window
