@@ -76,6 +76,9 @@ async fn dbtrigger(url: &str, slot: &str, batch: usize) -> (usize, f64) {
     let config = PollerConfig::load(&root, "orders", &settings, None).unwrap();
     let source = dbtrigger::source::open(&config.source).unwrap();
     let (store, _) = dbtrigger::store::open(&config.state).unwrap();
+    // The raw path connects before its clock starts: so does this one (a query opens the pool's
+    // connection); a poller's pool stays open from tick to tick.
+    source.slot().await.unwrap();
     let sink = Arc::new(RecordingSink::new());
     let poller = Poller::new(config, source, sink, store, Arc::new(SystemClock), "bench".into());
     let started = Instant::now();

@@ -45,6 +45,16 @@ pub struct Transaction {
     /// Microseconds since 2000-01-01 UTC.
     pub commit_time: i64,
     pub changes: Vec<Change>,
+    /// Changes counted and not decoded: the transaction commits before the assembler's
+    /// [`Assembler::skipping`] position (a reader has them already). Its changes are then empty.
+    pub skipped: u32,
+}
+
+impl Transaction {
+    /// How many changes it has, decoded or not.
+    pub fn change_count(&self) -> u32 {
+        self.changes.len() as u32 + self.skipped
+    }
 }
 
 /// Messages that do not make sense where they are, or values that cannot be read.
@@ -63,19 +73,42 @@ pub enum AssembleError {
 pub struct Assembler {
     relations: HashMap<u32, Relation>,
     open: Option<Transaction>,
+    /// Transactions committing before this LSN are counted, not decoded.
+    skip_before: u64,
 }
 
 impl Assembler {
+    /// An assembler that counts the changes of the transactions committing before `lsn` without
+    /// decoding their rows (Begin, Commit, Relation and Truncate are still decoded: the relations
+    /// serve later transactions, a truncate's count is its relations'). A peek starts where the
+    /// slot is, so it returns again what a reader already has: those cost almost nothing here.
+    pub fn skipping(lsn: u64) -> Assembler {
+        Assembler { skip_before: lsn, ..Assembler::default() }
+    }
+
     /// The message at `lsn`; a transaction when it was its Commit.
     pub fn push(&mut self, lsn: u64, bytes: &[u8]) -> Result<Option<Transaction>, AssembleError> {
         let sequence = |reason: &str| AssembleError::Sequence { lsn: values::lsn_text(lsn), reason: reason.into() };
+        // An insert, update or delete of a skipped transaction: counted by its tag alone.
+        if let (Some(open), Some(b'I' | b'U' | b'D')) = (self.open.as_mut(), bytes.first())
+            && open.commit_lsn < self.skip_before
+        {
+            open.skipped += 1;
+            return Ok(None);
+        }
         match pgoutput::decode(bytes)? {
             Message::Begin { final_lsn, commit_time, xid } => {
                 if self.open.is_some() {
                     return Err(sequence("a Begin inside a transaction"));
                 }
-                self.open =
-                    Some(Transaction { xid, commit_lsn: final_lsn, end_lsn: 0, commit_time, changes: Vec::new() });
+                self.open = Some(Transaction {
+                    xid,
+                    commit_lsn: final_lsn,
+                    end_lsn: 0,
+                    commit_time,
+                    changes: Vec::new(),
+                    skipped: 0,
+                });
                 Ok(None)
             }
             Message::Commit { commit_lsn, end_lsn, commit_time } => {
@@ -109,6 +142,10 @@ impl Assembler {
                     .map(|oid| self.relation(lsn, *oid).map(Relation::qualified_name))
                     .collect::<Result<Vec<_>, _>>()?;
                 let open = self.open.as_mut().ok_or_else(|| sequence("a change outside a transaction"))?;
+                if open.commit_lsn < self.skip_before {
+                    open.skipped += tables.len() as u32;
+                    return Ok(None);
+                }
                 for table in tables {
                     let ordinal = open.changes.len() as u32 + 1;
                     open.changes.push(Change {

@@ -16,4 +16,4 @@ pub mod setup;
 mod source;
 pub mod values;
 
-pub use source::LogicalSource;
+pub use source::{LogicalSource, READ_AHEAD_BYTES, read_ahead_rows};

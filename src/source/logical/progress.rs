@@ -45,12 +45,14 @@ pub fn key_of(position: &Position) -> Result<Key, String> {
     }
 }
 
-/// A transaction read: where it commits, where it ends, how many changes it has.
+/// A transaction read: where it commits, where it ends, how many changes it has, and how many
+/// rows a peek returned for it (its messages, Begin to Commit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Mark {
     pub commit_lsn: u64,
     pub end_lsn: u64,
     pub changes: u32,
+    pub rows: u32,
 }
 
 /// A read that reached the end of what was flushed: every transaction committed before `flushed`
@@ -107,9 +109,19 @@ impl Progress {
 
     /// A transaction read.
     pub fn read(&mut self, mark: Mark) {
-        if mark.end_lsn > self.advanced && !self.marks.contains(&mark) {
+        if mark.end_lsn > self.advanced && !self.marks.iter().any(|known| known.commit_lsn == mark.commit_lsn) {
             self.marks.push(mark);
         }
+    }
+
+    /// The rows a peek returns before the changes after `after`, as far as the transactions
+    /// read tell: those of the transactions read that commit at or before it and that the slot
+    /// has not passed. A peek asks for these plus what it wants to read past them.
+    pub fn rows_through(&self, after: Option<Key>) -> usize {
+        let Some((commit_lsn, _)) = after else {
+            return 0;
+        };
+        self.marks.iter().filter(|mark| mark.commit_lsn <= commit_lsn).map(|mark| mark.rows as usize).sum()
     }
 
     pub fn reached_end(&mut self, end: Option<ReadToEnd>) {
@@ -156,7 +168,7 @@ mod tests {
     use super::*;
 
     fn mark(commit_lsn: u64, end_lsn: u64, changes: u32) -> Mark {
-        Mark { commit_lsn, end_lsn, changes }
+        Mark { commit_lsn, end_lsn, changes, rows: changes + 2 }
     }
 
     #[test]
@@ -211,6 +223,24 @@ mod tests {
         // A checkpoint never moves back.
         progress.committed(Some((100, 2)));
         assert_eq!(progress.advance_target(), Some(220));
+    }
+
+    #[test]
+    fn a_peek_asks_again_for_the_rows_the_slot_holds_before_the_read_position() {
+        let mut progress = Progress::default();
+        assert_eq!(progress.rows_through(Some((100, 1))), 0, "nothing read");
+        progress.read(Mark { commit_lsn: 100, end_lsn: 120, changes: 2, rows: 5 });
+        progress.read(Mark { commit_lsn: 200, end_lsn: 220, changes: 3, rows: 5 });
+        progress.read(Mark { commit_lsn: 300, end_lsn: 320, changes: 1, rows: 3 });
+        // Read again by a later peek (with a Relation message more, say): known once.
+        progress.read(Mark { commit_lsn: 200, end_lsn: 220, changes: 3, rows: 6 });
+        assert_eq!(progress.rows_through(None), 0);
+        assert_eq!(progress.rows_through(Some((200, 1))), 10, "the transaction of the position counts");
+        assert_eq!(progress.rows_through(Some((300, 1))), 13);
+        // What the slot has passed is not returned again.
+        progress.committed(Some((200, 3)));
+        progress.advanced(220);
+        assert_eq!(progress.rows_through(Some((300, 1))), 3);
     }
 
     #[test]

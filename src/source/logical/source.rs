@@ -10,6 +10,7 @@
 use std::str::FromStr;
 
 use async_trait::async_trait;
+use futures::TryStreamExt;
 use serde_json::Value;
 use sqlx::Row;
 use sqlx::postgres::{PgConnectOptions, PgPool};
@@ -24,8 +25,34 @@ use crate::domain::Position;
 use crate::domain::event::RowJson;
 use crate::source::{FetchLimit, Fetched, Probe, Source, SourceError, SourceRow, classify, timed};
 
-/// The rows one peek asks for at first (each change, Begin, Commit and Relation is a row).
+/// The rows one peek asks for at least (each change, Begin, Commit and Relation is a row).
 const FIRST_PEEK_ROWS: usize = 256;
+/// A tick's peek reads this many batches' worth of rows past what was read before, at
+/// least [`MIN_READ_AHEAD_ROWS`] and at most [`MAX_READ_AHEAD_ROWS`]: whole transactions, the last
+/// one read whole whatever its size. Batches are handed out of them from memory, and the next peek
+/// is made once they are all handed out. A peek starts where the slot is (it moves when the state
+/// document commits), so a tick that needs several re-reads what the earlier ones returned: fewer,
+/// larger peeks are what make a catch-up fast.
+const READ_AHEAD_BATCHES: usize = 128;
+const MIN_READ_AHEAD_ROWS: usize = 1024;
+const MAX_READ_AHEAD_ROWS: usize = 131_072;
+/// The rows' JSON such a peek keeps, at most (or two batches' bytes, if more), past whole
+/// transactions: what is past it is read by the next peek.
+pub const READ_AHEAD_BYTES: usize = 16 * 1024 * 1024;
+
+/// The rows of pgoutput a tick's peek reads ahead, for batches of `batch_rows` changes.
+pub fn read_ahead_rows(batch_rows: usize) -> usize {
+    batch_rows.saturating_mul(READ_AHEAD_BATCHES).clamp(MIN_READ_AHEAD_ROWS, MAX_READ_AHEAD_ROWS)
+}
+
+/// How much a peek keeps past the position it is asked from, at most: rows of pgoutput (of
+/// the transactions that have changes kept) and bytes of the rows' JSON. The transaction that
+/// crosses either is kept whole.
+#[derive(Clone, Copy)]
+struct Ahead {
+    rows: usize,
+    bytes: usize,
+}
 
 pub struct LogicalSource {
     pool: PgPool,
@@ -95,32 +122,41 @@ impl LogicalSource {
         }
     }
 
-    /// Peeks from the slot's position, keeping the changes after `after`: reads further (more
-    /// rows per peek) while everything read is already covered and more may follow.
-    async fn peek(&self, after: Option<Key>, wanted: usize) -> Result<Peeked, SourceError> {
-        let mut limit = wanted.saturating_mul(2).max(FIRST_PEEK_ROWS);
+    /// Peeks from the slot's position, keeping the changes after `after`, up to `ahead` of them.
+    /// The peek asks the server for `held` rows (what it returns again before `after`: counted,
+    /// not decoded) plus `ahead.rows`, and reads further (four times the rows) while everything
+    /// returned is already covered and more may follow.
+    async fn peek(&self, after: Option<Key>, held: usize, ahead: Ahead) -> Result<Peeked, SourceError> {
+        let mut limit = held.saturating_add(ahead.rows).max(FIRST_PEEK_ROWS);
         loop {
             let flushed: String = sqlx::query_scalar("SELECT pg_current_wal_flush_lsn()::text")
                 .fetch_one(&self.pool)
                 .await
                 .map_err(|error| self.query_error(error))?;
             let flushed = parse_lsn(&flushed).ok_or_else(|| self.malformed(format!("a WAL position {flushed:?}")))?;
-            let rows = sqlx::query(
+            let limit_rows = i32::try_from(limit).unwrap_or(i32::MAX);
+            let mut stream = sqlx::query(
                 "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes($1, $2::pg_lsn, $3, \
                  'proto_version', '1', 'publication_names', $4)",
             )
             .bind(&self.slot)
             .bind(lsn_text(flushed))
-            .bind(i32::try_from(limit).unwrap_or(i32::MAX))
+            .bind(limit_rows)
             .bind(format!("\"{}\"", self.publication))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|error| self.query_error(error))?;
-            let reached_end = rows.len() < limit;
-            let mut assembler = Assembler::default();
+            .fetch(&self.pool);
+            // Transactions that commit before `after`'s are counted, not decoded.
+            let mut assembler = Assembler::skipping(after.map_or(0, |after| after.0));
             let mut peeked = Peeked { rows: Vec::new(), marks: Vec::new(), reached_end: None };
+            let (mut returned, mut rows_of_transaction, mut kept_rows, mut kept_bytes) = (0usize, 0u32, 0usize, 0usize);
+            let mut stopped = false;
             let mut last = None;
-            for row in &rows {
+            while let Some(row) = stream.try_next().await.map_err(|error| self.query_error(error))? {
+                returned += 1;
+                if stopped {
+                    // Read to the end of the result (the server has made it already), not decoded.
+                    continue;
+                }
+                rows_of_transaction += 1;
                 let lsn: String = row.try_get(0).map_err(|error| self.query_error(error))?;
                 let lsn = parse_lsn(&lsn).ok_or_else(|| self.malformed(format!("a WAL position {lsn:?}")))?;
                 let data: &[u8] = row.try_get(1).map_err(|error| self.query_error(error))?;
@@ -131,8 +167,14 @@ impl LogicalSource {
                 peeked.marks.push(Mark {
                     commit_lsn: transaction.commit_lsn,
                     end_lsn: transaction.end_lsn,
-                    changes: transaction.changes.len() as u32,
+                    changes: transaction.change_count(),
+                    rows: std::mem::take(&mut rows_of_transaction),
                 });
+                if transaction.skipped > 0 {
+                    last = Some((transaction.commit_lsn, transaction.skipped));
+                    continue;
+                }
+                let before = peeked.rows.len();
                 for change in &transaction.changes {
                     let key = (transaction.commit_lsn, change.ordinal);
                     last = Some(key);
@@ -144,9 +186,16 @@ impl LogicalSource {
                         row: RowJson::from_map(&event_row(&transaction, change)),
                         op: change.op,
                     };
+                    kept_bytes += row.row.len();
                     peeked.rows.push((key, row));
                 }
+                if peeked.rows.len() > before {
+                    kept_rows += peeked.marks.last().map_or(0, |mark| mark.rows as usize);
+                }
+                // Enough kept: the rest (whole transactions from here) is for the next peek.
+                stopped = kept_rows >= ahead.rows || kept_bytes >= ahead.bytes;
             }
+            let reached_end = !stopped && returned < limit;
             if reached_end && !assembler.in_transaction() {
                 peeked.reached_end = Some(ReadToEnd { flushed, last });
             }
@@ -193,7 +242,9 @@ impl LogicalSource {
         let mut progress = self.progress.lock().await;
         progress.skip_to(after);
         if progress.buffer.is_empty() {
-            let peeked = self.peek(after, limit.rows).await?;
+            let ahead =
+                Ahead { rows: read_ahead_rows(limit.rows), bytes: READ_AHEAD_BYTES.max(limit.bytes.saturating_mul(2)) };
+            let peeked = self.peek(after, progress.rows_through(after), ahead).await?;
             for mark in peeked.marks {
                 progress.read(mark);
             }
@@ -221,8 +272,11 @@ impl LogicalSource {
     /// waits for this process's own reads (the slot has one reader at a time).
     async fn look(&self, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
         let after = self.after_key(after)?;
-        let _reading = self.progress.lock().await;
-        let peeked = self.peek(after, limit.rows).await?;
+        let progress = self.progress.lock().await;
+        let held = progress.rows_through(after);
+        // A change is a row at least, and a transaction two more: what `limit` asks for is kept.
+        let ahead = Ahead { rows: limit.rows.saturating_mul(3), bytes: usize::MAX };
+        let peeked = self.peek(after, held, ahead).await?;
         let full = peeked.rows.len() > limit.rows || peeked.reached_end.is_none();
         Ok(Fetched { rows: peeked.rows.into_iter().take(limit.rows).map(|(_, row)| row).collect(), full })
     }

@@ -199,3 +199,31 @@ fn out_of_place_messages_are_refused() {
     assert!(assembler.push(6, &insert(&[Some(Some("seven")), Some(None), Some(None)])).is_err());
     assert!(assembler.push(7, &commit(99, 100, 0)).is_err(), "a Commit must match its Begin");
 }
+
+#[test]
+fn transactions_before_the_skip_position_are_counted_not_decoded() {
+    let mut assembler = Assembler::skipping(200);
+    assembler.push(10, &begin(100, 0, 1)).unwrap();
+    assembler.push(11, &relation()).unwrap();
+    // Not decoded: a value that is not its type would be an error if it were.
+    assembler.push(12, &insert(&[Some(Some("seven")), Some(None), Some(None)])).unwrap();
+    assembler.push(13, &insert(&[Some(Some("8")), Some(None), Some(None)])).unwrap();
+    let mut truncate = vec![b'T'];
+    truncate.extend(1u32.to_be_bytes());
+    truncate.push(0);
+    truncate.extend(16384u32.to_be_bytes());
+    assembler.push(14, &truncate).unwrap();
+    let skipped = assembler.push(15, &commit(100, 120, 0)).unwrap().expect("committed");
+    assert!(skipped.changes.is_empty());
+    assert_eq!((skipped.skipped, skipped.change_count(), skipped.end_lsn), (3, 3, 120));
+    // The transaction at the skip position is decoded, with the relation the skipped one described.
+    assembler.push(20, &begin(200, 0, 2)).unwrap();
+    assembler.push(21, &insert(&[Some(Some("9")), Some(Some("x")), Some(None)])).unwrap();
+    let decoded = assembler.push(22, &commit(200, 220, 0)).unwrap().expect("committed");
+    assert_eq!((decoded.skipped, decoded.change_count()), (0, 1));
+    assert_eq!(event_row(&decoded, &decoded.changes[0])["new"], json!({"id": 9, "body": "x", "amount": null}));
+    // A skipped transaction still needs its Begin: a change outside one is refused.
+    let mut outside = Assembler::skipping(u64::MAX);
+    outside.push(1, &relation()).unwrap();
+    assert!(outside.push(2, &insert(&[Some(Some("1")), Some(None), Some(None)])).is_err());
+}
