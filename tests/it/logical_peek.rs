@@ -84,7 +84,7 @@ async fn a_tick_that_reads_several_peeks_worth_with_batches_in_flight_loses_and_
     // inserts (longer than a whole peek: read whole), a truncate, and more small ones after it.
     execute(
         &url,
-        "DO $$ BEGIN FOR i IN 0..199 LOOP \
+        "DO $$ BEGIN FOR i IN 0..599 LOOP \
            INSERT INTO orders SELECT i * 100 + g, 'new' FROM generate_series(1, 1 + i % 7) g; \
            UPDATE orders SET note = 'paid' WHERE id = i * 100 + 1; \
            IF i % 3 = 0 THEN DELETE FROM orders WHERE id = i * 100 + 1; END IF; \
@@ -97,9 +97,9 @@ async fn a_tick_that_reads_several_peeks_worth_with_batches_in_flight_loses_and_
     )
     .await;
     let (expected, rows) = reference(&url, &slot).await;
-    // The precondition: a tick needs several peeks (batches of 10 read 1,280 rows ahead).
+    // The precondition: a tick needs several peeks (batches of 10 read 2,560 rows ahead).
     assert!(rows > 3 * read_ahead_rows(10), "{rows} rows: not several peeks' worth");
-    assert!(expected.len() > 4000, "{}", expected.len());
+    assert!(expected.len() > 7000, "{}", expected.len());
 
     // One batch in flight while the next is read and one commit a second (the slot stays where it
     // was while the tick reads): the receiver gets the changes in commit order. Four in flight

@@ -3,7 +3,7 @@
 //! with its row as JSON. Pure code: the rows `pg_logical_slot_peek_binary_changes` returned in,
 //! whole transactions out.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use serde_json::{Map, Value};
 
@@ -171,6 +171,11 @@ impl Assembler {
         self.open.is_some()
     }
 
+    /// The commit LSN of the transaction begun and not committed yet, if any.
+    pub fn open_commit_lsn(&self) -> Option<u64> {
+        self.open.as_ref().map(|open| open.commit_lsn)
+    }
+
     fn relation(&self, lsn: u64, oid: u32) -> Result<&Relation, AssembleError> {
         self.relations.get(&oid).ok_or_else(|| AssembleError::Sequence {
             lsn: values::lsn_text(lsn),
@@ -221,6 +226,37 @@ impl Assembler {
             restart_identity: false,
         });
         Ok(())
+    }
+}
+
+/// Messages peeked and not decoded yet, made into transactions one at a time as batches are
+/// handed out: what waits in memory is pgoutput (several times smaller than the rows' JSON), and a
+/// batch is decoded while the ones before it are delivered.
+#[derive(Default)]
+pub struct Unread {
+    messages: VecDeque<(u64, Vec<u8>)>,
+    assembler: Assembler,
+}
+
+impl Unread {
+    /// The message at `lsn`, after those pushed before.
+    pub fn push(&mut self, lsn: u64, message: Vec<u8>) {
+        self.messages.push_back((lsn, message));
+    }
+
+    /// No message waits.
+    pub fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+    }
+
+    /// The next whole transaction, decoded; `None` once no whole transaction waits.
+    pub fn next_transaction(&mut self) -> Result<Option<Transaction>, AssembleError> {
+        while let Some((lsn, message)) = self.messages.pop_front() {
+            if let Some(transaction) = self.assembler.push(lsn, &message)? {
+                return Ok(Some(transaction));
+            }
+        }
+        Ok(None)
     }
 }
 

@@ -85,8 +85,10 @@ impl Progress {
     /// Drops what `after` covers from the changes waiting; all of them when `after` is before
     /// the last change handed out (a failed tick starts again from its checkpoint: what was handed
     /// out after it is read again from the slot).
-    pub fn skip_to(&mut self, after: Option<Key>) {
-        if after < self.handed_out {
+    /// Whether `after` was further back (what was read after it is to be read again).
+    pub fn skip_to(&mut self, after: Option<Key>) -> bool {
+        let back = after < self.handed_out;
+        if back {
             self.buffer.clear();
             self.more = true;
         }
@@ -98,6 +100,12 @@ impl Progress {
                 break;
             }
         }
+        back
+    }
+
+    /// The last change handed out (or the position last asked from).
+    pub fn handed_out(&self) -> Option<Key> {
+        self.handed_out
     }
 
     /// The next change waiting, handed out.

@@ -4,8 +4,9 @@
 //! (`pg_replication_slot_advance`) only when the state document has committed what it passes.
 //!
 //! A peek always starts where the slot is; what the checkpoint (or the reads ahead of it) already
-//! covers is skipped. Changes read ahead of what is asked are kept in memory until handed out. The
-//! SQL interface returns whole transactions: one larger than the batch is read whole.
+//! covers is counted and skipped, not decoded. One peek reads many batches ahead (bounded, see
+//! [`READ_AHEAD_BATCHES`]); its messages wait in memory, undecoded, until handed out. The SQL
+//! interface returns whole transactions: one larger than the batch is read whole.
 
 use std::str::FromStr;
 
@@ -16,7 +17,7 @@ use sqlx::Row;
 use sqlx::postgres::{PgConnectOptions, PgPool};
 use tokio::sync::Mutex;
 
-use super::changes::{Assembler, event_row};
+use super::changes::{Assembler, Transaction, Unread, event_row};
 use super::progress::{Key, Mark, Progress, ReadToEnd, key_of, position};
 use super::values::{lsn_text, parse_lsn};
 use crate::config::redact::Redaction;
@@ -27,17 +28,17 @@ use crate::source::{FetchLimit, Fetched, Probe, Source, SourceError, SourceRow, 
 
 /// The rows one peek asks for at least (each change, Begin, Commit and Relation is a row).
 const FIRST_PEEK_ROWS: usize = 256;
-/// A tick's peek reads this many batches' worth of rows past what was read before, at
-/// least [`MIN_READ_AHEAD_ROWS`] and at most [`MAX_READ_AHEAD_ROWS`]: whole transactions, the last
-/// one read whole whatever its size. Batches are handed out of them from memory, and the next peek
-/// is made once they are all handed out. A peek starts where the slot is (it moves when the state
-/// document commits), so a tick that needs several re-reads what the earlier ones returned: fewer,
+/// A tick's peek reads this many batches' worth of rows past what was read before, at least
+/// [`MIN_READ_AHEAD_ROWS`] and at most [`MAX_READ_AHEAD_ROWS`], and keeps at most
+/// [`READ_AHEAD_BYTES`] of their messages (or two batches' bytes, if more): whole transactions,
+/// the last one read whole whatever its size. The messages wait in memory as pgoutput and are
+/// decoded a transaction at a time as batches are handed out; the next peek is made once they are
+/// all handed out. A peek starts where the slot is (it moves when the state document commits), so
+/// a tick that needs several re-reads what the earlier ones returned (counted, not decoded): fewer,
 /// larger peeks are what make a catch-up fast.
-const READ_AHEAD_BATCHES: usize = 128;
+const READ_AHEAD_BATCHES: usize = 256;
 const MIN_READ_AHEAD_ROWS: usize = 1024;
-const MAX_READ_AHEAD_ROWS: usize = 131_072;
-/// The rows' JSON such a peek keeps, at most (or two batches' bytes, if more), past whole
-/// transactions: what is past it is read by the next peek.
+const MAX_READ_AHEAD_ROWS: usize = 262_144;
 pub const READ_AHEAD_BYTES: usize = 16 * 1024 * 1024;
 
 /// The rows of pgoutput a tick's peek reads ahead, for batches of `batch_rows` changes.
@@ -46,7 +47,7 @@ pub fn read_ahead_rows(batch_rows: usize) -> usize {
 }
 
 /// How much a peek keeps past the position it is asked from, at most: rows of pgoutput (of
-/// the transactions that have changes kept) and bytes of the rows' JSON. The transaction that
+/// the transactions that have changes kept) and bytes of their messages. The transaction that
 /// crosses either is kept whole.
 #[derive(Clone, Copy)]
 struct Ahead {
@@ -60,12 +61,24 @@ pub struct LogicalSource {
     slot: String,
     publication: String,
     redaction: Redaction,
-    progress: Mutex<Progress>,
+    reading: Mutex<Reading>,
+}
+
+/// Where this process is in the slot: the changes decoded and the messages peeked, waiting to be
+/// handed out.
+#[derive(Default)]
+struct Reading {
+    progress: Progress,
+    unread: Unread,
 }
 
 /// What one peek returned, past `after`.
 struct Peeked {
-    rows: Vec<(Key, SourceRow)>,
+    /// The messages of the transactions with changes after the position asked from (and every
+    /// Relation message), not decoded yet.
+    unread: Unread,
+    /// Changes after the position asked from.
+    changes: usize,
     marks: Vec<Mark>,
     /// The peek stopped before its row limit: it read all the WAL flushed when it began.
     reached_end: Option<ReadToEnd>,
@@ -99,7 +112,7 @@ impl LogicalSource {
             slot: slot.clone(),
             publication: publication.clone(),
             redaction,
-            progress: Mutex::new(Progress::default()),
+            reading: Mutex::new(Reading::default()),
         })
     }
 
@@ -144,52 +157,50 @@ impl LogicalSource {
             .bind(limit_rows)
             .bind(format!("\"{}\"", self.publication))
             .fetch(&self.pool);
-            // Transactions that commit before `after`'s are counted, not decoded.
-            let mut assembler = Assembler::skipping(after.map_or(0, |after| after.0));
-            let mut peeked = Peeked { rows: Vec::new(), marks: Vec::new(), reached_end: None };
+            // Every transaction is counted here, none decoded: what is kept is decoded as it is
+            // handed out.
+            let mut assembler = Assembler::skipping(u64::MAX);
+            let mut peeked = Peeked { unread: Unread::default(), changes: 0, marks: Vec::new(), reached_end: None };
             let (mut returned, mut rows_of_transaction, mut kept_rows, mut kept_bytes) = (0usize, 0u32, 0usize, 0usize);
+            let wanted = |commit_lsn: u64| after.is_none_or(|after| commit_lsn >= after.0);
             let mut stopped = false;
             let mut last = None;
             while let Some(row) = stream.try_next().await.map_err(|error| self.query_error(error))? {
                 returned += 1;
                 if stopped {
-                    // Read to the end of the result (the server has made it already), not decoded.
+                    // Read to the end of the result (the server has made it already), not kept.
                     continue;
                 }
                 rows_of_transaction += 1;
                 let lsn: String = row.try_get(0).map_err(|error| self.query_error(error))?;
                 let lsn = parse_lsn(&lsn).ok_or_else(|| self.malformed(format!("a WAL position {lsn:?}")))?;
                 let data: &[u8] = row.try_get(1).map_err(|error| self.query_error(error))?;
-                let Some(transaction) = assembler.push(lsn, data).map_err(|error| self.malformed(error.to_string()))?
-                else {
+                let committed = assembler.push(lsn, data).map_err(|error| self.malformed(error.to_string()))?;
+                // The relations serve the transactions after them, kept or not.
+                let keep = match &committed {
+                    Some(transaction) => wanted(transaction.commit_lsn),
+                    None => data.first() == Some(&b'R') || assembler.open_commit_lsn().is_some_and(wanted),
+                };
+                if keep {
+                    kept_bytes += data.len() + 32;
+                    peeked.unread.push(lsn, data.to_vec());
+                }
+                let Some(transaction) = committed else {
                     continue;
                 };
+                let count = transaction.change_count();
                 peeked.marks.push(Mark {
                     commit_lsn: transaction.commit_lsn,
                     end_lsn: transaction.end_lsn,
-                    changes: transaction.change_count(),
+                    changes: count,
                     rows: std::mem::take(&mut rows_of_transaction),
                 });
-                if transaction.skipped > 0 {
-                    last = Some((transaction.commit_lsn, transaction.skipped));
-                    continue;
+                if count > 0 {
+                    last = Some((transaction.commit_lsn, count));
                 }
-                let before = peeked.rows.len();
-                for change in &transaction.changes {
-                    let key = (transaction.commit_lsn, change.ordinal);
-                    last = Some(key);
-                    if after.is_some_and(|after| key <= after) {
-                        continue;
-                    }
-                    let row = SourceRow {
-                        position: position(key.0, key.1),
-                        row: RowJson::from_map(&event_row(&transaction, change)),
-                        op: change.op,
-                    };
-                    kept_bytes += row.row.len();
-                    peeked.rows.push((key, row));
-                }
-                if peeked.rows.len() > before {
+                let new = new_changes(&transaction, after);
+                if new > 0 {
+                    peeked.changes += new;
                     kept_rows += peeked.marks.last().map_or(0, |mark| mark.rows as usize);
                 }
                 // Enough kept: the rest (whole transactions from here) is for the next peek.
@@ -199,7 +210,7 @@ impl LogicalSource {
             if reached_end && !assembler.in_transaction() {
                 peeked.reached_end = Some(ReadToEnd { flushed, last });
             }
-            if !peeked.rows.is_empty() || reached_end || limit >= i32::MAX as usize {
+            if peeked.changes > 0 || reached_end || limit >= i32::MAX as usize {
                 return Ok(peeked);
             }
             limit = limit.saturating_mul(4);
@@ -239,9 +250,13 @@ impl LogicalSource {
 
     async fn deliver(&self, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
         let after = self.after_key(after)?;
-        let mut progress = self.progress.lock().await;
-        progress.skip_to(after);
-        if progress.buffer.is_empty() {
+        let mut reading = self.reading.lock().await;
+        let Reading { progress, unread } = &mut *reading;
+        if progress.skip_to(after) {
+            // Asked from further back: what was peeked after it is read again.
+            *unread = Unread::default();
+        }
+        if progress.buffer.is_empty() && unread.is_empty() {
             let ahead =
                 Ahead { rows: read_ahead_rows(limit.rows), bytes: READ_AHEAD_BYTES.max(limit.bytes.saturating_mul(2)) };
             let peeked = self.peek(after, progress.rows_through(after), ahead).await?;
@@ -250,13 +265,29 @@ impl LogicalSource {
             }
             progress.more = peeked.reached_end.is_none();
             progress.reached_end(peeked.reached_end);
-            progress.buffer.extend(peeked.rows);
-            self.advance(&mut progress).await?;
+            *unread = peeked.unread;
+            self.advance(progress).await?;
         }
         let mut rows = Vec::new();
         let mut bytes = 0usize;
         while rows.len() < limit.rows.max(1) {
-            let Some((_, row)) = progress.buffer.front() else { break };
+            let Some((_, row)) = progress.buffer.front() else {
+                match unread.next_transaction() {
+                    Ok(Some(transaction)) => {
+                        let handed_out = progress.handed_out();
+                        progress.buffer.extend(rows_of(&transaction, handed_out));
+                        continue;
+                    }
+                    Ok(None) => break,
+                    Err(error) => {
+                        // Nothing half-read stays: the next read peeks again from what was handed out.
+                        *unread = Unread::default();
+                        progress.buffer.clear();
+                        progress.more = true;
+                        return Err(self.malformed(error.to_string()));
+                    }
+                }
+            };
             let size = row.row.len() + 128;
             if !rows.is_empty() && bytes + size > limit.bytes {
                 break;
@@ -264,7 +295,7 @@ impl LogicalSource {
             bytes += size;
             rows.extend(progress.hand_out());
         }
-        let full = progress.more || !progress.buffer.is_empty();
+        let full = progress.more || !progress.buffer.is_empty() || !unread.is_empty();
         Ok(Fetched { rows, full })
     }
 
@@ -272,14 +303,51 @@ impl LogicalSource {
     /// waits for this process's own reads (the slot has one reader at a time).
     async fn look(&self, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
         let after = self.after_key(after)?;
-        let progress = self.progress.lock().await;
-        let held = progress.rows_through(after);
+        let reading = self.reading.lock().await;
+        let held = reading.progress.rows_through(after);
         // A change is a row at least, and a transaction two more: what `limit` asks for is kept.
         let ahead = Ahead { rows: limit.rows.saturating_mul(3), bytes: usize::MAX };
-        let peeked = self.peek(after, held, ahead).await?;
-        let full = peeked.rows.len() > limit.rows || peeked.reached_end.is_none();
-        Ok(Fetched { rows: peeked.rows.into_iter().take(limit.rows).map(|(_, row)| row).collect(), full })
+        let mut peeked = self.peek(after, held, ahead).await?;
+        let mut rows = Vec::new();
+        while rows.len() <= limit.rows {
+            match peeked.unread.next_transaction() {
+                Ok(Some(transaction)) => rows.extend(rows_of(&transaction, after)),
+                Ok(None) => break,
+                Err(error) => return Err(self.malformed(error.to_string())),
+            }
+        }
+        let full = rows.len() > limit.rows || peeked.reached_end.is_none();
+        Ok(Fetched { rows: rows.into_iter().take(limit.rows).map(|(_, row)| row).collect(), full })
     }
+}
+
+/// How many of a transaction's changes come after `after`.
+fn new_changes(transaction: &Transaction, after: Option<Key>) -> usize {
+    match after {
+        Some((commit_lsn, _)) if transaction.commit_lsn < commit_lsn => 0,
+        Some((commit_lsn, ordinal)) if transaction.commit_lsn == commit_lsn => {
+            transaction.change_count().saturating_sub(ordinal) as usize
+        }
+        _ => transaction.change_count() as usize,
+    }
+}
+
+/// The rows of a transaction's changes after `after`, in order.
+fn rows_of(transaction: &Transaction, after: Option<Key>) -> Vec<(Key, SourceRow)> {
+    transaction
+        .changes
+        .iter()
+        .map(|change| ((transaction.commit_lsn, change.ordinal), change))
+        .filter(|(key, _)| after.is_none_or(|after| *key > after))
+        .map(|(key, change)| {
+            let row = SourceRow {
+                position: position(key.0, key.1),
+                row: RowJson::from_map(&event_row(transaction, change)),
+                op: change.op,
+            };
+            (key, row)
+        })
+        .collect()
 }
 
 #[async_trait]
@@ -338,9 +406,9 @@ impl Source for LogicalSource {
     async fn committed(&self, checkpoint: Option<&Position>) -> Result<(), SourceError> {
         let key = self.after_key(checkpoint)?;
         let work = async {
-            let mut progress = self.progress.lock().await;
-            progress.committed(key);
-            self.advance(&mut progress).await
+            let mut reading = self.reading.lock().await;
+            reading.progress.committed(key);
+            self.advance(&mut reading.progress).await
         };
         timed(&crate::source::pools::Gate::open(), &self.config, &self.redaction.location, work).await
     }
