@@ -10,6 +10,7 @@ mod failing;
 mod fleet;
 mod generations;
 mod harness;
+mod local_settings;
 mod horizon;
 mod host;
 mod host_rules;
