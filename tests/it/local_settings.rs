@@ -27,14 +27,20 @@ fn write_local_settings(app: &AppRoot, settings: &[(String, String)]) {
     std::fs::write(app.root.join("local.settings.json"), serde_json::to_vec_pretty(&local).unwrap()).unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tick_completes_the_environment_with_local_settings_and_the_environment_wins() {
+/// Five rows waiting in `orders`, a receiver, the app and all its settings.
+async fn app_of_five_rows() -> (tempfile::TempDir, Orders, Receiver, AppRoot, Vec<(String, String)>) {
     let directory = tempfile::tempdir().unwrap();
     let orders = Orders::create(directory.path()).await;
     orders.insert(1..=5, 1).await;
     let receiver = Receiver::start().await;
     let app = AppRoot::write(directory.path(), AppRoot::orders_poller(100));
     let settings = app.settings(&orders, &receiver);
+    (directory, orders, receiver, app, settings)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tick_completes_the_environment_with_local_settings_and_the_environment_wins() {
+    let (_directory, _orders, receiver, app, settings) = app_of_five_rows().await;
     let environment = environment(&settings);
 
     // Without the file, the environment lacks the database: the tick cannot run.
@@ -54,12 +60,7 @@ async fn tick_completes_the_environment_with_local_settings_and_the_environment_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_reads_the_environment_only() {
-    let directory = tempfile::tempdir().unwrap();
-    let orders = Orders::create(directory.path()).await;
-    orders.insert(1..=5, 1).await;
-    let receiver = Receiver::start().await;
-    let app = AppRoot::write(directory.path(), AppRoot::orders_poller(100));
-    let settings = app.settings(&orders, &receiver);
+    let (_directory, _orders, receiver, app, settings) = app_of_five_rows().await;
     write_local_settings(&app, &settings);
     let environment = environment(&settings);
     let handler = Handler::start(&app, &environment).await;
