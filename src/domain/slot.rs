@@ -26,6 +26,18 @@ impl SlotView {
     }
 }
 
+/// Where a logical source's slot stands and where the WAL ends, for an operator's `reset`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotEnds {
+    pub slot: String,
+    /// `confirmed_flush_lsn`: the slot no longer holds a transaction that committed before it.
+    pub confirmed: u64,
+    /// `pg_current_wal_flush_lsn()`: every transaction committed before it is in the WAL.
+    pub end: u64,
+    /// The WAL the slot holds (`None` when it has no restart position).
+    pub retained_bytes: Option<i64>,
+}
+
 /// `slot_lost` when the server invalidated the slot; `slot_retention` when it holds more than
 /// `threshold_bytes` of WAL.
 pub fn judge_slot(health: &PollerHealth, threshold_bytes: u64) -> Option<Finding> {

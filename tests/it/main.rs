@@ -16,6 +16,7 @@ mod host_rules;
 mod late;
 mod logical;
 mod logical_ops;
+mod logical_reset;
 mod matrix;
 mod memory;
 mod operations;
