@@ -15,6 +15,7 @@ mod host;
 mod host_rules;
 mod late;
 mod logical;
+mod logical_lost;
 mod logical_ops;
 mod logical_reset;
 mod matrix;
