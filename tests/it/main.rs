@@ -17,6 +17,7 @@ mod late;
 mod logical;
 mod logical_lost;
 mod logical_ops;
+mod logical_poison;
 mod logical_reset;
 mod matrix;
 mod memory;
