@@ -15,9 +15,12 @@ pub(super) struct SlotRow {
     pub wal_status: Option<String>,
 }
 
+/// `confirmed_flush_lsn`, the flushed end, the WAL retained and `wal_status`, as the server gives them.
+type RawSlotRow = (Option<String>, String, Option<i64>, Option<String>);
+
 /// The slot's row, `None` when there is no such slot.
 pub(super) async fn slot_row(pool: &PgPool, slot: &str) -> Result<Option<SlotRow>, sqlx::Error> {
-    let row: Option<(Option<String>, String, Option<i64>, Option<String>)> = sqlx::query_as(
+    let row: Option<RawSlotRow> = sqlx::query_as(
         "SELECT confirmed_flush_lsn::text, pg_current_wal_flush_lsn()::text, \
          pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, wal_status \
          FROM pg_replication_slots WHERE slot_name = $1",
