@@ -66,7 +66,8 @@ pub(crate) fn receiving_app(
 /// `reset --to-end` through the binary: the plan says what it skips; the changes committed before
 /// it are never delivered (one of them in a transaction still open at the reset is, since it
 /// commits after), those after it are; the slot's confirmed and restart positions moved; the
-/// history says who reset it. `--to-beginning` and a position behind the slot are refused.
+/// history says who reset it. A live tick's lease, `--to-beginning` and a position behind the slot
+/// are refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_to_the_end_skips_what_committed_before_it_and_moves_the_slot() {
     let (url, slot) = logical_database("CREATE TABLE orders (id BIGINT PRIMARY KEY, note TEXT)", "orders").await;
@@ -92,6 +93,20 @@ async fn reset_to_the_end_skips_what_committed_before_it_and_moves_the_slot() {
     execute(&url, "CHECKPOINT").await;
     let confirmed_before = confirmed_flush(&url, &slot).await;
     let restart_before = restart_lsn(&url, &slot).await;
+
+    // While a live tick holds the lease, the reset is refused and the slot stays.
+    let state = app.state_dir.join(format!("state/{}/orders.json", app.app_name));
+    let unleased = std::fs::read(&state).unwrap();
+    let mut document: serde_json::Value = serde_json::from_slice(&unleased).unwrap();
+    let until = chrono::Utc::now() + chrono::Duration::minutes(5);
+    document["lease"] = json!({"owner_id": "worker-9/77-live", "fencing_token": document["lease"]["fencing_token"],
+                               "acquired_at": chrono::Utc::now(), "heartbeat_at": chrono::Utc::now(), "expires_at": until});
+    std::fs::write(&state, serde_json::to_vec_pretty(&document).unwrap()).unwrap();
+    let (ok, _, stderr) = run_dbtrigger(&app, &settings, &["reset", "orders", "--to-end", "--yes"]);
+    assert!(!ok);
+    assert!(stderr.contains("worker-9/77-live") && stderr.contains("a tick is running"), "{stderr}");
+    assert_eq!(confirmed_flush(&url, &slot).await, confirmed_before, "the slot stays while the reset is refused");
+    std::fs::write(&state, unleased).unwrap();
 
     let (ok, stdout, stderr) = run_dbtrigger(&app, &settings, &["reset", "orders", "--to-end", "--yes"]);
     assert!(ok, "{stdout}{stderr}");
