@@ -94,7 +94,10 @@ async fn write(url: String, writer: u64, seed: u64, stop: Arc<AtomicBool>) -> Ve
             changes.push(Change::new("truncate", "public.lines", None, None));
             tentative_lines.clear();
         }
-        for change in 0..random.usize(1..=4) {
+        // Mostly small transactions; one in twenty larger than a batch (delivered over several,
+        // the checkpoint moving by ordinal inside it).
+        let size = if random.u32(0..20) == 0 { random.usize(15..=40) } else { random.usize(1..=4) };
+        for change in 0..size {
             let tag = format!("w{writer}s{step}c{change}");
             // What to do: 40 % inserts, 33 % updates, 27 % hard deletes; `orders` more than `lines`.
             let roll = random.u32(0..100);
