@@ -176,7 +176,8 @@ async fn restart_lsn(url: &str, slot: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_on_the_logical_source_delivers_every_committed_change_in_commit_order() {
-    let seed: u64 = std::env::var("DBTRIGGER_CHAOS_SEED").ok().and_then(|value| value.parse().ok()).unwrap_or(DEFAULT_SEED);
+    let seed: u64 =
+        std::env::var("DBTRIGGER_CHAOS_SEED").ok().and_then(|value| value.parse().ok()).unwrap_or(DEFAULT_SEED);
     let seconds: u64 =
         std::env::var("DBTRIGGER_CHAOS_SECONDS").ok().and_then(|value| value.parse().ok()).unwrap_or(DEFAULT_SECONDS);
     let (url, slot) = logical_database(

@@ -94,7 +94,8 @@ pub fn check_agreement(written: &[Written], decoded: &[Decoded]) -> Result<(), S
         }
     }
     let decoded_count = decoded.len();
-    let committed = written.iter().filter(|transaction| transaction.committed && !transaction.changes.is_empty()).count();
+    let committed =
+        written.iter().filter(|transaction| transaction.committed && !transaction.changes.is_empty()).count();
     if committed != decoded_count {
         return Err(format!("{committed} committed transactions with changes, {decoded_count} decoded"));
     }
