@@ -101,7 +101,7 @@ async fn write(url: String, writer: u64, seed: u64, stop: Arc<AtomicBool>) -> Ve
             let tag = format!("w{writer}s{step}c{change}");
             // What to do: 40 % inserts, 33 % updates, 27 % hard deletes; `orders` more than `lines`.
             let roll = random.u32(0..100);
-            let table = if roll % 3 == 0 { "lines" } else { "orders" };
+            let table = if roll.is_multiple_of(3) { "lines" } else { "orders" };
             let rows = if table == "orders" { &mut tentative_orders } else { &mut tentative_lines };
             let qualified = format!("public.{table}");
             if roll < 40 || rows.is_empty() {
@@ -304,10 +304,13 @@ async fn chaos_on_the_logical_source_delivers_every_committed_change_in_commit_o
         written.iter().filter(|transaction| !transaction.committed).map(|transaction| transaction.xid).collect();
 
     // The deliveries, judged.
-    let receiver = state.lock().unwrap();
+    let (acknowledged, faults) = {
+        let receiver = state.lock().unwrap();
+        (receiver.acknowledged.clone(), receiver.faults)
+    };
     let (mut first_deliveries, mut seen) = (Vec::new(), BTreeSet::new());
     let mut commit_lsns: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
-    for (xid, ordinal, commit_lsn, change) in &receiver.acknowledged {
+    for (xid, ordinal, commit_lsn, change) in &acknowledged {
         assert!(!rolled_back.contains(xid), "a change of rolled-back transaction {xid} was delivered: {change:?}");
         match committed.get(&(*xid, *ordinal)) {
             Some(expected) => assert_eq!(*expected, change, "change {ordinal} of xid {xid} as delivered"),
@@ -318,9 +321,7 @@ async fn chaos_on_the_logical_source_delivers_every_committed_change_in_commit_o
             first_deliveries.push((*xid, *ordinal));
         }
     }
-    let deliveries = receiver.acknowledged.len();
-    let faults = receiver.faults;
-    drop(receiver);
+    let deliveries = acknowledged.len();
     let lost: Vec<_> = order.iter().filter(|key| !seen.contains(key)).collect();
     // A first delivery out of order: one whose change committed before a change first delivered
     // earlier.
