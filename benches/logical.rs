@@ -11,23 +11,20 @@
 //! `DBTRIGGER_BENCH_CHANGES` (default 50,000: inserts, updates and deletes in transactions of 10)
 //! and `DBTRIGGER_BENCH_ROUNDS` (default 3) change the size; the table shows medians.
 
+mod common;
 #[path = "../tests/it/services.rs"]
 mod services;
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use dbtrigger::config::{PollerConfig, Settings};
+use common::{env_number, median};
 use dbtrigger::sink::recording::RecordingSink;
 use dbtrigger::source::logical::changes::{Assembler, event_row};
 use dbtrigger::source::logical::values::parse_lsn;
-use dbtrigger::tick::{Poller, StopReason, SystemClock, TickOutcome};
+use dbtrigger::tick::{Poller, SystemClock};
 use serde_json::json;
 use sqlx::Row;
-
-fn env_number(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|value| value.parse().ok()).unwrap_or(default)
-}
 
 /// Peeks everything the slot holds and decodes it to event rows: the changes seen.
 async fn raw(url: &str, slot: &str) -> (usize, f64) {
@@ -58,39 +55,18 @@ async fn raw(url: &str, slot: &str) -> (usize, f64) {
 }
 
 async fn dbtrigger(url: &str, slot: &str, batch: usize) -> (usize, f64) {
-    let directory = tempfile::tempdir().unwrap();
-    let root = directory.path().join("app");
-    std::fs::create_dir_all(root.join("orders")).unwrap();
-    let function = json!({
-        "bindings": [{"type": "timerTrigger", "direction": "in", "name": "timer", "schedule": "0 * * * * *"}],
-        "poller": {
-            "source": {"kind": "logical", "connection": "DB", "slot": slot, "publication": "feed"},
-            "batch": {"size": batch},
-            "sink": {"type": "webhook", "url": "http://127.0.0.1:9/unused"},
-            "state": {"connection": "STATE"}
-        }
+    let poller = json!({
+        "source": {"kind": "logical", "connection": "DB", "slot": slot, "publication": "feed"},
+        "batch": {"size": batch},
+        "sink": {"type": "webhook", "url": "http://127.0.0.1:9/unused"},
+        "state": {"connection": "STATE"}
     });
-    std::fs::write(root.join("orders/function.json"), function.to_string()).unwrap();
-    let state = format!("file:{}", directory.path().join("state").display());
-    let settings = Settings::from_pairs([("DB", url), ("STATE", state.as_str())]);
-    let config = PollerConfig::load(&root, "orders", &settings, None).unwrap();
+    let (_directory, config) = common::orders_config(poller, url);
     let source = dbtrigger::source::open(&config.source).unwrap();
     let (store, _) = dbtrigger::store::open(&config.state).unwrap();
     let sink = Arc::new(RecordingSink::new());
     let poller = Poller::new(config, source, sink, store, Arc::new(SystemClock), "bench".into());
-    let started = Instant::now();
-    let mut total = 0;
-    loop {
-        match poller.tick().await.unwrap() {
-            TickOutcome::Delivered { rows, stop: StopReason::CaughtUp, .. } => {
-                total += rows;
-                break;
-            }
-            TickOutcome::Delivered { rows, .. } => total += rows,
-            other => panic!("{other:?}"),
-        }
-    }
-    (total as usize, started.elapsed().as_secs_f64())
+    common::catch_up(&poller).await
 }
 
 /// Runs each statement (separated by `;` and a line break) on its own: a slot is created, and a
@@ -101,11 +77,6 @@ async fn execute(url: &str, sql: &str) {
         sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_string())).execute(&pool).await.unwrap();
     }
     pool.close().await;
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
 }
 
 async fn run() {

@@ -15,6 +15,7 @@
 //! Run: `cargo bench --bench throughput_latency` (`DBTRIGGER_BENCH_ROWS`, default 20,000;
 //! `DBTRIGGER_BENCH_ROUNDS`, default 3).
 
+mod common;
 #[path = "../tests/it/services.rs"]
 mod services;
 
@@ -24,8 +25,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dbtrigger::config::{PollerConfig, Settings};
-use dbtrigger::tick::{Poller, StopReason, SystemClock, TickOutcome};
+use common::{env_number, median};
+use dbtrigger::tick::{Poller, SystemClock};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -180,45 +181,20 @@ async fn raw_pipelined(url: &str, hook: &str, batch: i64, window: usize, rows: i
 
 /// dbtrigger's catch-up through the proxies: ticks of a poller with file state. Rows a second.
 async fn dbtrigger(url: &str, hook: &str, batch: i64, window: usize, rows: i64) -> f64 {
-    let directory = tempfile::tempdir().unwrap();
-    let root = directory.path().join("app");
-    std::fs::create_dir_all(root.join("orders")).unwrap();
-    let function = json!({
-        "bindings": [{"type": "timerTrigger", "direction": "in", "name": "timer", "schedule": "0 * * * * *"}],
-        "poller": {
-            "source": {"connection": "DB", "table": "orders", "cursor": "version", "pk": ["id"], "lateArrivals": null},
-            "batch": {"size": batch, "maxInFlight": window},
-            "sink": {"type": "webhook", "url": hook},
-            "state": {"connection": "STATE"}
-        }
+    let poller = json!({
+        "source": {"connection": "DB", "table": "orders", "cursor": "version", "pk": ["id"], "lateArrivals": null},
+        "batch": {"size": batch, "maxInFlight": window},
+        "sink": {"type": "webhook", "url": hook},
+        "state": {"connection": "STATE"}
     });
-    std::fs::write(root.join("orders/function.json"), function.to_string()).unwrap();
-    let state = format!("file:{}", directory.path().join("state").display());
-    let settings = Settings::from_pairs([("DB", url), ("STATE", state.as_str())]);
-    let config = PollerConfig::load(&root, "orders", &settings, None).unwrap();
+    let (_directory, config) = common::orders_config(poller, url);
     let source = dbtrigger::source::open(&config.source).unwrap();
     let sink = dbtrigger::sink::open(&config.sink).unwrap();
     let (store, _) = dbtrigger::store::open(&config.state).unwrap();
     let poller = Poller::new(config, source, sink, store, Arc::new(SystemClock), "bench".into());
-    let started = Instant::now();
-    let mut total = 0;
-    loop {
-        match poller.tick().await.unwrap() {
-            TickOutcome::Delivered { rows, stop: StopReason::CaughtUp, .. } => {
-                total += rows;
-                break;
-            }
-            TickOutcome::Delivered { rows, .. } => total += rows,
-            other => panic!("{other:?}"),
-        }
-    }
+    let (total, seconds) = common::catch_up(&poller).await;
     assert_eq!(total as i64, rows);
-    rows as f64 / started.elapsed().as_secs_f64()
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
+    rows as f64 / seconds
 }
 
 fn main() {
@@ -227,10 +203,8 @@ fn main() {
 }
 
 async fn run() {
-    let number =
-        |name: &str, default: i64| std::env::var(name).ok().and_then(|text| text.parse().ok()).unwrap_or(default);
-    let rows = number("DBTRIGGER_BENCH_ROWS", 20_000);
-    let rounds = number("DBTRIGGER_BENCH_ROUNDS", 3).max(1) as usize;
+    let rows = env_number("DBTRIGGER_BENCH_ROWS", 20_000) as i64;
+    let rounds = env_number("DBTRIGGER_BENCH_ROUNDS", 3).max(1);
     let batch = 100i64;
     let url = services::postgres().fresh_database().await;
     let pool = sqlx::PgPool::connect(&url).await.unwrap();

@@ -43,7 +43,8 @@ pub struct Cli {
 pub enum Command {
     /// Run the custom handler, as host.json starts it
     ///
-    /// Listens on $FUNCTIONS_CUSTOMHANDLER_PORT for the Functions host's invocations.
+    /// Listens on $FUNCTIONS_CUSTOMHANDLER_PORT for the Functions host's invocations. Settings come
+    /// from the environment only, as the host passes them (local.settings.json is `func start`'s).
     Serve {
         #[command(flatten)]
         app_root: AppRoot,
@@ -60,7 +61,8 @@ pub enum Command {
     },
     /// Run one tick of a poller (or one run of a watchdog) from the shell
     ///
-    /// The same code as the handler runs; prints one line, exits 1 when the tick failed.
+    /// The same code as the handler runs; prints one line, exits 1 when the tick failed. Settings
+    /// come from the environment, then the app root's local.settings.json.
     Tick {
         /// The function (folder) name of the poller.
         poller: String,
@@ -382,7 +384,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Tick { poller, force, app_root } => {
             let root = app_root.resolve()?;
-            let app = App::load(&root, &Settings::from_env())?;
+            // From a shell, as `func start` and `dev` would: the environment, completed by the
+            // app root's local.settings.json `Values`. `serve` reads its environment only (the
+            // host passes the settings; in Azure there is no such file).
+            let app = App::load(&root, &Settings::for_app_root(&root)?)?;
             if let Some(reason) = app.disabled(&poller)
                 && !force
             {

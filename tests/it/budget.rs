@@ -14,7 +14,8 @@ use axum::body::Bytes;
 use serde_json::{Value, json};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 
-use crate::harness::{Handler, host_fixtures};
+use crate::harness::Handler;
+use crate::many_pollers;
 
 const POLLERS: usize = 20;
 const ROWS: i64 = 30;
@@ -41,11 +42,7 @@ async fn start_receiver() -> (String, Arc<Holding>) {
                     state.most.fetch_max(now, Ordering::SeqCst);
                     tokio::time::sleep(Duration::from_millis(30)).await;
                     let envelope: Value = serde_json::from_slice(&body).unwrap();
-                    let poller = envelope["poller"].as_str().unwrap().to_string();
-                    let mut ids = state.ids.lock().unwrap();
-                    for event in envelope["events"].as_array().unwrap() {
-                        ids.entry(poller.clone()).or_default().insert(event["pk"]["id"].as_i64().unwrap());
-                    }
+                    many_pollers::record_ids(&mut state.ids.lock().unwrap(), &envelope);
                     state.now.fetch_sub(body.len(), Ordering::SeqCst);
                     "{}"
                 }
@@ -92,25 +89,15 @@ async fn the_app_holds_no_more_bytes_in_flight_than_its_budget() {
     let directory = tempfile::tempdir().unwrap();
     let database = directory.path().join("wide.db");
     write_tables(&database).await;
-    let root = directory.path().join("app");
-    std::fs::create_dir_all(&root).unwrap();
-    std::fs::write(root.join("host.json"), r#"{"version": "2.0", "functionTimeout": "00:10:00"}"#).unwrap();
-    for index in 0..POLLERS {
-        let function = json!({
-            "bindings": [{"type": "timerTrigger", "direction": "in", "name": "timer", "schedule": "0 */5 * * * *"}],
-            "poller": {
-                "source": {"connection": "WIDE_DB", "table": format!("t{index}"), "cursor": "version", "pk": ["id"],
-                           "lateArrivals": null},
-                "batch": {"size": 5, "maxInFlight": 2},
-                "sink": {"type": "webhook", "url": "%WIDE_WEBHOOK%", "timeoutSeconds": 30},
-                "state": {"connection": "WIDE_STATE"}
-            }
-        });
-        crate::schema::assert_valid_function_json(&function);
-        std::fs::create_dir_all(root.join(format!("w{index}"))).unwrap();
-        std::fs::write(root.join(format!("w{index}/function.json")), serde_json::to_vec_pretty(&function).unwrap())
-            .unwrap();
-    }
+    let root = many_pollers::write_app(directory.path(), "w", POLLERS, |index| {
+        json!({
+            "source": {"connection": "WIDE_DB", "table": format!("t{index}"), "cursor": "version", "pk": ["id"],
+                       "lateArrivals": null},
+            "batch": {"size": 5, "maxInFlight": 2},
+            "sink": {"type": "webhook", "url": "%WIDE_WEBHOOK%", "timeoutSeconds": 30},
+            "state": {"connection": "WIDE_STATE"}
+        })
+    });
     let (url, holding) = start_receiver().await;
     let settings = vec![
         ("WIDE_DB".to_string(), format!("sqlite://{}", database.display())),
@@ -120,18 +107,9 @@ async fn the_app_holds_no_more_bytes_in_flight_than_its_budget() {
         ("DBTRIGGER_MAX_BYTES_IN_FLIGHT".to_string(), BUDGET.to_string()),
     ];
     let handler = Arc::new(Handler::start_binary(Path::new(env!("CARGO_BIN_EXE_dbtrigger")), &root, &settings).await);
-    let mut invocations = Vec::new();
-    for index in 0..POLLERS {
-        let handler = handler.clone();
-        invocations.push(tokio::spawn(async move { handler.invoke(&format!("w{index}"), host_fixtures()[2].1).await }));
-    }
-    let mut lines = Vec::new();
-    for invocation in invocations {
-        let (status, _, body) = invocation.await.unwrap();
-        assert_eq!(status, 200, "{body}");
-        let line = body["Logs"][0].as_str().unwrap().to_string();
+    let lines = many_pollers::invoke_all(&handler, "w", POLLERS).await;
+    for line in &lines {
         assert!(line.contains("outcome=caught-up rows=30 "), "{line}");
-        lines.push(line);
     }
     let expected: BTreeSet<i64> = (1..=ROWS).collect();
     let ids = holding.ids.lock().unwrap().clone();
@@ -141,7 +119,5 @@ async fn the_app_holds_no_more_bytes_in_flight_than_its_budget() {
     let most = holding.most.load(Ordering::SeqCst);
     assert!(most <= BUDGET + 4 * 1024, "the receiver held {most} bytes at once, the budget is {BUDGET}");
     assert!(most >= 40 * 1024, "{most}: not even one batch at a time?");
-    let waited: Vec<&String> = lines.iter().filter(|line| !line.contains(" budget_wait_ms=0 ")).collect();
-    assert!(!waited.is_empty(), "no tick waited for the budget");
-    assert!(waited.iter().all(|line| line.contains("for the app's budget of bytes in flight")), "{waited:?}");
+    many_pollers::assert_some_waited(&lines, "budget_wait_ms", "for the app's budget of bytes in flight", "budget");
 }

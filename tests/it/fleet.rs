@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::harness::{Handler, Receiver, host_fixtures};
-use crate::services;
+use crate::harness::{Handler, Receiver};
+use crate::{many_pollers, services};
 
 const POLLERS: usize = 60;
 const ROUNDS: i64 = 3;
@@ -25,26 +25,15 @@ const SERVER_MAX_CONNECTIONS: u32 = 30;
 
 /// Writes an app root with `POLLERS` pollers `f0`… reading tables `t0`… of `FLEET_DB`.
 fn write_app(directory: &Path) -> std::path::PathBuf {
-    let root = directory.join("app");
-    std::fs::create_dir_all(&root).unwrap();
-    std::fs::write(root.join("host.json"), r#"{"version": "2.0", "functionTimeout": "00:10:00"}"#).unwrap();
-    for index in 0..POLLERS {
-        let function = json!({
-            "bindings": [{"type": "timerTrigger", "direction": "in", "name": "timer", "schedule": "0 */5 * * * *"}],
-            "poller": {
-                "source": {"connection": "FLEET_DB", "table": format!("t{index}"), "cursor": "version", "pk": ["id"],
-                           "lateArrivals": null},
-                "batch": {"size": 7},
-                "sink": {"type": "webhook", "url": "%FLEET_WEBHOOK%", "timeoutSeconds": 10},
-                "state": {"connection": "FLEET_STATE"}
-            }
-        });
-        crate::schema::assert_valid_function_json(&function);
-        std::fs::create_dir_all(root.join(format!("f{index}"))).unwrap();
-        std::fs::write(root.join(format!("f{index}/function.json")), serde_json::to_vec_pretty(&function).unwrap())
-            .unwrap();
-    }
-    root
+    many_pollers::write_app(directory, "f", POLLERS, |index| {
+        json!({
+            "source": {"connection": "FLEET_DB", "table": format!("t{index}"), "cursor": "version", "pk": ["id"],
+                       "lateArrivals": null},
+            "batch": {"size": 7},
+            "sink": {"type": "webhook", "url": "%FLEET_WEBHOOK%", "timeoutSeconds": 10},
+            "state": {"connection": "FLEET_STATE"}
+        })
+    })
 }
 
 /// What the server reports of the app's connections, one sample.
@@ -89,16 +78,7 @@ async fn fleet_on(url: &str, insert: impl AsyncFn(usize, i64), connections: Arc<
             insert(table, round).await;
         }
         // The host fires every timer at once.
-        let mut invocations = Vec::new();
-        for index in 0..POLLERS {
-            let handler = handler.clone();
-            invocations
-                .push(tokio::spawn(async move { handler.invoke(&format!("f{index}"), host_fixtures()[2].1).await }));
-        }
-        for invocation in invocations {
-            let (status, _, body) = invocation.await.unwrap();
-            let line = body["Logs"][0].as_str().unwrap_or_default().to_string();
-            assert_eq!(status, 200, "{engine}: {body}");
+        for line in many_pollers::invoke_all(&handler, "f", POLLERS).await {
             assert!(line.contains("outcome=caught-up"), "{engine} round {round}: {line}");
             lines.push(line);
         }
@@ -110,10 +90,7 @@ async fn fleet_on(url: &str, insert: impl AsyncFn(usize, i64), connections: Arc<
     // Every row of every table, once per poller at least, none missing.
     let mut by_poller: BTreeMap<String, BTreeSet<i64>> = BTreeMap::new();
     for received in receiver.acknowledged() {
-        let poller = received.envelope["poller"].as_str().unwrap().to_string();
-        for event in received.envelope["events"].as_array().unwrap() {
-            by_poller.entry(poller.clone()).or_default().insert(event["pk"]["id"].as_i64().unwrap());
-        }
+        many_pollers::record_ids(&mut by_poller, &received.envelope);
     }
     let expected: BTreeSet<i64> = (1..=ROUNDS * ROWS_PER_ROUND).collect();
     assert_eq!(by_poller.len(), POLLERS, "{engine}: pollers that delivered");
@@ -126,9 +103,7 @@ async fn fleet_on(url: &str, insert: impl AsyncFn(usize, i64), connections: Arc<
     assert!(samples > 10, "{engine}: only {samples} samples");
     assert!((1..=CAP).contains(&most), "{engine}: at most {most} connections at once, the cap is {CAP}");
     // Sixty pollers on eight connections: some ticks waited, and their summary line says so.
-    let waited: Vec<&String> = lines.iter().filter(|line| !line.contains(" connection_wait_ms=0 ")).collect();
-    assert!(!waited.is_empty(), "{engine}: no tick waited for a connection");
-    assert!(waited.iter().all(|line| line.contains("ms for a database connection")), "{engine}: {waited:?}");
+    let waited = many_pollers::assert_some_waited(&lines, "connection_wait_ms", "ms for a database connection", engine);
     eprintln!("{engine}: at most {most} connections (cap {CAP}), {} of {} ticks waited", waited.len(), lines.len());
 
     // Quiet, the app closes its idle connections (after IDLE_CLOSE, checked by the pool's reaper

@@ -43,6 +43,8 @@ async fn an_abandoned_lease_is_flagged_and_a_kick_brings_the_poller_back_to_caug
     document["lease"] = json!({"owner_id": "worker-7/4242-dead", "fencing_token": document["lease"]["fencing_token"],
                                "acquired_at": expired, "heartbeat_at": expired, "expires_at": expired});
     std::fs::write(state_path(&app), serde_json::to_vec_pretty(&document).unwrap()).unwrap();
+    // And the state document of a function since removed: worth a note, not a finding.
+    std::fs::copy(state_path(&app), state_path(&app).with_file_name("orders_removed.json")).unwrap();
 
     let handler = Handler::start(&app, &settings).await;
     let (status, _, body) = handler.invoke("watchdog", host_fixtures()[2].1).await;
@@ -57,10 +59,23 @@ async fn an_abandoned_lease_is_flagged_and_a_kick_brings_the_poller_back_to_caug
     let kicked = logs.iter().find(|line| line.starts_with("watchdog kicked orders: ")).expect("a kick");
     assert!(kicked.contains("outcome=caught-up rows=15 "), "{kicked}");
     assert_eq!(receiver.acknowledged_ids(), (1..=25).collect::<Vec<i64>>(), "back to caught up");
-    // The findings reach stdout at error level too (the host drops nothing of a 200, but alert
-    // rules read the log).
-    let log = handler.log();
-    assert!(log.contains("ERROR") && log.contains("finding=lease_abandoned"), "{log}");
+    assert!(
+        logs.iter().any(|line| line.starts_with("watchdog note: state document") && line.contains("orders_removed")),
+        "{logs:?}"
+    );
+    // Beside `Logs`, the finding reaches the host's console log as an Error and the note as a
+    // Warning (docs/deploy.md, "What dbtrigger writes, and where it lands"): the host logs every
+    // stdout line at Information, a stderr line at Error unless its text says "warn", then at
+    // Warning. So each is on stderr with its level, the finding's line free of "warn", and neither
+    // on stdout, where an alert rule on severity would not see it.
+    let (stdout, stderr) = (handler.stdout(), handler.stderr());
+    let finding: Vec<&str> = stderr.lines().filter(|line| line.contains("finding=lease_abandoned")).collect();
+    assert_eq!(finding.len(), 1, "{stderr}");
+    assert!(finding[0].contains("ERROR") && !finding[0].to_lowercase().contains("warn"), "{stderr}");
+    let note: Vec<&str> = stderr.lines().filter(|line| line.contains("has no function in this app")).collect();
+    assert_eq!(note.len(), 1, "{stderr}");
+    assert!(note[0].contains("WARN") && note[0].contains("orders_removed"), "{stderr}");
+    assert!(!stdout.contains("finding=lease_abandoned") && !stdout.contains("has no function in this app"), "{stdout}");
     drop(handler);
 
     // All well now; from the shell too, exit 0.
@@ -153,7 +168,13 @@ async fn a_configuration_error_and_a_growing_quarantine_are_alerted_signed() {
     let expected = format!("v1,{}", base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes()));
     assert_eq!(header("webhook-signature"), expected);
 
-    // Seen once, the quarantine is not reported again until it grows.
-    let (_, stdout, _) = run_dbtrigger(&app, &settings, &["tick", "watchdog"]);
+    // Seen once, the quarantine is not reported again until it grows. The finding left is an
+    // Error on stderr, and so is an alert the webhook refused: alerts are not getting through.
+    alerts.answer_next(503, "down");
+    let (_, stdout, stderr) = run_dbtrigger(&app, &settings, &["tick", "watchdog"]);
     assert!(!stdout.contains("quarantine_grew") && stdout.contains("config_error"), "{stdout}");
+    let error_line = |text: &str| stderr.lines().any(|line| line.contains("ERROR") && line.contains(text));
+    assert!(error_line("finding=config_error function=broken"), "{stderr}");
+    assert!(error_line("the alert webhook at 127.0.0.1 answered 503"), "{stderr}");
+    assert_eq!(alerts.all().len(), 3);
 }
