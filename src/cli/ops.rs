@@ -14,6 +14,7 @@ use crate::domain::StateDocument;
 use crate::domain::cursor::CursorJson;
 use crate::operations::reset::ResetTo as Target;
 use crate::operations::{self, Applied, Operator, Parts, Plan};
+use crate::source::logical::values::lsn_text;
 use crate::store::StateStore;
 
 pub async fn inspect(app_root: &Path, name: &str) -> anyhow::Result<ExitCode> {
@@ -46,7 +47,12 @@ async fn confirm_and_apply(
     if !guard.confirmed("write this document?")? {
         return Ok(ExitCode::SUCCESS);
     }
-    match operations::apply(store, plan).await? {
+    report(operations::apply(store, plan).await?, plan, written)
+}
+
+/// What became of an applied plan, in words.
+fn report(applied: Applied, plan: &Plan, written: &str) -> anyhow::Result<ExitCode> {
+    match applied {
         Applied::Written(_) => {
             println!("{written}");
             Ok(ExitCode::SUCCESS)
@@ -89,7 +95,34 @@ pub async fn reset(app_root: &Path, name: &str, to: ResetTo, guard: Guard) -> an
     if to_end && plan.after.checkpoint.is_none() {
         println!("the source has no settled row yet: the end is the beginning");
     }
-    confirm_and_apply(poller.store.as_ref(), &plan, &guard, "written").await
+    let Some(skip) = operations::reset::slot_skip(Parts::of(&poller), &plan).await? else {
+        return confirm_and_apply(poller.store.as_ref(), &plan, &guard, "written").await;
+    };
+    show(plan.before.as_ref(), &plan.after)?;
+    println!("{}", slot_skip_text(&skip));
+    if !guard.confirmed("write this document, then move the slot?")? {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let applied = operations::reset::apply(Parts::of(&poller), &plan).await?;
+    report(applied, &plan, &format!("written; replication slot {} moved to {}", skip.slot, lsn_text(skip.to)))
+}
+
+/// What a reset of a logical poller skips, in words.
+fn slot_skip_text(skip: &operations::reset::SlotSkip) -> String {
+    let pending = match &skip.pending {
+        Ok((count, true)) => format!("at least {count} changes wait after the current checkpoint"),
+        Ok((count, false)) => format!("{count} changes wait after the current checkpoint"),
+        Err(error) => format!("the changes waiting could not be counted now ({error})"),
+    };
+    let retained = skip.retained_bytes.map(|bytes| format!(", holding {bytes} bytes of WAL")).unwrap_or_default();
+    format!(
+        "replication slot {} is at {}{retained}; {pending}. Every change committed before {} is skipped for good; \
+         changes committed after it are delivered. The document is written first, then the slot is moved to {}.",
+        skip.slot,
+        lsn_text(skip.from),
+        lsn_text(skip.to),
+        lsn_text(skip.to),
+    )
 }
 
 /// `--pk COL=VALUE…` as (column, value) pairs.

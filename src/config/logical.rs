@@ -92,6 +92,8 @@ fn check(raw: &RawSource, engine: Engine, at: &Located<'_>) -> Result<(String, S
         ("softDelete", raw.soft_delete.is_some()),
         ("opColumn", raw.op_column.is_some()),
         ("generation", raw.generation.is_some()),
+        // A logical source reads its slot on one session of its own, outside the shared pools.
+        ("maxConnections", raw.max_connections.is_some()),
     ];
     if let Some((name, _)) = polling_only.iter().find(|(_, given)| *given) {
         return Err(at.error(
@@ -122,5 +124,48 @@ fn check_slot_name(slot: &str) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("{slot:?} is not a slot name: lower-case letters, digits and '_', at most 63 characters"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use crate::config::{PollerConfig, Settings};
+
+    fn load(source: serde_json::Value) -> Result<PollerConfig, crate::config::ConfigError> {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("orders")).unwrap();
+        let document = json!({
+            "bindings": [{"type": "timerTrigger", "direction": "in", "name": "timer", "schedule": "*/10 * * * * *"}],
+            "poller": {"source": source, "sink": {"type": "webhook", "url": "http://127.0.0.1:9/hook"},
+                       "state": {"connection": "STATE"}}
+        });
+        std::fs::write(root.path().join("orders/function.json"), serde_json::to_vec(&document).unwrap()).unwrap();
+        let settings = Settings::from_pairs([("FEED_DB", "postgres://u@127.0.0.1:5432/shop"), ("STATE", "file:state")]);
+        PollerConfig::load(root.path(), "orders", &settings, None)
+    }
+
+    fn logical() -> serde_json::Value {
+        json!({"kind": "logical", "connection": "FEED_DB", "slot": "feed_slot", "publication": "feed"})
+    }
+
+    #[test]
+    fn max_connections_is_refused_by_name_like_the_other_polling_fields() {
+        let config = load(logical()).unwrap();
+        assert_eq!(config.source.max_connections, 1);
+        let mut source = logical();
+        source["maxConnections"] = json!(4);
+        let message = load(source).unwrap_err().to_string();
+        assert!(
+            message.ends_with(
+                "poller.source.maxConnections: belongs to a polling source: a logical source delivers every change \
+                 of its publication's tables, in commit order (leave it out)"
+            ),
+            "{message}"
+        );
+        let mut source = logical();
+        source["cursor"] = json!("id");
+        assert!(load(source).unwrap_err().to_string().contains("poller.source.cursor: belongs to a polling source"));
     }
 }

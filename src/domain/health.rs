@@ -134,6 +134,10 @@ pub struct PollerHealth {
     pub horizon_holder: Option<HorizonHolder>,
     /// A logical source's replication slot: the WAL it holds, its `wal_status`, its reader.
     pub slot: Option<super::slot::SlotView>,
+    /// The replication slot a tick found lost (invalidated, or gone after use): the poller stops
+    /// until an operator resets it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slot_lost: Option<String>,
     pub lease: Option<LeaseView>,
     /// When a tick last committed.
     pub last_success_at: Option<DateTime<Utc>>,
@@ -192,6 +196,7 @@ impl PollerHealth {
             oldest_pending_age_seconds: None,
             horizon_holder: None,
             slot: None,
+            slot_lost: None,
             lease: None,
             last_success_at: None,
             attempts: 0,
@@ -299,6 +304,7 @@ pub fn assess(observed: Observed<'_>, now: DateTime<Utc>) -> PollerHealth {
                     .problems
                     .push(format!("the last {} ticks failed, last: {}", failure.attempts, failure.last_error));
                 health.attempts = health.attempts.max(failure.attempts);
+                health.slot_lost = failure.slot_lost.clone();
                 if document.poison.as_ref().is_none_or(|poison| failure.last_failure_at >= poison.last_failure_at) {
                     health.last_error = Some(failure.last_error.clone());
                 }

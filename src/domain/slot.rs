@@ -26,18 +26,41 @@ impl SlotView {
     }
 }
 
+/// Where a logical source's slot stands and where the WAL ends, for an operator's `reset`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotEnds {
+    pub slot: String,
+    /// `confirmed_flush_lsn`: the slot no longer holds a transaction that committed before it.
+    pub confirmed: u64,
+    /// `pg_current_wal_flush_lsn()`: every transaction committed before it is in the WAL.
+    pub end: u64,
+    /// The WAL the slot holds (`None` when it has no restart position).
+    pub retained_bytes: Option<i64>,
+}
+
 /// `slot_lost` when the server invalidated the slot; `slot_retention` when it holds more than
 /// `threshold_bytes` of WAL.
 pub fn judge_slot(health: &PollerHealth, threshold_bytes: u64) -> Option<Finding> {
-    let slot = health.slot.as_ref()?;
     let finding =
         |kind, message| Finding { kind, function: health.function.clone(), poller: health.poller.clone(), message };
+    if let Some(slot) = &health.slot_lost
+        && !health.slot.as_ref().is_some_and(SlotView::lost)
+    {
+        return Some(finding(
+            FindingKind::SlotLost,
+            format!(
+                "the poller stopped on replication slot {slot}, found lost (gone after use, or invalidated): the changes it no \
+                 longer held are a gap; recreate the slot, reset the poller and load the gap again (docs/logical.md, \"A lost slot\")"
+            ),
+        ));
+    }
+    let slot = health.slot.as_ref()?;
     if slot.lost() {
         return Some(finding(
             FindingKind::SlotLost,
             format!(
                 "the server invalidated replication slot {} (max_slot_wal_keep_size): the changes it dropped are gone; \
-                 recreate the slot, load the tables again and reset the poller (docs/logical.md)",
+                 recreate the slot, reset the poller and load the gap again (docs/logical.md, \"A lost slot\")",
                 slot.slot
             ),
         ));
@@ -80,5 +103,15 @@ mod tests {
         assert!(grown.message.contains("200 MiB"), "{}", grown.message);
         assert_eq!(judge_slot(&health(None, "lost"), 100).unwrap().kind, FindingKind::SlotLost);
         assert_eq!(judge_slot(&PollerHealth::empty("f", "f"), 0), None, "no slot, nothing to say");
+        // A slot gone after use: the stop recorded in the document says so, with no slot to read.
+        let mut stopped = PollerHealth::empty("feed", "feed");
+        stopped.slot_lost = Some("s".into());
+        let finding = judge_slot(&stopped, 100).expect("a stop on a lost slot");
+        assert_eq!(finding.kind, FindingKind::SlotLost);
+        assert!(
+            finding.message.contains("replication slot s") && finding.message.contains("gap"),
+            "{}",
+            finding.message
+        );
     }
 }

@@ -79,6 +79,10 @@ pub struct FailureRecord {
     pub last_error: String,
     pub first_failure_at: DateTime<Utc>,
     pub last_failure_at: DateTime<Utc>,
+    /// A logical source's replication slot found lost (its name): a gap. The poller stops at every
+    /// tick until an operator resets it (`dbtrigger reset`, which clears this record).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot_lost: Option<String>,
 }
 
 impl FailureRecord {
@@ -91,6 +95,7 @@ impl FailureRecord {
                 last_error: error.to_string(),
                 first_failure_at: previous.first_failure_at,
                 last_failure_at: now,
+                slot_lost: previous.slot_lost.clone(),
             },
             None => FailureRecord {
                 attempts: 1,
@@ -98,6 +103,7 @@ impl FailureRecord {
                 last_error: error.to_string(),
                 first_failure_at: now,
                 last_failure_at: now,
+                slot_lost: None,
             },
         }
     }

@@ -105,6 +105,13 @@ pub enum OperationError {
     Source(#[from] SourceError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The state document was written; the source's own position on the server (a logical
+    /// source's slot) was not moved after it.
+    #[error(
+        "the state document was written, but the replication slot was not moved to the new checkpoint ({error}); \
+         nothing is lost: the next tick skips what the checkpoint covers and moves the slot itself"
+    )]
+    NotMoved { error: SourceError },
 }
 
 fn hint(refusal: &Refusal) -> &'static str {

@@ -1,13 +1,24 @@
 //! `reset`: moves a poller's checkpoint where an operator says (the beginning, the source's end, a
 //! cursor and key, or a checkpoint from a file), through a live lease only when forced. A poller
 //! that has never ticked gets its first document this way (written only if there still is none).
+//!
+//! A logical poller's slot cannot go back: `--to-end` puts the checkpoint at the end of the
+//! flushed WAL and moves the slot there, `--to-cursor`/`--from-file` take a position at or after
+//! where the slot stands, and `--to-beginning` is refused. [`apply`] writes the document first
+//! and moves the slot after: a crash between the two leaves a checkpoint that covers what the
+//! operator asked to skip, which the next tick skips (and then moves the slot itself), so nothing
+//! is lost that was not asked to be skipped, and nothing skipped is delivered. The other order
+//! would move the slot for a write that might then fail its compare-and-swap.
 
+use crate::config::SourceTarget;
 use crate::domain::StateDocument;
 use crate::domain::cursor::{CursorJson, Position};
 use crate::domain::transitions::{self, Operator, ResetTarget};
 use crate::store::WriteCondition;
 
-use super::{OperationError, Parts, Plan};
+use super::{Applied, OperationError, Parts, Plan};
+use crate::source::logical::progress::{key_of, position as logical_position};
+use crate::source::logical::values::{lsn_text, parse_lsn};
 
 /// Where a reset puts the checkpoint.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,6 +56,9 @@ pub async fn plan(parts: Parts<'_>, to: &ResetTo, operator: Operator<'_>) -> Res
 
 async fn target(parts: Parts<'_>, to: &ResetTo) -> Result<ResetTarget, OperationError> {
     let source_config = &parts.config.source;
+    if matches!(source_config.target, SourceTarget::Logical { .. }) {
+        return logical_target(parts, to).await;
+    }
     match to {
         ResetTo::Beginning => Ok(ResetTarget::Beginning),
         ResetTo::End => match crate::source::last_position(parts.source).await? {
@@ -70,6 +84,106 @@ async fn target(parts: Parts<'_>, to: &ResetTo) -> Result<ResetTarget, Operation
             Ok(ResetTarget::After(position))
         }
     }
+}
+
+/// Where a reset puts a logical poller's checkpoint: never before where its slot stands.
+async fn logical_target(parts: Parts<'_>, to: &ResetTo) -> Result<ResetTarget, OperationError> {
+    let Some(ends) = parts.source.slot_ends().await? else {
+        return Err(OperationError::Invalid("this source reports no replication slot".into()));
+    };
+    let slot = &ends.slot;
+    let at = lsn_text(ends.confirmed);
+    let key = match to {
+        ResetTo::Beginning => {
+            return Err(OperationError::Invalid(format!(
+                "a logical poller cannot go back to the beginning: its replication slot {slot} is at {at} and no longer \
+                 holds the changes committed before it (a slot cannot go back). To deliver the tables' rows again, run a \
+                 first load through a polling poller (docs/logical.md, \"The first load\"); to skip what waits, \
+                 `reset --to-end`"
+            )));
+        }
+        // Ordinal 0 comes before every change of a transaction committing at the end itself: the
+        // checkpoint covers exactly the transactions the slot skips once moved there.
+        ResetTo::End => (ends.end.max(ends.confirmed), 0),
+        ResetTo::Cursor { value, keys } => {
+            let ordinal = key_values(&parts.config.source.pk, keys)?.remove(0);
+            let lsn = value.parse::<u64>().ok().or_else(|| parse_lsn(value)).ok_or_else(|| {
+                OperationError::Invalid(format!(
+                    "{value:?} is not a commit LSN: give it as a number (an event's `cursor`) or as PostgreSQL writes it (16/B374D848)"
+                ))
+            })?;
+            let ordinal = ordinal.parse::<u32>().map_err(|_| {
+                OperationError::Invalid(format!(
+                    "--pk ordinal={ordinal}: the ordinal is a change's number in its transaction"
+                ))
+            })?;
+            (lsn, ordinal)
+        }
+        ResetTo::Checkpoint(json) => {
+            let position = Position::try_from(json)
+                .map_err(|reason| OperationError::Invalid(format!("not a checkpoint position: {reason}")))?;
+            key_of(&position).map_err(OperationError::Invalid)?
+        }
+    };
+    if key.0 < ends.confirmed {
+        return Err(OperationError::Invalid(format!(
+            "replication slot {slot} is at {at}: it no longer holds the changes committed before it, and a slot cannot go \
+             back. Give a position at or after {at} (commit LSN {}), or --to-end",
+            ends.confirmed
+        )));
+    }
+    Ok(ResetTarget::After(logical_position(key.0, key.1)))
+}
+
+/// What a reset of a logical poller skips, for the plan shown before it is applied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlotSkip {
+    pub slot: String,
+    /// Where the slot stands now.
+    pub from: u64,
+    /// Where the reset moves it: the new checkpoint's commit LSN.
+    pub to: u64,
+    /// The WAL the slot holds now.
+    pub retained_bytes: Option<i64>,
+    /// The changes after the current checkpoint, counted up to [`SKIP_COUNT_CAP`] (the count
+    /// stopped there: `true`), or why they could not be counted.
+    pub pending: Result<(u64, bool), String>,
+}
+
+/// The most changes a plan counts (each is read from the slot to be counted).
+pub const SKIP_COUNT_CAP: u64 = 10_000;
+
+/// What `plan` skips on a logical poller (`None` for the other sources, or when the reset moves
+/// nothing forward). Reads the slot; writes nothing.
+pub async fn slot_skip(parts: Parts<'_>, plan: &Plan) -> Result<Option<SlotSkip>, OperationError> {
+    let Some(ends) = parts.source.slot_ends().await? else {
+        return Ok(None);
+    };
+    let Ok(Some(after)) = plan.after.position() else {
+        return Ok(None);
+    };
+    let Ok((to, _)) = key_of(&after) else {
+        return Ok(None);
+    };
+    let before = plan.before.as_ref().and_then(|document| document.position().ok().flatten());
+    let pending = match parts.source.count_after(before.as_ref(), SKIP_COUNT_CAP).await {
+        Ok(count) => Ok((count, count >= SKIP_COUNT_CAP)),
+        Err(error) => Err(error.to_string()),
+    };
+    Ok(Some(SlotSkip { slot: ends.slot, from: ends.confirmed, to, retained_bytes: ends.retained_bytes, pending }))
+}
+
+/// Writes `plan` by compare-and-swap on the version it was read at and then, once written, has
+/// the source move its own position on the server (a logical source's slot) to the new
+/// checkpoint. The document first: see the module's comment.
+pub async fn apply(parts: Parts<'_>, plan: &Plan) -> Result<Applied, OperationError> {
+    let applied = super::apply(parts.store, plan).await?;
+    if let Applied::Written(_) = &applied
+        && let Ok(Some(position)) = plan.after.position()
+    {
+        parts.source.reset_moved(&position).await.map_err(|error| OperationError::NotMoved { error })?;
+    }
+    Ok(applied)
 }
 
 /// The operator's key values in the configured key order: every key column exactly once.

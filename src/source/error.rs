@@ -22,6 +22,14 @@ pub enum SourceError {
         "every one of the {cap} connections this app allows to {location} stayed in use for {seconds} s (source.maxConnections, app setting DBTRIGGER_MAX_CONNECTIONS_PER_DATABASE)"
     )]
     Busy { location: String, cap: u32, seconds: u64 },
+    /// A logical source's replication slot the server invalidated, or that is gone after it was
+    /// used: the changes it no longer holds are a gap no tick can deliver.
+    #[error(
+        "replication slot {slot} on {location} is lost: {reason}. The changes it no longer holds are a gap: the poller stops here, \
+         its checkpoint stays where it is, and nothing recreates the slot. Recover by hand (docs/logical.md, \"A lost slot\"): \
+         recreate the slot, `dbtrigger reset <poller> --to-end`, and load the gap again through a polling poller"
+    )]
+    SlotLost { location: String, slot: String, reason: String },
     /// A row that cannot be delivered, named by its primary key.
     #[error("{error} (in the row with {row})")]
     InRow { row: String, error: Box<SourceError> },

@@ -111,6 +111,19 @@ pub trait Source: Send + Sync {
         Ok(None)
     }
 
+    /// A source with a position of its own on the server (a logical source's slot): where that
+    /// position stands and where the source ends, for an operator's `reset`; `None` for the others.
+    async fn slot_ends(&self) -> Result<Option<crate::domain::slot::SlotEnds>, SourceError> {
+        Ok(None)
+    }
+
+    /// After an operator's reset wrote a checkpoint at `to`: a source with a position of its own on
+    /// the server moves it forward to there (never back); the others have nothing to do.
+    async fn reset_moved(&self, to: &Position) -> Result<(), SourceError> {
+        let _ = to;
+        Ok(())
+    }
+
     /// The state document's checkpoint as committed: at the start of a tick (as read) and after
     /// each commit. A source that keeps a position of its own on the server (a logical source's
     /// replication slot) moves it here, never past what is committed; the others have nothing to

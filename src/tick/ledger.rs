@@ -199,13 +199,19 @@ impl Poller {
         document: &mut StateDocument,
         error: &TickError,
     ) {
-        let failed = transitions::record_tick_failure(
+        let mut failed = transitions::record_tick_failure(
             document,
             &self.owner_id,
             &error.to_string(),
             self.clock.now(),
             &self.config.lease,
         );
+        // A lost slot stops the poller until an operator resets it.
+        if let (Ok(next), TickError::Source(crate::source::SourceError::SlotLost { slot, .. })) = (&mut failed, error)
+            && let Some(failure) = next.failure.as_mut()
+        {
+            failure.slot_lost = Some(slot.clone());
+        }
         self.write_letting_go(writer, document, failed, "could not record the failure").await;
     }
 

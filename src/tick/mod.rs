@@ -293,6 +293,20 @@ impl Poller {
         new_document: bool,
         deadline: DateTime<Utc>,
     ) -> Result<TickOutcome, TickError> {
+        // A logical source's slot found lost by an earlier tick: a gap, until an operator resets
+        // the poller (even if the slot was created again meanwhile).
+        if let Some(failure) = &document.failure
+            && let Some(slot) = &failure.slot_lost
+        {
+            return Err(TickError::Source(crate::source::SourceError::SlotLost {
+                location: self.source.describe(),
+                slot: slot.clone(),
+                reason: format!(
+                    "an earlier tick found it lost (the poller has failed since {}), and no operator has reset the poller since",
+                    failure.first_failure_at.to_rfc3339()
+                ),
+            }));
+        }
         // 2. The source generation the work is bound to (seed 003), read before any row.
         let generation = self.source.generation().await?;
         let restart = self

@@ -8,7 +8,13 @@
 //! all, while writers hold their transactions open for up to 1.5 s after taking their id (longer
 //! than any settle a timestamp cursor would use): nothing may be lost.
 //!
+//! A third variant ([`logical`], issue 29) runs the logical source: interleaved inserts, updates,
+//! hard deletes and truncates, judged against a witness slot for commit order.
+//!
 //! CI runs a short version; `DBTRIGGER_CHAOS_SECONDS=600` runs a long one by hand.
+
+mod logical;
+mod witness;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Child, Command, Stdio};

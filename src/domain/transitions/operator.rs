@@ -53,8 +53,10 @@ pub fn reset(
         lease.acquired_at = None;
         lease.expires_at = None;
     }
-    // The failures recorded were those of the batch at the old checkpoint.
+    // The failures recorded were those of the batch at the old checkpoint; a lost slot's stop is
+    // lifted by this operator's decision.
     next.poison = None;
+    next.failure = None;
     // An operator's reset acknowledges the source as it is now: the next tick records its generation.
     next.generation = None;
     Ok(next)

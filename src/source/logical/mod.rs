@@ -7,9 +7,11 @@
 //! | `changes.rs`  | transactions put together from messages; an event's row           |
 //! | `progress.rs` | what is read, handed out, committed; how far the slot may move     |
 //! | `setup.rs`    | what `dbtrigger sql` prints and `check` asks a live server         |
+//! | `operate.rs`  | the slot for `reset` (where it stands, moved forward); a lost slot |
 //! | `source.rs`   | the [`crate::source::Source`]: peeks, hands out, advances the slot |
 
 pub mod changes;
+mod operate;
 pub mod pgoutput;
 pub mod progress;
 pub mod setup;

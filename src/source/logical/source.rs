@@ -259,7 +259,10 @@ impl LogicalSource {
         if progress.buffer.is_empty() && unread.is_empty() {
             let ahead =
                 Ahead { rows: read_ahead_rows(limit.rows), bytes: READ_AHEAD_BYTES.max(limit.bytes.saturating_mul(2)) };
-            let peeked = self.peek(after, progress.rows_through(after), ahead).await?;
+            let peeked = match self.peek(after, progress.rows_through(after), ahead).await {
+                Ok(peeked) => peeked,
+                Err(error) => return Err(self.lost_or(error, after.is_some()).await),
+            };
             for mark in peeked.marks {
                 progress.read(mark);
             }
@@ -297,6 +300,23 @@ impl LogicalSource {
         }
         let full = progress.more || !progress.buffer.is_empty() || !unread.is_empty();
         Ok(Fetched { rows, full })
+    }
+
+    /// `error`, or the slot's loss when that is why a read or an advance failed (`used`: the
+    /// poller has a checkpoint, so a slot that does not exist was dropped after use).
+    async fn lost_or(&self, error: SourceError, used: bool) -> SourceError {
+        if !matches!(error, SourceError::Query { .. }) {
+            return error;
+        }
+        match super::operate::slot_row(&self.pool, &self.slot).await {
+            Ok(row) => match super::operate::lost_reason(row.as_ref(), used) {
+                Some(reason) => {
+                    SourceError::SlotLost { location: self.redaction.location.clone(), slot: self.slot.clone(), reason }
+                }
+                None => error,
+            },
+            Err(_) => error,
+        }
     }
 
     /// A read that changes nothing: the first change after `after` (Pending), for `status`. It
@@ -363,9 +383,9 @@ impl Source for LogicalSource {
             }
             Probe::Last => Err(SourceError::Query {
                 location,
-                reason: "a logical source has no last row to reset to: `reset --to-end` is not supported for it yet \
-                         (docs/logical.md)"
-                    .into(),
+                reason:
+                    "a logical source has no last row: `reset --to-end` moves its slot to the end of the WAL instead"
+                        .into(),
             }),
         }
     }
@@ -408,8 +428,46 @@ impl Source for LogicalSource {
         let work = async {
             let mut reading = self.reading.lock().await;
             reading.progress.committed(key);
-            self.advance(&mut reading.progress).await
+            match self.advance(&mut reading.progress).await {
+                Ok(()) => Ok(()),
+                Err(error) => Err(self.lost_or(error, key.is_some()).await),
+            }
         };
         timed(&crate::source::pools::Gate::open(), &self.config, &self.redaction.location, work).await
+    }
+
+    async fn slot_ends(&self) -> Result<Option<crate::domain::slot::SlotEnds>, SourceError> {
+        let row = super::operate::slot_row(&self.pool, &self.slot).await.map_err(|error| self.query_error(error))?;
+        let Some(row) = row else {
+            return Err(self.malformed("it does not exist: create it first (`dbtrigger sql` prints how)".into()));
+        };
+        if let Some(reason) = super::operate::lost_reason(Some(&row), true) {
+            return Err(SourceError::SlotLost {
+                location: self.redaction.location.clone(),
+                slot: self.slot.clone(),
+                reason,
+            });
+        }
+        let confirmed = row.confirmed.ok_or_else(|| self.malformed("it has no confirmed position".into()))?;
+        Ok(Some(crate::domain::slot::SlotEnds {
+            slot: self.slot.clone(),
+            confirmed,
+            end: row.end,
+            retained_bytes: row.retained_bytes,
+        }))
+    }
+
+    async fn reset_moved(&self, to: &Position) -> Result<(), SourceError> {
+        let Some((lsn, _)) = self.after_key(Some(to))? else { return Ok(()) };
+        // The slot's own mutex: a tick of this process reading it waits, and its next read starts
+        // from where the slot now is.
+        let mut reading = self.reading.lock().await;
+        // What this process peeked before the move is read again from the slot.
+        reading.unread = Unread::default();
+        reading.progress.buffer.clear();
+        reading.progress.more = true;
+        super::operate::advance_to(&self.pool, &self.slot, lsn).await.map_err(|error| self.query_error(error))?;
+        tracing::info!(slot = %self.slot, to = %lsn_text(lsn), "replication slot moved to where a reset put the checkpoint");
+        Ok(())
     }
 }

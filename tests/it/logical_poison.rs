@@ -1,0 +1,172 @@
+//! Poison isolation on a logical source (issue 29), on a real PostgreSQL: a receiver refuses one
+//! change for good (422) among many, in the middle of a transaction; the isolation quarantines
+//! exactly that change (its op, table and old key readable in the entry), delivers every other
+//! change once, in commit order, and the slot moves past all of them.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::post;
+use dbtrigger::config::{PollerConfig, Settings};
+use dbtrigger::operations::quarantine::{self as replay, QuarantineOutcome, QuarantineParts, Selection};
+use dbtrigger::operations::{Operator, Parts};
+use dbtrigger::store::memory::MemoryStore;
+use dbtrigger::store::quarantine;
+use dbtrigger::tick::{Poller, StopReason, SystemClock, TickOutcome};
+use serde_json::{Value, json};
+
+use crate::harness::AppRoot;
+use crate::logical::{confirmed_flush, drop_slot, logical_database};
+
+/// A change as the receiver names it: `op id` (the new row's id, else the old key's).
+fn name(event: &Value) -> String {
+    let row = &event["row"];
+    let id = row["new"].get("id").or_else(|| row["old"].get("id")).and_then(Value::as_i64).unwrap();
+    format!("{} {id}", event["op"].as_str().unwrap())
+}
+
+#[derive(Default)]
+struct Receiving {
+    /// Changes refused for good: a batch holding one is answered 422.
+    refused: BTreeSet<String>,
+    /// What was accepted, in arrival order: (commit LSN, ordinal) and the change's name.
+    accepted: Vec<((u64, u64), String)>,
+}
+
+async fn receive(State(receiving): State<Arc<Mutex<Receiving>>>, body: axum::body::Bytes) -> (StatusCode, String) {
+    let envelope: Value = serde_json::from_slice(&body).unwrap();
+    let events = envelope["events"].as_array().unwrap();
+    let mut receiving = receiving.lock().unwrap();
+    if let Some(bad) = events.iter().map(name).find(|change| receiving.refused.contains(change)) {
+        return (StatusCode::UNPROCESSABLE_ENTITY, format!("{{\"error\": \"{bad}: this order cannot be cancelled\"}}"));
+    }
+    for event in events {
+        let position = (event["cursor"].as_u64().unwrap(), event["pk"]["ordinal"].as_u64().unwrap());
+        receiving.accepted.push((position, name(event)));
+    }
+    (StatusCode::OK, "{}".into())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_refused_for_good_is_quarantined_and_the_rest_arrive_in_commit_order() {
+    let (url, slot) = logical_database("CREATE TABLE orders (id BIGINT PRIMARY KEY, note TEXT)", "orders").await;
+    // Three transactions: the refused change (the delete of 7) sits in the middle of the second.
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let mut expected = Vec::new();
+    let mut first = pool.begin().await.unwrap();
+    for id in 1..=10i64 {
+        sqlx::query("INSERT INTO orders VALUES ($1, 'new')").bind(id).execute(&mut *first).await.unwrap();
+        expected.push(format!("insert {id}"));
+    }
+    first.commit().await.unwrap();
+    let mut second = pool.begin().await.unwrap();
+    for (sql, change) in [
+        ("UPDATE orders SET note = 'paid' WHERE id = 5", "update 5"),
+        ("UPDATE orders SET note = 'paid' WHERE id = 6", "update 6"),
+        ("DELETE FROM orders WHERE id = 7", "delete 7"),
+        ("DELETE FROM orders WHERE id = 8", "delete 8"),
+        ("INSERT INTO orders VALUES (11, 'new')", "insert 11"),
+    ] {
+        sqlx::query(sql).execute(&mut *second).await.unwrap();
+        expected.push(change.to_string());
+    }
+    second.commit().await.unwrap();
+    let mut third = pool.begin().await.unwrap();
+    for id in 12..=20i64 {
+        sqlx::query("INSERT INTO orders VALUES ($1, 'new')").bind(id).execute(&mut *third).await.unwrap();
+        expected.push(format!("insert {id}"));
+    }
+    third.commit().await.unwrap();
+    pool.close().await;
+
+    let receiving =
+        Arc::new(Mutex::new(Receiving { refused: BTreeSet::from(["delete 7".to_string()]), ..Receiving::default() }));
+    let router = axum::Router::new().route("/hook", post(receive)).with_state(receiving.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+
+    let directory = tempfile::tempdir().unwrap();
+    let app = AppRoot::write(
+        directory.path(),
+        json!({
+            "source": {"kind": "logical", "connection": "FEED_DB", "slot": slot, "publication": "feed"},
+            "batch": {"size": 8},
+            "sink": {"type": "webhook", "url": "%HOOK%", "maxRetries": 0, "timeoutSeconds": 2},
+            "poison": {"maxAttempts": 2},
+            "state": {"connection": "STATE"}
+        }),
+    );
+    let settings = Settings::from_pairs([
+        ("FEED_DB".to_string(), url.clone()),
+        ("HOOK".to_string(), hook),
+        ("STATE".to_string(), "file:unused".to_string()),
+        ("DBTRIGGER_APP_NAME".to_string(), "it".to_string()),
+    ]);
+    let config = PollerConfig::load(&app.root, "orders", &settings, None).unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let poller = Poller::new(
+        config.clone(),
+        dbtrigger::source::open(&config.source).unwrap(),
+        dbtrigger::sink::open(&config.sink).unwrap(),
+        store.clone(),
+        Arc::new(SystemClock),
+        "a".into(),
+    )
+    .with_quarantine(store.clone());
+
+    let mut outcomes = Vec::new();
+    for _ in 0..10 {
+        let outcome = poller.tick().await.map_err(|error| error.to_string());
+        let done =
+            matches!(outcome, Ok(TickOutcome::Delivered { stop: StopReason::CaughtUp, .. }) | Ok(TickOutcome::Idle));
+        outcomes.push(outcome);
+        if done {
+            break;
+        }
+    }
+    assert!(
+        outcomes.iter().any(|outcome| matches!(
+            outcome,
+            Ok(TickOutcome::Delivered { stop: StopReason::Isolated, quarantined: 1, .. })
+        )),
+        "{outcomes:?}"
+    );
+    assert!(matches!(poller.tick().await, Ok(TickOutcome::Idle)), "caught up: {outcomes:?}");
+
+    // Every other change once, in commit order (positions only ever grow).
+    let accepted = receiving.lock().unwrap().accepted.clone();
+    let delivered: Vec<String> = accepted.iter().map(|(_, change)| change.clone()).collect();
+    let others: Vec<String> = expected.iter().filter(|change| *change != "delete 7").cloned().collect();
+    assert_eq!(delivered, others);
+    assert!(accepted.windows(2).all(|pair| pair[0].0 < pair[1].0), "{accepted:?}");
+
+    // Exactly the refused change is quarantined, readable as a change.
+    let entries = quarantine::list(store.as_ref(), "it", "orders").await.unwrap();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let (entry, _) = &entries[0];
+    assert_eq!(entry.status, Some(422));
+    assert!(entry.error.contains("cannot be cancelled"), "{}", entry.error);
+    assert_eq!(entry.event["op"], json!("delete"));
+    assert_eq!(entry.event["row"]["table"], json!("public.orders"));
+    assert_eq!(entry.event["row"]["old"]["id"], json!(7));
+    assert_eq!(entry.event["pk"]["ordinal"], json!(3), "the third change of its transaction");
+    // The slot moved past the last transaction.
+    let last = accepted.last().unwrap().0.0;
+    assert!(confirmed_flush(&url, &slot).await > last, "the slot is past every change delivered");
+
+    // Once the receiver takes it, a replay delivers the change as it was quarantined.
+    receiving.lock().unwrap().refused.clear();
+    let sink = dbtrigger::sink::open(&config.sink).unwrap();
+    let parts = QuarantineParts { poller: Parts::of(&poller), blobs: store.as_ref(), sink: sink.as_ref() };
+    let operator = Operator { who: "ops@test", force: false, reason: None };
+    let chosen = replay::choose(store.as_ref(), "it", "orders", &Selection::All).await.unwrap();
+    let outcome = replay::replay(parts, &chosen.entries, operator, &mut |_| {}).await;
+    assert!(matches!(outcome, QuarantineOutcome::Finished(_)), "{outcome:?}");
+    let replayed = receiving.lock().unwrap().accepted.last().cloned().unwrap();
+    assert_eq!(replayed.1, "delete 7");
+    assert!(quarantine::list(store.as_ref(), "it", "orders").await.unwrap().is_empty());
+    drop_slot(&url, &slot).await;
+}
