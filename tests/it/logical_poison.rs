@@ -1,7 +1,8 @@
 //! Poison isolation on a logical source (issue 29), on a real PostgreSQL: a receiver refuses one
 //! change for good (422) among many, in the middle of a transaction; the isolation quarantines
 //! exactly that change (its op, table and old key readable in the entry), delivers every other
-//! change once, in commit order, and the slot moves past all of them.
+//! change once, in commit order, and the slot moves past all of them. Under `poison.mode: stop`
+//! the poller holds at that change instead, the slot keeping it, until the receiver takes it.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -10,11 +11,12 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
 use dbtrigger::config::{PollerConfig, Settings};
+use dbtrigger::domain::StateDocument;
 use dbtrigger::operations::quarantine::{self as replay, QuarantineOutcome, QuarantineParts, Selection};
 use dbtrigger::operations::{Operator, Parts};
 use dbtrigger::store::memory::MemoryStore;
-use dbtrigger::store::quarantine;
-use dbtrigger::tick::{Poller, StopReason, SystemClock, TickOutcome};
+use dbtrigger::store::{StateKey, quarantine};
+use dbtrigger::tick::{Poller, StopReason, SystemClock, TickError, TickOutcome};
 use serde_json::{Value, json};
 
 use crate::harness::AppRoot;
@@ -49,8 +51,48 @@ async fn receive(State(receiving): State<Arc<Mutex<Receiving>>>, body: axum::bod
     (StatusCode::OK, "{}".into())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_change_refused_for_good_is_quarantined_and_the_rest_arrive_in_commit_order() {
+/// A logical poller over three transactions of `orders` (the delete of 7, refused for good by
+/// the receiver, in the middle of the second), batches of 8, with `poison` as its poison section.
+struct Feed {
+    _directory: tempfile::TempDir,
+    url: String,
+    slot: String,
+    /// Every change, in commit order.
+    expected: Vec<String>,
+    receiving: Arc<Mutex<Receiving>>,
+    store: Arc<MemoryStore>,
+    config: PollerConfig,
+    poller: Poller,
+}
+
+impl Feed {
+    fn accepted(&self) -> Vec<((u64, u64), String)> {
+        self.receiving.lock().unwrap().accepted.clone()
+    }
+
+    fn document(&self) -> StateDocument {
+        StateDocument::parse(&self.store.raw(&StateKey::new("it", "orders")).unwrap()).unwrap()
+    }
+
+    /// Ticks until one says caught up (failed ticks allowed), at most `ticks`.
+    async fn tick_until_caught_up(&self, ticks: usize) -> Vec<Result<TickOutcome, String>> {
+        let mut outcomes = Vec::new();
+        for _ in 0..ticks {
+            let outcome = self.poller.tick().await.map_err(|error| error.to_string());
+            let done = matches!(
+                outcome,
+                Ok(TickOutcome::Delivered { stop: StopReason::CaughtUp, .. }) | Ok(TickOutcome::Idle)
+            );
+            outcomes.push(outcome);
+            if done {
+                break;
+            }
+        }
+        outcomes
+    }
+}
+
+async fn feed(poison: Value) -> Feed {
     let (url, slot) = logical_database("CREATE TABLE orders (id BIGINT PRIMARY KEY, note TEXT)", "orders").await;
     // Three transactions: the refused change (the delete of 7) sits in the middle of the second.
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
@@ -95,7 +137,7 @@ async fn a_change_refused_for_good_is_quarantined_and_the_rest_arrive_in_commit_
             "source": {"kind": "logical", "connection": "FEED_DB", "slot": slot, "publication": "feed"},
             "batch": {"size": 8},
             "sink": {"type": "webhook", "url": "%HOOK%", "maxRetries": 0, "timeoutSeconds": 2},
-            "poison": {"maxAttempts": 2},
+            "poison": poison,
             "state": {"connection": "STATE"}
         }),
     );
@@ -116,17 +158,14 @@ async fn a_change_refused_for_good_is_quarantined_and_the_rest_arrive_in_commit_
         "a".into(),
     )
     .with_quarantine(store.clone());
+    Feed { _directory: directory, url, slot, expected, receiving, store, config, poller }
+}
 
-    let mut outcomes = Vec::new();
-    for _ in 0..10 {
-        let outcome = poller.tick().await.map_err(|error| error.to_string());
-        let done =
-            matches!(outcome, Ok(TickOutcome::Delivered { stop: StopReason::CaughtUp, .. }) | Ok(TickOutcome::Idle));
-        outcomes.push(outcome);
-        if done {
-            break;
-        }
-    }
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_refused_for_good_is_quarantined_and_the_rest_arrive_in_commit_order() {
+    let feed = feed(json!({"maxAttempts": 2})).await;
+    let Feed { url, slot, expected, receiving, store, config, poller, .. } = &feed;
+    let outcomes = feed.tick_until_caught_up(10).await;
     assert!(
         outcomes.iter().any(|outcome| matches!(
             outcome,
@@ -137,7 +176,7 @@ async fn a_change_refused_for_good_is_quarantined_and_the_rest_arrive_in_commit_
     assert!(matches!(poller.tick().await, Ok(TickOutcome::Idle)), "caught up: {outcomes:?}");
 
     // Every other change once, in commit order (positions only ever grow).
-    let accepted = receiving.lock().unwrap().accepted.clone();
+    let accepted = feed.accepted();
     let delivered: Vec<String> = accepted.iter().map(|(_, change)| change.clone()).collect();
     let others: Vec<String> = expected.iter().filter(|change| *change != "delete 7").cloned().collect();
     assert_eq!(delivered, others);
@@ -155,18 +194,95 @@ async fn a_change_refused_for_good_is_quarantined_and_the_rest_arrive_in_commit_
     assert_eq!(entry.event["pk"]["ordinal"], json!(3), "the third change of its transaction");
     // The slot moved past the last transaction.
     let last = accepted.last().unwrap().0.0;
-    assert!(confirmed_flush(&url, &slot).await > last, "the slot is past every change delivered");
+    assert!(confirmed_flush(url, slot).await > last, "the slot is past every change delivered");
 
     // Once the receiver takes it, a replay delivers the change as it was quarantined.
     receiving.lock().unwrap().refused.clear();
     let sink = dbtrigger::sink::open(&config.sink).unwrap();
-    let parts = QuarantineParts { poller: Parts::of(&poller), blobs: store.as_ref(), sink: sink.as_ref() };
+    let parts = QuarantineParts { poller: Parts::of(poller), blobs: store.as_ref(), sink: sink.as_ref() };
     let operator = Operator { who: "ops@test", force: false, reason: None };
     let chosen = replay::choose(store.as_ref(), "it", "orders", &Selection::All).await.unwrap();
     let outcome = replay::replay(parts, &chosen.entries, operator, &mut |_| {}).await;
     assert!(matches!(outcome, QuarantineOutcome::Finished(_)), "{outcome:?}");
-    let replayed = receiving.lock().unwrap().accepted.last().cloned().unwrap();
+    let replayed = feed.accepted().last().cloned().unwrap();
     assert_eq!(replayed.1, "delete 7");
     assert!(quarantine::list(store.as_ref(), "it", "orders").await.unwrap().is_empty());
-    drop_slot(&url, &slot).await;
+    drop_slot(url, slot).await;
+}
+
+/// `poison.mode: stop` on a logical source: the poller holds at the refused change (the third of
+/// its transaction), the changes before it in commit order delivered and committed, the
+/// checkpoint right before it, nothing past it delivered or quarantined, the state document's
+/// poison record on it, and the slot not past its transaction; once the receiver takes it, the
+/// next tick delivers it and everything after it, in commit order, and the slot moves past them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_mode_stop_holds_at_the_refused_change_and_the_slot_keeps_it() {
+    let feed = feed(json!({"mode": "stop"})).await;
+    let mut outcomes = Vec::new();
+    let error = loop {
+        match feed.poller.tick().await {
+            Err(error @ TickError::PoisonStop { .. }) => break error,
+            outcome => outcomes.push(outcome.map_err(|error| error.to_string())),
+        }
+        assert!(outcomes.len() < 5, "the poller never stopped: {outcomes:?}");
+    };
+    assert!(
+        error.to_string().contains("\"ordinal\":3") && error.to_string().contains("cannot be cancelled"),
+        "{error}"
+    );
+
+    // The changes before it, in commit order, and nothing past it.
+    let accepted = feed.accepted();
+    let delivered: Vec<String> = accepted.iter().map(|(_, change)| change.clone()).collect();
+    let refused_at = feed.expected.iter().position(|change| change == "delete 7").unwrap();
+    assert_eq!(delivered, feed.expected[..refused_at], "{outcomes:?}");
+    assert!(accepted.windows(2).all(|pair| pair[0].0 < pair[1].0), "{accepted:?}");
+    let first_commit = accepted[0].0.0;
+    let (second_commit, ordinal) = accepted.last().unwrap().0;
+    assert!(
+        second_commit > first_commit && ordinal == 2,
+        "update 6 is the second of the second transaction: {accepted:?}"
+    );
+    assert!(quarantine::list(feed.store.as_ref(), "it", "orders").await.unwrap().is_empty());
+
+    // Committed right before it; the poison record names it; the slot keeps its transaction.
+    let held = |document: StateDocument| {
+        let checkpoint = document.checkpoint.expect("what was delivered is committed").cursor;
+        assert_eq!((checkpoint.value, checkpoint.tiebreaker["ordinal"].clone()), (json!(second_commit), json!(2)));
+        let record = document.poison.expect("the poison record");
+        assert_eq!((record.first.value, record.first.tiebreaker["ordinal"].clone()), (json!(second_commit), json!(3)));
+        assert!(record.last_error.contains("poison.mode is stop"), "{}", record.last_error);
+        assert_eq!(document.stats.quarantined, 0);
+        record.attempts
+    };
+    let attempts = held(feed.document());
+    let slot = confirmed_flush(&feed.url, &feed.slot).await;
+    assert!(slot > first_commit, "the slot is past the first transaction, delivered whole: {slot}");
+    assert!(slot <= second_commit, "slot at {slot}, the transaction commits at {second_commit}");
+
+    // It holds: the next tick stops at the same change, delivering nothing more.
+    let again = feed.poller.tick().await;
+    assert!(matches!(again, Err(TickError::PoisonStop { .. })), "{again:?}");
+    assert_eq!(feed.accepted(), accepted);
+    assert!(held(feed.document()) > attempts, "every tick that holds counts");
+    assert!(confirmed_flush(&feed.url, &feed.slot).await <= second_commit);
+
+    // The receiver takes it: the refused change and everything after it, in commit order.
+    feed.receiving.lock().unwrap().refused.clear();
+    let outcome = feed.poller.tick().await;
+    assert!(matches!(outcome, Ok(TickOutcome::Delivered { quarantined: 0, .. })), "{outcome:?}");
+    let outcomes = feed.tick_until_caught_up(5).await;
+    assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+    let accepted = feed.accepted();
+    let delivered: Vec<String> = accepted.iter().map(|(_, change)| change.clone()).collect();
+    assert_eq!(delivered, feed.expected, "each change once, in commit order");
+    assert!(accepted.windows(2).all(|pair| pair[0].0 < pair[1].0), "{accepted:?}");
+    assert_eq!(accepted[refused_at].0, (second_commit, 3));
+    let document = feed.document();
+    assert!(document.poison.is_none(), "{:?}", document.poison);
+    let last = accepted.last().unwrap().0;
+    assert_eq!(document.checkpoint.unwrap().cursor.value, json!(last.0));
+    assert!(quarantine::list(feed.store.as_ref(), "it", "orders").await.unwrap().is_empty());
+    assert!(confirmed_flush(&feed.url, &feed.slot).await > last.0, "the slot is past every change delivered");
+    drop_slot(&feed.url, &feed.slot).await;
 }
