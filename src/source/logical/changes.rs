@@ -308,23 +308,46 @@ fn row(
     Ok(map)
 }
 
+/// What every change of a transaction carries, as JSON: the commit's LSN and time and the xid,
+/// made once for the whole transaction.
+pub struct CommitFields {
+    commit_lsn: Value,
+    commit_time: Value,
+    xid: Value,
+}
+
+impl CommitFields {
+    pub fn of(transaction: &Transaction) -> CommitFields {
+        CommitFields {
+            commit_lsn: Value::from(values::lsn_text(transaction.commit_lsn)),
+            commit_time: values::pg_time(transaction.commit_time),
+            xid: Value::from(transaction.xid),
+        }
+    }
+}
+
 /// The row an event carries for a change: `table`, `new`, `old`, the TOAST columns left
 /// unchanged (only when there are some), `lsn`, `commit_lsn`, `commit_time` and `xid`.
 pub fn event_row(transaction: &Transaction, change: &Change) -> Map<String, Value> {
+    event_row_of(&CommitFields::of(transaction), change.clone())
+}
+
+/// [`event_row`], taking the change (its rows move into the event row, nothing is copied).
+pub fn event_row_of(commit: &CommitFields, change: Change) -> Map<String, Value> {
     let mut row = Map::new();
-    row.insert("table".into(), Value::from(change.table.clone()));
-    row.insert("new".into(), change.new.clone().map(Value::Object).unwrap_or(Value::Null));
-    row.insert("old".into(), change.old.clone().map(Value::Object).unwrap_or(Value::Null));
+    row.insert("table".into(), Value::from(change.table));
+    row.insert("new".into(), change.new.map(Value::Object).unwrap_or(Value::Null));
+    row.insert("old".into(), change.old.map(Value::Object).unwrap_or(Value::Null));
     if !change.unchanged_toast.is_empty() {
-        row.insert("unchanged_toast".into(), Value::from(change.unchanged_toast.clone()));
+        row.insert("unchanged_toast".into(), Value::from(change.unchanged_toast));
     }
     if change.op == Op::Truncate {
         row.insert("cascade".into(), Value::Bool(change.cascade));
         row.insert("restart_identity".into(), Value::Bool(change.restart_identity));
     }
     row.insert("lsn".into(), Value::from(values::lsn_text(change.lsn)));
-    row.insert("commit_lsn".into(), Value::from(values::lsn_text(transaction.commit_lsn)));
-    row.insert("commit_time".into(), values::pg_time(transaction.commit_time));
-    row.insert("xid".into(), Value::from(transaction.xid));
+    row.insert("commit_lsn".into(), commit.commit_lsn.clone());
+    row.insert("commit_time".into(), commit.commit_time.clone());
+    row.insert("xid".into(), commit.xid.clone());
     row
 }

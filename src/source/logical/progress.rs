@@ -115,10 +115,17 @@ impl Progress {
         Some(row)
     }
 
-    /// A transaction read.
+    /// A transaction read. The marks stay in commit order: a peek returns transactions in that
+    /// order, and one read again (a peek starts where the slot is) is found by a binary search,
+    /// so that a peek of many transactions costs no more than its length.
     pub fn read(&mut self, mark: Mark) {
-        if mark.end_lsn > self.advanced && !self.marks.iter().any(|known| known.commit_lsn == mark.commit_lsn) {
+        if mark.end_lsn <= self.advanced {
+            return;
+        }
+        if self.marks.last().is_none_or(|last| last.commit_lsn < mark.commit_lsn) {
             self.marks.push(mark);
+        } else if let Err(at) = self.marks.binary_search_by_key(&mark.commit_lsn, |known| known.commit_lsn) {
+            self.marks.insert(at, mark);
         }
     }
 
@@ -212,6 +219,23 @@ mod tests {
         progress.skip_to(Some((100, 1)));
         assert!(progress.buffer.is_empty());
         assert!(progress.more);
+    }
+
+    #[test]
+    fn a_transaction_read_again_counts_once() {
+        let mut progress = Progress::default();
+        for mark_read in [mark(100, 120, 2), mark(200, 220, 3), mark(300, 320, 1)] {
+            progress.read(mark_read);
+        }
+        // A second peek from the slot returns the same transactions, and one in between.
+        for mark_read in [mark(100, 120, 2), mark(150, 160, 1), mark(200, 220, 3)] {
+            progress.read(mark_read);
+        }
+        assert_eq!(progress.rows_through(Some((100, 2))), 4);
+        assert_eq!(progress.rows_through(Some((200, 1))), 4 + 3 + 5);
+        assert_eq!(progress.rows_through(Some((300, 1))), 4 + 3 + 5 + 3);
+        progress.committed(Some((200, 3)));
+        assert_eq!(progress.advance_target(), Some(220));
     }
 
     #[test]

@@ -17,7 +17,7 @@ use sqlx::Row;
 use sqlx::postgres::{PgConnectOptions, PgPool};
 use tokio::sync::Mutex;
 
-use super::changes::{Assembler, Transaction, Unread, event_row};
+use super::changes::{Assembler, CommitFields, Transaction, Unread, event_row_of};
 use super::progress::{Key, Mark, Progress, ReadToEnd, key_of, position};
 use super::values::{lsn_text, parse_lsn};
 use crate::config::redact::Redaction;
@@ -278,7 +278,7 @@ impl LogicalSource {
                 match unread.next_transaction() {
                     Ok(Some(transaction)) => {
                         let handed_out = progress.handed_out();
-                        progress.buffer.extend(rows_of(&transaction, handed_out));
+                        progress.buffer.extend(rows_of(transaction, handed_out));
                         continue;
                     }
                     Ok(None) => break,
@@ -331,7 +331,7 @@ impl LogicalSource {
         let mut rows = Vec::new();
         while rows.len() <= limit.rows {
             match peeked.unread.next_transaction() {
-                Ok(Some(transaction)) => rows.extend(rows_of(&transaction, after)),
+                Ok(Some(transaction)) => rows.extend(rows_of(transaction, after)),
                 Ok(None) => break,
                 Err(error) => return Err(self.malformed(error.to_string())),
             }
@@ -352,18 +352,20 @@ fn new_changes(transaction: &Transaction, after: Option<Key>) -> usize {
     }
 }
 
-/// The rows of a transaction's changes after `after`, in order.
-fn rows_of(transaction: &Transaction, after: Option<Key>) -> Vec<(Key, SourceRow)> {
-    transaction
-        .changes
-        .iter()
-        .map(|change| ((transaction.commit_lsn, change.ordinal), change))
-        .filter(|(key, _)| after.is_none_or(|after| *key > after))
-        .map(|(key, change)| {
+/// The rows of a transaction's changes after `after`, in order: the changes move into them.
+fn rows_of(mut transaction: Transaction, after: Option<Key>) -> Vec<(Key, SourceRow)> {
+    let commit = CommitFields::of(&transaction);
+    let commit_lsn = transaction.commit_lsn;
+    std::mem::take(&mut transaction.changes)
+        .into_iter()
+        .filter(|change| after.is_none_or(|after| (commit_lsn, change.ordinal) > after))
+        .map(|change| {
+            let key = (commit_lsn, change.ordinal);
+            let op = change.op;
             let row = SourceRow {
                 position: position(key.0, key.1),
-                row: RowJson::from_map(&event_row(transaction, change)),
-                op: change.op,
+                row: RowJson::from_map(&event_row_of(&commit, change)),
+                op,
             };
             (key, row)
         })
