@@ -10,7 +10,7 @@ use super::source::{
     effective_of, pool_key, validate_identifier,
 };
 use super::{ConfigError, Located, defaults, in_range, ranges};
-use crate::domain::ids::{FingerprintInput, source_fingerprint};
+use crate::domain::ids::source_fingerprint;
 use crate::settings::Secret;
 
 /// A logical source's configuration and fingerprint: its slot and publication checked, the rest
@@ -24,20 +24,12 @@ pub(super) fn build(
     let (slot, publication) = check(&raw, identity.engine, at)?;
     let effective = effective_of(&identity, &resolved_url, &raw.connection, at)?;
     let pk = vec![LOGICAL_KEY.to_string()];
-    let fingerprint = source_fingerprint(&FingerprintInput {
-        engine: identity.engine.name(),
-        host: &effective.host,
-        port: effective.port,
-        database: &effective.database,
-        user: &effective.user,
-        socket: effective.socket.as_deref(),
-        options: effective.options.as_deref(),
-        target: format!("logical:{slot}:{publication}"),
-        cursor: LOGICAL_CURSOR,
-        pk: &pk,
-        columns: None,
-        where_clause: None,
-    });
+    let fingerprint = source_fingerprint(&effective.fingerprint_input(
+        identity.engine,
+        format!("logical:{slot}:{publication}"),
+        LOGICAL_CURSOR,
+        &pk,
+    ));
     let query_timeout_seconds = in_range(
         at,
         "poller.source.queryTimeoutSeconds",

@@ -512,18 +512,9 @@ pub(super) fn build_source(
     };
     let effective = effective_of(&identity, &resolved_url, &raw.connection, at)?;
     let fingerprint = source_fingerprint(&FingerprintInput {
-        engine: identity.engine.name(),
-        host: &effective.host,
-        port: effective.port,
-        database: &effective.database,
-        user: &effective.user,
-        socket: effective.socket.as_deref(),
-        options: effective.options.as_deref(),
-        target: target_text.clone(),
-        cursor: &cursor,
-        pk: &pk,
         columns: raw.columns.as_deref(),
         where_clause: raw.where_clause.as_deref(),
+        ..effective.fingerprint_input(identity.engine, target_text.clone(), &cursor, &pk)
     });
     let legacy_fingerprint = if url_changes_target_in_query(url_value) {
         None

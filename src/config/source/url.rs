@@ -6,6 +6,7 @@ use std::str::FromStr;
 
 use super::Engine;
 use crate::config::{ConfigError, Located, redact};
+use crate::domain::ids::FingerprintInput;
 
 /// The parts of a database URL that identify it (no password).
 pub(in crate::config) struct UrlIdentity {
@@ -169,6 +170,33 @@ pub(in crate::config) struct EffectiveTarget {
     pub(in crate::config) database: String,
     pub(in crate::config) user: String,
     pub(in crate::config) options: Option<String>,
+}
+
+impl EffectiveTarget {
+    /// A source fingerprint's input for this target: the connection's fields filled in, no
+    /// column list or filter (a polling source adds its own).
+    pub(in crate::config) fn fingerprint_input<'a>(
+        &'a self,
+        engine: Engine,
+        target: String,
+        cursor: &'a str,
+        pk: &'a [String],
+    ) -> FingerprintInput<'a> {
+        FingerprintInput {
+            engine: engine.name(),
+            host: &self.host,
+            port: self.port,
+            database: &self.database,
+            user: &self.user,
+            socket: self.socket.as_deref(),
+            options: self.options.as_deref(),
+            target,
+            cursor,
+            pk,
+            columns: None,
+            where_clause: None,
+        }
+    }
 }
 
 /// The effective target of `resolved_url`, or an error naming the app setting (never its value).
