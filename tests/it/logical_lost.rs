@@ -11,27 +11,8 @@ use serde_json::{Value, json};
 
 use crate::harness::{AppRoot, Receiver, run_dbtrigger};
 use crate::logical::drop_slot;
-use crate::logical_reset::receiving_app;
+use crate::logical_reset::{received_ids, receiving_app};
 use crate::sources::execute;
-
-/// The id of every change a receiver acknowledged, in order: a logical event's new row (else its
-/// old key), a polling event's row.
-fn received_ids(receiver: &Receiver) -> Vec<i64> {
-    receiver
-        .acknowledged()
-        .iter()
-        .flat_map(|received| received.envelope["events"].as_array().unwrap().clone())
-        .map(|event| {
-            let row = &event["row"];
-            row.get("new")
-                .and_then(|new| new.get("id"))
-                .or_else(|| row.get("old").and_then(|old| old.get("id")))
-                .or_else(|| row.get("id"))
-                .and_then(Value::as_i64)
-                .unwrap()
-        })
-        .collect()
-}
 
 /// `changed` is the backfill's cursor.
 const TABLE_SQL: &str =

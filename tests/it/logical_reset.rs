@@ -9,21 +9,27 @@ use dbtrigger::operations::reset::{self, ResetTo};
 use dbtrigger::operations::{Applied, Operator, Parts, apply};
 use dbtrigger::store::memory::MemoryStore;
 use dbtrigger::tick::TickOutcome;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::harness::{AppRoot, Receiver, run_dbtrigger};
 use crate::logical::{confirmed_flush, drop_slot, logical_app, logical_database, poller};
 use crate::sources::execute;
 
-/// The ids of the changes a receiver acknowledged, in order (new row's id, else the old key's).
-fn received_ids(receiver: &Receiver) -> Vec<i64> {
+/// The id of every change a receiver acknowledged, in order: a logical event's new row (else its
+/// old key), a polling event's row.
+pub(crate) fn received_ids(receiver: &Receiver) -> Vec<i64> {
     receiver
         .acknowledged()
         .iter()
         .flat_map(|received| received.envelope["events"].as_array().unwrap().clone())
         .map(|event| {
             let row = &event["row"];
-            row["new"].get("id").or_else(|| row["old"].get("id")).and_then(|id| id.as_i64()).unwrap()
+            row.get("new")
+                .and_then(|new| new.get("id"))
+                .or_else(|| row.get("old").and_then(|old| old.get("id")))
+                .or_else(|| row.get("id"))
+                .and_then(Value::as_i64)
+                .unwrap()
         })
         .collect()
 }
