@@ -19,11 +19,11 @@ use sqlx::{Database, Encode, Type};
 
 use super::fetch::Collector;
 use super::position::bind_position;
-use super::query::{SeekPlan, Slot, quote_identifier};
+use super::query::{CursorType, SeekPlan, Slot, quote_identifier};
 use super::{ColumnDecoder, FetchLimit, Fetched, Layout, SourceError, classify};
 use crate::config::redact::Redaction;
 use crate::config::{Engine, SourceConfig, SourceTarget};
-use crate::domain::late::hash::KEY_HASH_MODULUS;
+use crate::domain::late::hash::{CURSOR_MULTIPLIER, KEY_HASH_MODULUS};
 use crate::domain::late::{BucketEnd, KeyHash, KeyHashKind, Tally};
 use crate::domain::{CursorValue, PkValue, Position};
 
@@ -169,25 +169,33 @@ fn columns_and_from(config: &SourceConfig) -> (Vec<String>, String) {
     (columns, from)
 }
 
-/// The key's text, as [`crate::domain::late::hash::key_hash`] joins it.
+/// The key's text, as [`crate::domain::late::hash::key_hash`] joins it: each column's text
+/// without its trailing spaces (PostgreSQL's `::text` drops a `char(n)`'s padding, Rust keeps it;
+/// both sides drop every trailing space).
 fn key_text(engine: Engine, keys: &[String]) -> String {
     match (engine, keys) {
-        (Engine::Postgres, [key]) => format!("{key}::text"),
+        (Engine::Postgres, [key]) => format!("rtrim({key}::text, ' ')"),
         (Engine::Postgres, _) => {
-            let parts: Vec<String> = keys.iter().map(|key| format!("{key}::text")).collect();
+            let parts: Vec<String> = keys.iter().map(|key| format!("rtrim({key}::text, ' ')")).collect();
             format!("concat_ws(chr(31), {})", parts.join(", "))
         }
-        (_, [key]) => format!("CONVERT({key} USING utf8mb4)"),
-        (_, _) => format!("CONVERT(CONCAT_WS(CHAR(31), {}) USING utf8mb4)", keys.join(", ")),
+        (_, [key]) => format!("TRIM(TRAILING ' ' FROM CONVERT({key} USING utf8mb4))"),
+        (_, _) => {
+            let parts: Vec<String> =
+                keys.iter().map(|key| format!("TRIM(TRAILING ' ' FROM CONVERT({key} USING utf8mb4))")).collect();
+            format!("CONCAT_WS(CHAR(31), {})", parts.join(", "))
+        }
     }
 }
 
-/// `x`: what the hash is computed from, once a row: `u` for an integer key, the digest's hex for
-/// another (PostgreSQL, MySQL), `u << 31 | v` on SQLite.
-fn hash_source(engine: Engine, kind: KeyHashKind, keys: &[String]) -> String {
+/// `x`: what the key's hash is computed from, once a row: `u` for an integer key, the digest's
+/// hex for another (PostgreSQL, MySQL); on SQLite the whole version's hash, `u << 31 | v`, from
+/// the cursor and the key (`columns`: the cursor, then the key).
+fn hash_source(engine: Engine, kind: KeyHashKind, columns: &[String]) -> String {
     let modulus = KEY_HASH_MODULUS;
+    let keys = &columns[1..];
     match (engine, kind) {
-        (Engine::Sqlite, _) => format!("{SQLITE_KEY_HASH_FUNCTION}({})", keys.join(", ")),
+        (Engine::Sqlite, _) => format!("{SQLITE_KEY_HASH_FUNCTION}({})", columns.join(", ")),
         (Engine::Postgres, KeyHashKind::Integer) => {
             format!("((({}::bigint % {modulus}) + {modulus}) % {modulus})", keys[0])
         }
@@ -199,23 +207,50 @@ fn hash_source(engine: Engine, kind: KeyHashKind, keys: &[String]) -> String {
     }
 }
 
-/// `u` and `v` of a row, from its `x` ([`hash_source`]).
-fn hash_parts(engine: Engine, kind: KeyHashKind, x: &str) -> (String, String) {
+/// `w`: the cursor's word ([`crate::domain::late::hash::cursor_word`]) in SQL, modulo P and
+/// non-negative: the integer, a timestamp's microseconds since 1970 (PostgreSQL's `extract` is
+/// exact; MySQL's session runs in UTC), an `xid8`'s value. SQLite computes it in its function.
+fn cursor_word_sql(engine: Engine, plan: &SeekPlan, cursor: &str) -> String {
     let modulus = KEY_HASH_MODULUS;
-    match (engine, kind) {
-        (Engine::Sqlite, _) => (format!("({x} >> 31)"), format!("({x} & {modulus})")),
-        (Engine::Postgres, KeyHashKind::Integer) => {
-            (format!("({x})::int"), format!("(({x}) * ({x}) % {modulus})::int"))
+    match (engine, plan.cursor_type) {
+        (Engine::Postgres, CursorType::Timestamp | CursorType::NaiveTimestamp) => {
+            format!("((((extract(epoch from {cursor}) * 1000000)::bigint % {modulus}) + {modulus}) % {modulus})")
         }
+        (Engine::Postgres, CursorType::Xid) => format!("(({cursor})::text::numeric % {modulus})::bigint"),
+        (Engine::Postgres, _) => format!("((({cursor})::bigint % {modulus} + {modulus}) % {modulus})"),
+        (_, CursorType::Timestamp | CursorType::NaiveTimestamp) => format!(
+            "MOD(MOD(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', {cursor}), {modulus}) + {modulus}, {modulus})"
+        ),
+        (_, _) => format!("MOD(MOD({cursor}, {modulus}) + {modulus}, {modulus})"),
+    }
+}
+
+/// A row version's `u` and `v`, from the key's `x` ([`hash_source`]) and the cursor's `w`
+/// ([`cursor_word_sql`]): the key's `(k_u, k_v)`, then
+/// `u = (k_u + w·M mod P) mod P`, `v = (k_v + u² mod P) mod P`.
+fn hash_parts(engine: Engine, kind: KeyHashKind, x: &str, w: &str) -> (String, String) {
+    let modulus = KEY_HASH_MODULUS;
+    let multiplier = CURSOR_MULTIPLIER;
+    let (key_u, key_v) = match (engine, kind) {
+        (Engine::Sqlite, _) => return (format!("({x} >> 31)"), format!("({x} & {modulus})")),
+        (Engine::Postgres, KeyHashKind::Integer) => (format!("({x})"), format!("(({x}) * ({x}) % {modulus})")),
         (Engine::MySql, KeyHashKind::Integer) => (format!("({x})"), format!("(({x}) * ({x}) % {modulus})")),
         (Engine::Postgres, KeyHashKind::Digest) => {
-            let word = |start: usize| format!("((('x' || substr({x}, {start}, 8))::bit(32)::bigint >> 1)::int)");
+            let word = |start: usize| format!("(('x' || substr({x}, {start}, 8))::bit(32)::bigint >> 1)");
             (word(1), word(9))
         }
         (Engine::MySql, KeyHashKind::Digest) => {
-            let word = |start: usize| format!("(CAST(CONV(SUBSTRING({x}, {start}, 8), 16, 10) AS UNSIGNED) >> 1)");
+            let word = |start: usize| {
+                format!("CAST(CAST(CONV(SUBSTRING({x}, {start}, 8), 16, 10) AS UNSIGNED) >> 1 AS SIGNED)")
+            };
             (word(1), word(9))
         }
+    };
+    let u = format!("(({key_u} + ({w}) * {multiplier} % {modulus}) % {modulus})");
+    let v = format!("(({key_v} + {u} * {u} % {modulus}) % {modulus})");
+    match engine {
+        Engine::Postgres => (format!("({u})::int"), format!("({v})::int")),
+        _ => (u, v),
     }
 }
 
@@ -227,8 +262,12 @@ pub fn tally_sql(config: &SourceConfig, plan: &SeekPlan, ends: &[bool], kind: Ke
     let engine = config.engine;
     let (columns, from) = columns_and_from(config);
     let mut builder = Builder { engine, plan, slots: Vec::new(), generic: engine == Engine::Postgres };
-    let x = hash_source(engine, kind, &columns[1..]);
-    let (u, v) = hash_parts(engine, kind, "dbtrigger_x");
+    let x = hash_source(engine, kind, &columns);
+    let w = match engine {
+        Engine::Sqlite => "0".to_string(),
+        _ => cursor_word_sql(engine, plan, &columns[0]),
+    };
+    let (u, v) = hash_parts(engine, kind, "dbtrigger_x", "dbtrigger_w");
     let mut parts = Vec::with_capacity(ends.len());
     for (index, until_checkpoint) in ends.iter().enumerate() {
         let mut predicates = vec![format!("{} >= {}", columns[0], builder.placeholder(LateSlot::Bound(index)))];
@@ -262,7 +301,7 @@ pub fn tally_sql(config: &SourceConfig, plan: &SeekPlan, ends: &[bool], kind: Ke
             Engine::Sqlite => (index.to_string(), "count(*)".to_string(), format!("sum({u})"), format!("sum({v})")),
         };
         parts.push(format!(
-            "SELECT {bucket}, {count}, {sum_u}, {sum_v} FROM (SELECT {x} AS dbtrigger_x FROM {from} WHERE {}) AS dbtrigger_keys{index}",
+            "SELECT {bucket}, {count}, {sum_u}, {sum_v} FROM (SELECT {x} AS dbtrigger_x, {w} AS dbtrigger_w FROM {from} WHERE {}) AS dbtrigger_keys{index}",
             predicates.join(" AND ")
         ));
     }
@@ -291,8 +330,9 @@ pub fn bucket_sql(
         predicates.push(builder.compare(&columns, true, LateSlot::After));
     }
     if let Some(kind) = only {
-        let x = hash_source(engine, kind, &columns[1..]);
-        let (u, v) = hash_parts(engine, kind, &x);
+        let x = hash_source(engine, kind, &columns);
+        let w = cursor_word_sql(engine, plan, &columns[0]);
+        let (u, v) = hash_parts(engine, kind, &x, &w);
         predicates.push(format!("{u} = {}", builder.placeholder(LateSlot::HashU)));
         predicates.push(format!("{v} = {}", builder.placeholder(LateSlot::HashV)));
     }
@@ -521,21 +561,30 @@ where
     Ok(collector.map(|collected| collected.finish(false)).unwrap_or_default())
 }
 
-/// Registers [`SQLITE_KEY_HASH_FUNCTION`] on a SQLite connection: the key hash of its arguments
-/// (the key's columns, integers or text), as `u << 31 | v`; NULL for a value that cannot be a key.
+/// Registers [`SQLITE_KEY_HASH_FUNCTION`] on a SQLite connection: the version hash of its
+/// arguments (the cursor, an integer or a timestamp's text, then the key's columns, integers or
+/// text), as `u << 31 | v`; NULL for a value that cannot be a cursor or a key.
 pub(crate) fn register_sqlite_key_hash(connection: &rusqlite::Connection) -> rusqlite::Result<()> {
     use rusqlite::functions::FunctionFlags;
     use rusqlite::types::ValueRef;
     let flags = FunctionFlags::SQLITE_UTF8 | FunctionFlags::SQLITE_DETERMINISTIC;
     connection.create_scalar_function(SQLITE_KEY_HASH_FUNCTION, -1, flags, |context| {
         let pack = |hash: KeyHash| Some((i64::from(hash.u) << 31) | i64::from(hash.v));
-        if context.len() == 1
-            && let ValueRef::Integer(number) = context.get_raw(0)
-        {
-            return Ok(pack(crate::domain::late::hash::integer_key_hash(number)));
+        if context.len() < 2 {
+            return Ok(None);
         }
-        let mut values = Vec::with_capacity(context.len());
-        for index in 0..context.len() {
+        let cursor = match context.get_raw(0) {
+            ValueRef::Integer(number) => CursorValue::Integer(number),
+            ValueRef::Text(bytes) => {
+                match std::str::from_utf8(bytes).ok().and_then(super::sqlite::parse_sqlite_timestamp) {
+                    Some(at) => CursorValue::Timestamp { at, source_text: None },
+                    None => return Ok(None),
+                }
+            }
+            _ => return Ok(None),
+        };
+        let mut values = Vec::with_capacity(context.len() - 1);
+        for index in 1..context.len() {
             match context.get_raw(index) {
                 ValueRef::Integer(number) => values.push(PkValue::Integer(number)),
                 ValueRef::Text(bytes) => match std::str::from_utf8(bytes) {
@@ -546,14 +595,13 @@ pub(crate) fn register_sqlite_key_hash(connection: &rusqlite::Connection) -> rus
             }
         }
         let keys: Vec<&PkValue> = values.iter().collect();
-        Ok(pack(crate::domain::late::key_hash(&keys)))
+        Ok(pack(crate::domain::late::version_hash(crate::domain::late::key_hash(&keys), &cursor)))
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::query::CursorType;
     use crate::source::query::tests::config;
 
     fn plan() -> SeekPlan {
@@ -575,14 +623,18 @@ mod tests {
             &[false, true],
             KeyHashKind::Digest,
         );
-        let x = "encode(sha256(convert_to(concat_ws(chr(31), \"tenant\"::text, \"id\"::text), 'UTF8')), 'hex')";
-        let sums = "sum(((('x' || substr(dbtrigger_x, 1, 8))::bit(32)::bigint >> 1)::int)), sum(((('x' || substr(dbtrigger_x, 9, 8))::bit(32)::bigint >> 1)::int))";
+        let x = "encode(sha256(convert_to(concat_ws(chr(31), rtrim(\"tenant\"::text, ' '), rtrim(\"id\"::text, ' ')), 'UTF8')), 'hex') \
+                 AS dbtrigger_x, ((((extract(epoch from \"updated_at\") * 1000000)::bigint % 2147483647) + 2147483647) % 2147483647)";
+        let word = |start: usize| format!("(('x' || substr(dbtrigger_x, {start}, 8))::bit(32)::bigint >> 1)");
+        let u = format!("(({} + (dbtrigger_w) * 1103515245 % 2147483647) % 2147483647)", word(1));
+        let v = format!("(({} + {u} * {u} % 2147483647) % 2147483647)", word(9));
+        let sums = format!("sum(({u})::int), sum(({v})::int)");
         assert_eq!(
             late.sql,
             format!(
-                "SELECT 0::bigint, count(*), {sums} FROM (SELECT {x} AS dbtrigger_x FROM \"public\".\"orders\" \
+                "SELECT 0::bigint, count(*), {sums} FROM (SELECT {x} AS dbtrigger_w FROM \"public\".\"orders\" \
                  WHERE \"updated_at\" >= (SELECT $1::TIMESTAMPTZ) AND \"updated_at\" < (SELECT $2::TIMESTAMPTZ) AND (tenant = 7)) AS dbtrigger_keys0 \
-                 UNION ALL SELECT 1::bigint, count(*), {sums} FROM (SELECT {x} AS dbtrigger_x FROM \"public\".\"orders\" \
+                 UNION ALL SELECT 1::bigint, count(*), {sums} FROM (SELECT {x} AS dbtrigger_w FROM \"public\".\"orders\" \
                  WHERE \"updated_at\" >= (SELECT $3::TIMESTAMPTZ) AND \"updated_at\" <= (SELECT $4::TIMESTAMPTZ) \
                  AND (\"updated_at\", \"tenant\", \"id\") <= ((SELECT $5::TIMESTAMPTZ), (SELECT $6::INT4), (SELECT $7::INT8)) AND (tenant = 7)) AS dbtrigger_keys1"
             )
@@ -608,7 +660,10 @@ mod tests {
         let late = tally_sql(&source, &plan(), &[false, true], KeyHashKind::Integer);
         assert!(late.sql.starts_with("SELECT CAST(0 AS SIGNED), CAST(COUNT(*) AS SIGNED)"), "{}", late.sql);
         assert!(
-            late.sql.contains("MOD(MOD(`id`, 2147483647) + 2147483647, 2147483647) AS dbtrigger_x"),
+            late.sql.contains(
+                "MOD(MOD(`id`, 2147483647) + 2147483647, 2147483647) AS dbtrigger_x, \
+                 MOD(MOD(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', `updated_at`), 2147483647) + 2147483647, 2147483647) AS dbtrigger_w"
+            ),
             "{}",
             late.sql
         );
@@ -625,7 +680,7 @@ mod tests {
         assert_eq!(&late.slots[..3], &[LateSlot::Bound(0), LateSlot::End(0), LateSlot::Bound(1)]);
         source.engine = Engine::Sqlite;
         let sqlite = tally_sql(&source, &plan(), &[true], KeyHashKind::Integer);
-        assert!(sqlite.sql.starts_with("SELECT 0, count(*), sum((dbtrigger_x >> 31)), sum((dbtrigger_x & 2147483647)) FROM (SELECT dbtrigger_key_hash(\"id\") AS dbtrigger_x"), "{}", sqlite.sql);
+        assert!(sqlite.sql.starts_with("SELECT 0, count(*), sum((dbtrigger_x >> 31)), sum((dbtrigger_x & 2147483647)) FROM (SELECT dbtrigger_key_hash(\"updated_at\", \"id\") AS dbtrigger_x, 0 AS dbtrigger_w"), "{}", sqlite.sql);
     }
 
     #[test]
@@ -640,7 +695,11 @@ mod tests {
         let mut mysql = config(Engine::MySql, None, None);
         mysql.pk = vec!["id".into()];
         let only = bucket_sql(&mysql, &plan(), true, false, Some(KeyHashKind::Integer));
-        assert!(only.sql.contains("(MOD(MOD(`id`, 2147483647) + 2147483647, 2147483647)) = ?"), "{}", only.sql);
+        let w = "MOD(MOD(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', `updated_at`), 2147483647) + 2147483647, 2147483647)";
+        let u = format!(
+            "(((MOD(MOD(`id`, 2147483647) + 2147483647, 2147483647)) + ({w}) * 1103515245 % 2147483647) % 2147483647)"
+        );
+        assert!(only.sql.contains(&format!("{u} = ?")), "{}", only.sql);
         assert_eq!(
             only.slots,
             vec![

@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 use tracing::{info, warn};
 
 use crate::domain::StateDocument;
-use crate::domain::late::{self, BucketEnd, CheckPlan, KeyRow, LateBucket, LateRecord, Tally};
+use crate::domain::late::{self, CheckPlan, KeyRow, LateBucket, LateRecord, Tally};
 use crate::domain::lease;
 use crate::domain::state::describe;
 use crate::domain::transitions;
@@ -111,7 +111,7 @@ impl Poller {
         // not always recount the same ones first.
         let start = self.clock.now().timestamp_millis().unsigned_abs();
         let selection = late::sweep::select(window, &sweep, config.sweep_checks, start);
-        let tallies = match self.recount(window, &froms, &selection.indices, &position).await {
+        let tallies = match self.recount(&froms, &selection.indices, &position).await {
             Ok(Some(tallies)) => tallies,
             Ok(None) => return None,
             Err(error) => {
@@ -132,46 +132,18 @@ impl Poller {
         }
     }
 
-    /// The tallies of the buckets `indices` (the old ones the sweep reached, then the fresh ones).
-    /// The fresh buckets are asked for as one range first, since their tallies add up: only when
-    /// that total differs from what they recorded (rows arrived, or left) are they asked for one by
-    /// one, to find which. An idle check is then one aggregate over the newest rows (and, now and
-    /// then, an old bucket's).
+    /// The tallies of the buckets `indices` (the old ones the sweep reached, and the fresh ones),
+    /// each over its own range, in one query: a row updated from one fresh bucket into another
+    /// leaves one and grows the other, which a total over the fresh ones together would not show.
     async fn recount(
         &self,
-        window: &late::Window,
         froms: &[CursorValue],
         indices: &[usize],
         checkpoint: &Position,
     ) -> Result<Option<Vec<Tally>>, crate::source::SourceError> {
-        let fresh_start = window.buckets.len().saturating_sub(late::FRESH_BUCKETS);
-        let old: Vec<usize> = indices.iter().copied().filter(|index| *index < fresh_start).collect();
-        let mut ranges: Vec<_> = old.iter().map(|index| (froms[*index].clone(), late::end_of(froms, *index))).collect();
-        ranges.push((froms[fresh_start].clone(), BucketEnd::Checkpoint));
+        let ranges = indices.iter().map(|index| (froms[*index].clone(), late::end_of(froms, *index))).collect();
         let check = BucketCheck { ranges, checkpoint: checkpoint.clone() };
-        let Some(mut tallies) = self.source.tally_buckets(&check).await? else {
-            return Ok(None);
-        };
-        let Some(fresh_total) = tallies.pop() else {
-            return Ok(None);
-        };
-        let fresh = &window.buckets[fresh_start..];
-        let recorded = fresh.iter().fold(Tally::default(), |total, bucket| total.plus(&bucket.tally));
-        if fresh.len() == 1 {
-            tallies.push(fresh_total);
-        } else if fresh_total == recorded {
-            tallies.extend(fresh.iter().map(|bucket| bucket.tally));
-        } else {
-            let ranges = (fresh_start..window.buckets.len())
-                .map(|index| (froms[index].clone(), late::end_of(froms, index)))
-                .collect();
-            let check = BucketCheck { ranges, checkpoint: checkpoint.clone() };
-            let Some(each) = self.source.tally_buckets(&check).await? else {
-                return Ok(None);
-            };
-            tallies.extend(each);
-        }
-        Ok(Some(tallies))
+        self.source.tally_buckets(&check).await
     }
 
     /// `document` with the buckets that shrank adopted (`false`: none did).
@@ -277,7 +249,7 @@ impl Poller {
             };
             after = Some(last.position.clone());
             for row in &page.rows {
-                tally.add(late::position_key_hash(&row.position.pk));
+                tally.add(KeyRow::of(&row.position).hash);
             }
             if oldest.is_none() {
                 oldest = page.rows.first().map(|row| row.position.cursor.clone());

@@ -239,6 +239,75 @@ async fn without_the_detector_a_lower_identity_is_lost(engine: Engine) {
     assert_eq!(delivered, expected, "6 is lost");
 }
 
+/// Issue 35, finding 1: a table whose cursor `c` is restamped by every update (PostgreSQL: a
+/// `BEFORE UPDATE` trigger; MariaDB: `ON UPDATE CURRENT_TIMESTAMP(6)`; SQLite: the update writes
+/// it).
+fn restamped_table(engine: Engine) -> &'static str {
+    match engine {
+        Engine::Postgres => {
+            "CREATE TABLE items (id BIGINT PRIMARY KEY, c TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(), note TEXT);\n\
+             CREATE INDEX ON items (c, id);\n\
+             CREATE FUNCTION restamp() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN NEW.c := clock_timestamp(); RETURN NEW; END $$;\n\
+             CREATE TRIGGER items_restamp BEFORE UPDATE ON items FOR EACH ROW EXECUTE FUNCTION restamp();\n"
+        }
+        Engine::MariaDb => {
+            "CREATE TABLE items (id BIGINT PRIMARY KEY, c TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6), note TEXT, INDEX (c, id));\n"
+        }
+        Engine::Sqlite => timestamp_table(engine),
+    }
+}
+
+/// SQLite: rows `ids` stamped `(200 - id) / 10` seconds ago, in the layout SQLite writes.
+fn insert_sqlite_spread(ids: std::ops::RangeInclusive<i64>) -> String {
+    ids.map(|id| insert_sqlite(id, (200 - id) as f64 / 10.0)).collect()
+}
+
+/// Issue 35, finding 1: 100 rows delivered; row 95 updated (its cursor restamped) by a transaction
+/// that stays open while rows 101-130, stamped later, are delivered; then it commits. Its new
+/// version arrives, marked late, and is counted once; the other rows are not counted late.
+async fn a_late_update_of_a_delivered_row_is_found(engine: Engine) {
+    let extra = json!({"settleSeconds": 1});
+    let case = Case::new(engine, restamped_table(engine), extra).await;
+    let settle = Duration::from_millis(1_300);
+    if engine == Engine::Sqlite {
+        // Emulated: once the checkpoint is past 101-130, row 95 is updated to a stamp between
+        // rows 100 and 101 (as a slow transaction's restamp leaves it).
+        execute(&case.url, &insert_sqlite_spread(1..=100)).await;
+        case.tick().await;
+        execute(&case.url, &insert_sqlite_spread(101..=130)).await;
+        case.tick().await;
+        execute(
+            &case.url,
+            "UPDATE items SET note = 'v2', c = strftime('%Y-%m-%d %H:%M:%f', (SELECT c FROM items WHERE id = 100), '+0.05 seconds') WHERE id = 95;\n",
+        )
+        .await;
+    } else {
+        execute(&case.url, &insert_now(&(1..=100).collect::<Vec<_>>())).await;
+        tokio::time::sleep(settle).await;
+        case.tick().await;
+        let mut writer = Writer::open(&case.url).await;
+        writer.execute("UPDATE items SET note = 'v2' WHERE id = 95;\n").await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        execute(&case.url, &insert_now(&(101..=130).collect::<Vec<_>>())).await;
+        tokio::time::sleep(settle).await;
+        case.tick().await;
+        writer.commit().await;
+    }
+    assert_eq!(case.delivered().len(), 130, "every row once before the update commits");
+    let report = case.tick().await;
+    let versions: Vec<(bool, Value)> = case
+        .sink
+        .batches()
+        .iter()
+        .flat_map(|batch| batch.events.iter().map(move |event| (batch.late, event.row()["note"].clone())))
+        .filter(|(_, note)| note == "v2")
+        .collect();
+    assert_eq!(versions, vec![(true, json!("v2"))], "the new version of row 95, marked late: {report:?}");
+    assert_eq!(report.late_arrivals, 1, "{report:?}");
+    assert_eq!(case.tick().await.late_arrivals, 0, "found once");
+    assert_eq!(case.document().late.expect("the detector's record").found, 1);
+}
+
 macro_rules! per_engine {
     ($($test:ident: $body:ident, $engine:expr;)*) => {
         $(
@@ -263,6 +332,9 @@ per_engine! {
     postgres_late_identity_is_lost_without_the_detector: without_the_detector_a_lower_identity_is_lost, Engine::Postgres;
     mariadb_late_identity_is_lost_without_the_detector: without_the_detector_a_lower_identity_is_lost, Engine::MariaDb;
     sqlite_late_identity_is_lost_without_the_detector: without_the_detector_a_lower_identity_is_lost, Engine::Sqlite;
+    postgres_late_update_of_a_delivered_row_is_found: a_late_update_of_a_delivered_row_is_found, Engine::Postgres;
+    mariadb_late_update_of_a_delivered_row_is_found: a_late_update_of_a_delivered_row_is_found, Engine::MariaDb;
+    sqlite_late_update_of_a_delivered_row_is_found: a_late_update_of_a_delivered_row_is_found, Engine::Sqlite;
 }
 
 /// The key hash the database computes is the one the detector records, for integer keys (negative

@@ -14,18 +14,35 @@
 //!   U+001F) hashed with SHA-256; `u` is its first four bytes and `v` the next four, each read big
 //!   endian and shifted right by one bit.
 //!
-//! The odds: a bucket whose key set changed while its row count did not keeps both sums only if
-//! the keys that left and the keys that came add up to the same `(Σu, Σv)`: about 2^-62 for keys
-//! hashed with SHA-256, and for integer keys about 2^-62 too unless the keys are chosen to collide
-//! (sets with equal sums of values and of squares modulo P, such as {1, 5, 6} and {2, 3, 7}, left
-//! and arriving together within one check). A count that grew is seen whatever the sums.
+//! A text value is hashed without its trailing spaces, on both sides: PostgreSQL's `char(n)`
+//! arrives padded in Rust and unpadded through `::text`, MySQL's `CHAR` the other way round, and
+//! a PAD SPACE collation compares `'a'` and `'a '` as one key anyway.
+//!
+//! What the window sums is a row **version**'s hash ([`version_hash`]): the key's `(k_u, k_v)`
+//! and the cursor's word `w` (the integer; a timestamp's microseconds since 1970, a naive one read
+//! as UTC; an `xid8`'s value; each modulo P), mixed with integer arithmetic again:
+//! `u = (k_u + w·M mod P) mod P`, `v = (k_v + u² mod P) mod P` (`M` a fixed multiplier). A row
+//! updated behind the checkpoint (a new cursor, the same key) is then a version that left and
+//! one that came, even within one bucket.
+//!
+//! The odds: a bucket whose versions changed while its row count did not keeps both sums only if
+//! the versions that left and the versions that came add up to the same `(Σu, Σv)`. A single
+//! version that moved within a bucket keeps `u` only if its cursor moved by a multiple of P (for a
+//! timestamp, 2,147.48 s exactly: longer than a bucket spans unless `windowSeconds` is over nine
+//! hours); otherwise, as for any other change of the set, about 2^-62 for keys hashed with
+//! SHA-256, and for integer keys about 2^-62 too unless the versions are chosen to collide (sets
+//! with equal sums of `u` and of squares modulo P, left and arriving together within one check).
+//! A count that grew is seen whatever the sums.
 
 use sha2::{Digest, Sha256};
 
-use crate::domain::cursor::PkValue;
+use crate::domain::cursor::{CursorValue, PkValue};
 
 /// The modulus of the integer-key hash: 2^31 - 1, a prime.
 pub const KEY_HASH_MODULUS: i64 = 2_147_483_647;
+
+/// The multiplier of the cursor's word in a version's hash (below P, far from 0 and 1).
+pub const CURSOR_MULTIPLIER: i64 = 1_103_515_245;
 
 /// The separator between the columns of a key's text: U+001F (unit separator).
 pub const KEY_TEXT_SEPARATOR: char = '\u{1f}';
@@ -68,7 +85,7 @@ pub fn key_hash(values: &[&PkValue]) -> KeyHash {
                 }
                 match value {
                     PkValue::Integer(number) => text.push_str(&number.to_string()),
-                    PkValue::Text(value) => text.push_str(value),
+                    PkValue::Text(value) => text.push_str(value.trim_end_matches(' ')),
                 }
             }
             text_key_hash(&text)
@@ -85,6 +102,31 @@ pub fn position_key_hash(pk: &[(String, PkValue)]) -> KeyHash {
             key_hash(&values)
         }
     }
+}
+
+/// The cursor's word: its integer (a timestamp's microseconds since 1970, a naive one read as
+/// UTC) modulo P, non-negative.
+pub fn cursor_word(cursor: &CursorValue) -> i64 {
+    let number = match cursor {
+        CursorValue::Integer(number) => *number,
+        CursorValue::Timestamp { at, .. } => at.timestamp_micros(),
+        CursorValue::NaiveTimestamp(at) => at.and_utc().timestamp_micros(),
+        CursorValue::Xid(xid) => return (xid % KEY_HASH_MODULUS as u64) as i64,
+    };
+    number.rem_euclid(KEY_HASH_MODULUS)
+}
+
+/// A row version's hash: its key's, mixed with its cursor's word (the module's formula).
+pub fn version_hash(key: KeyHash, cursor: &CursorValue) -> KeyHash {
+    mix(key, cursor_word(cursor))
+}
+
+/// `u = (k_u + w·M mod P) mod P`, `v = (k_v + u² mod P) mod P`: what the SQL repeats.
+pub fn mix(key: KeyHash, word: i64) -> KeyHash {
+    let modulus = KEY_HASH_MODULUS;
+    let u = (i64::from(key.u) + (word * CURSOR_MULTIPLIER) % modulus) % modulus;
+    let v = (i64::from(key.v) + (u * u) % modulus) % modulus;
+    KeyHash { u: u as u32, v: v as u32 }
 }
 
 /// `u = k mod P` (non-negative), `v = u² mod P`: what `((k % P) + P) % P` and `(u * u) % P`
@@ -134,6 +176,30 @@ mod tests {
         assert_eq!(KeyHashKind::of(&[&PkValue::Integer(1)]), KeyHashKind::Integer);
         assert_eq!(KeyHashKind::of(&[&PkValue::Text("1".into())]), KeyHashKind::Digest);
         assert_eq!(KeyHashKind::of(&[&PkValue::Integer(1), &PkValue::Integer(2)]), KeyHashKind::Digest);
+    }
+
+    /// A version's hash changes with its cursor, and PostgreSQL computes the same numbers
+    /// (`select (5 + 1000 * 1103515245 % 2147483647) % 2147483647`: 1856134094).
+    #[test]
+    fn a_version_is_its_key_and_its_cursor() {
+        let key = integer_key_hash(5);
+        let first = version_hash(key, &CursorValue::Integer(1000));
+        assert_eq!(first, KeyHash { u: 1_856_134_094, v: 960_755_096 });
+        assert_ne!(first, version_hash(key, &CursorValue::Integer(1001)));
+        let at = chrono::DateTime::from_timestamp_micros(1_700_000_000_123_456).unwrap();
+        let stamped = CursorValue::Timestamp { at, source_text: None };
+        assert_eq!(cursor_word(&stamped), 1_700_000_000_123_456i64.rem_euclid(KEY_HASH_MODULUS));
+        assert_eq!(cursor_word(&CursorValue::NaiveTimestamp(at.naive_utc())), cursor_word(&stamped));
+        assert_eq!(cursor_word(&CursorValue::Integer(-1)), KEY_HASH_MODULUS - 1);
+        assert_eq!(cursor_word(&CursorValue::Xid(u64::MAX)), (u64::MAX % KEY_HASH_MODULUS as u64) as i64);
+    }
+
+    /// A padded `char(n)` key and its unpadded text are one key.
+    #[test]
+    fn trailing_spaces_are_not_part_of_a_text_key() {
+        let padded = key_hash(&[&PkValue::Text("c200    ".into())]);
+        assert_eq!(padded, key_hash(&[&PkValue::Text("c200".into())]));
+        assert_ne!(padded, key_hash(&[&PkValue::Text(" c200".into())]));
     }
 
     /// Keys that add up alike (a row moved out for each late one, same total) still change Σv.

@@ -6,8 +6,9 @@
 //! **window** of the rows delivered last (the last 15 minutes of cursor time, the last 100,000
 //! rows, at most [`MAX_BUCKETS`] buckets: a few kilobytes), cut into **buckets** by cursor value. A
 //! bucket holds every row from its `from` cursor up to the next bucket's (the last one up to the
-//! checkpoint), and records how many rows were delivered there and two sums of their key hashes
-//! ([`hash`]). A check asks the database for the same numbers over the same ranges, in one
+//! checkpoint), and records how many rows were delivered there and two sums of their row
+//! versions' hashes (the key and the cursor value, [`hash`]): a row updated behind the checkpoint
+//! is a version that left and one that came. A check asks the database for the same numbers over the same ranges, in one
 //! grouped query; [`plan_check`] compares them:
 //!
 //! | the database has            | it means                                              | done            |
@@ -36,7 +37,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::cursor::{CursorJson, CursorValue, Position};
-pub use hash::{KeyHash, KeyHashKind, key_hash, position_key_hash};
+pub use hash::{KeyHash, KeyHashKind, key_hash, position_key_hash, version_hash};
 
 /// At most this many buckets are kept, whatever the window: it bounds the state document (a
 /// bucket is about 200 bytes of JSON).
@@ -97,11 +98,18 @@ pub struct Bucket {
     pub since: DateTime<Utc>,
 }
 
+/// What a window's sums are sums of: [`WINDOW_IDENTITY`] for row versions (the key and the cursor
+/// value); a window of another identity (an earlier build's, of keys alone) is stale.
+pub const WINDOW_IDENTITY: u32 = 2;
+
 /// The buckets behind the checkpoint, oldest first.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Window {
     /// The cursor kind of the buckets' `from` values.
     pub kind: String,
+    /// What the sums are sums of ([`WINDOW_IDENTITY`]; absent: keys alone, an earlier build's).
+    #[serde(default)]
+    pub identity: u32,
     /// `last_successful_batch_id` of the checkpoint this window reaches: it is stale otherwise.
     pub checkpoint_batch: String,
     pub buckets: Vec<Bucket>,
@@ -135,7 +143,10 @@ pub struct KeyRow {
 
 impl KeyRow {
     pub fn of(position: &Position) -> KeyRow {
-        KeyRow { cursor: position.cursor.clone(), hash: position_key_hash(&position.pk) }
+        KeyRow {
+            cursor: position.cursor.clone(),
+            hash: version_hash(position_key_hash(&position.pk), &position.cursor),
+        }
     }
 }
 
@@ -182,8 +193,9 @@ pub fn extend(
     now: DateTime<Utc>,
 ) -> LateRecord {
     let mut next = record.cloned().unwrap_or_default();
-    let mut window =
-        next.window.take().filter(|window| previous.is_some_and(|(_, batch)| batch == window.checkpoint_batch));
+    let mut window = next.window.take().filter(|window| {
+        window.identity == WINDOW_IDENTITY && previous.is_some_and(|(_, batch)| batch == window.checkpoint_batch)
+    });
     let rows_per_bucket = (policy.rows / BUCKETS_PER_WINDOW as u64).clamp(1, FRESH_BUCKET_ROWS);
     let span_per_bucket = policy.span / BUCKETS_PER_WINDOW as i32;
     // The open bucket's first instant, parsed once (timestamps only).
@@ -217,14 +229,16 @@ pub fn extend(
         };
         if opens {
             let kind = row.cursor.kind();
-            let window = window.get_or_insert_with(|| Window {
+            let fresh = || Window {
                 kind: kind.to_string(),
+                identity: WINDOW_IDENTITY,
                 checkpoint_batch: String::new(),
                 buckets: Vec::new(),
-            });
+            };
+            let window = window.get_or_insert_with(fresh);
             if window.kind != kind {
                 // The cursor's kind changed (the column's type did): start again.
-                *window = Window { kind: kind.to_string(), checkpoint_batch: String::new(), buckets: Vec::new() };
+                *window = fresh();
             }
             window.buckets.push(Bucket::starting_at(&row.cursor, now));
             open_from = instant(&row.cursor);

@@ -104,7 +104,12 @@ mod tests {
                 bucket
             })
             .collect();
-        Window { kind: "integer".into(), checkpoint_batch: "b".into(), buckets }
+        Window {
+            kind: "integer".into(),
+            identity: super::super::WINDOW_IDENTITY,
+            checkpoint_batch: "b".into(),
+            buckets,
+        }
     }
 
     /// The fresh buckets at every check; every old bucket within `sweepChecks + 1` checks.

@@ -49,7 +49,7 @@ fn recount(window: &Window, keys: &[(i64, i64)], checkpoint: (i64, i64)) -> Vec<
             continue;
         }
         let index = froms.iter().rposition(|from| *from <= cursor).unwrap();
-        tallies[index].add(integer_key_hash(id));
+        tallies[index].add(row(cursor, id).hash);
     }
     tallies
 }
@@ -177,7 +177,7 @@ fn one_new_row_is_named_by_its_hash_and_the_plan_says_what_to_do() {
         (CursorValue::Integer(11), BucketEnd::Before(CursorValue::Integer(21)))
     );
     assert_eq!(late.late_rows, 1);
-    assert_eq!(late.single, Some(integer_key_hash(1000)));
+    assert_eq!(late.single, Some(row(15, 1000).hash));
     let shrunk = ShrunkBucket {
         from: CursorValue::Integer(21),
         recorded: window.buckets[2].tally,
@@ -191,6 +191,41 @@ fn one_new_row_is_named_by_its_hash_and_the_plan_says_what_to_do() {
     assert_eq!((adopted.found, adopted.max_lateness_seconds, adopted.last_found_at), (1, Some(7), Some(at(9))));
     let again = plan_check(adopted.window.as_ref().unwrap(), &recount(&window, &keys, (30, 30))).unwrap();
     assert!(again.is_empty(), "{again:?}");
+}
+
+/// A row updated behind the checkpoint (its key kept, its cursor moved) is a late version: within
+/// its bucket the sums differ (whole bucket again), across buckets the new one grew by exactly it.
+#[test]
+fn an_update_behind_the_checkpoint_is_a_late_version_within_a_bucket_or_across() {
+    let rows: Vec<KeyRow> = (1..=30).map(|id| row(id, id)).collect();
+    let window = extend(None, None, &[&rows], "b", &policy(160), at(0)).window.unwrap();
+    assert_eq!(rows_of(&window), vec![10, 10, 10]);
+    let keys: Vec<(i64, i64)> = (1..=30).map(|id| (id, id)).collect();
+    // Row 12 restamped to 18: the same bucket, as many rows, other sums.
+    let moved: Vec<(i64, i64)> =
+        keys.iter().map(|&(cursor, id)| if id == 12 { (18, 12) } else { (cursor, id) }).collect();
+    let plan = plan_check(&window, &recount(&window, &moved, (30, 30))).unwrap();
+    assert_eq!(plan.late.len(), 1, "{plan:?}");
+    assert_eq!((plan.late[0].from.clone(), plan.late[0].single), (CursorValue::Integer(11), None));
+    // Row 5 restamped to 25: its bucket shrank, the last one grew by its new version.
+    let moved: Vec<(i64, i64)> =
+        keys.iter().map(|&(cursor, id)| if id == 5 { (25, 5) } else { (cursor, id) }).collect();
+    let plan = plan_check(&window, &recount(&window, &moved, (30, 30))).unwrap();
+    assert_eq!(plan.late.len(), 1, "{plan:?}");
+    assert_eq!((plan.late[0].from.clone(), plan.late[0].single), (CursorValue::Integer(21), Some(row(25, 5).hash)));
+    assert_eq!(plan.shrunk.len(), 1);
+}
+
+/// A window of an earlier build's sums (keys alone) is stale: the next commit starts a new one.
+#[test]
+fn a_window_of_keys_alone_is_not_extended() {
+    let rows: Vec<KeyRow> = (1..=5).map(|id| row(id, id)).collect();
+    let mut record = extend(None, None, &[&rows], "b1", &policy(160), at(0));
+    record.window.as_mut().unwrap().identity = 0;
+    let more: Vec<KeyRow> = (6..=7).map(|id| row(id, id)).collect();
+    let next = extend(Some(&record), Some((&position(5, 5), "b1")), &[&more], "b2", &policy(160), at(1));
+    let window = next.window.unwrap();
+    assert_eq!((rows_of(&window), window.identity), (vec![2], WINDOW_IDENTITY));
 }
 
 /// Rows the tick committed between the check and the late write (they went into the last bucket)
@@ -207,8 +242,8 @@ fn a_late_write_keeps_what_commits_added_since_the_check() {
     let grown = extend(Some(&record), Some((&position(5, 5), "b1")), &[&more], "b2", &policy(160), at(1));
     let written = after_redelivery(&grown, &CursorValue::Integer(1), checked, found, 1, 3, at(2));
     let mut expected = found;
-    expected.add(integer_key_hash(6));
-    expected.add(integer_key_hash(7));
+    expected.add(row(6, 6).hash);
+    expected.add(row(7, 7).hash);
     assert_eq!(written.window.unwrap().buckets[0].tally, expected);
 }
 
@@ -252,7 +287,7 @@ proptest! {
 
         // Later: late rows (new ids) at cursors behind the checkpoint, and rows deleted.
         let mut keys = delivered.clone();
-        let mut added: BTreeMap<usize, Vec<i64>> = BTreeMap::new();
+        let mut added: BTreeMap<usize, Vec<(i64, i64)>> = BTreeMap::new();
         let mut removed: BTreeMap<usize, u64> = BTreeMap::new();
         for (cursor, id) in &arrivals {
             let cursor = cursor % (checkpoint.0 + 1);
@@ -261,7 +296,7 @@ proptest! {
             }
             keys.push((cursor, *id));
             if let Some(bucket) = bucket_of(cursor) {
-                added.entry(bucket).or_default().push(*id);
+                added.entry(bucket).or_default().push((cursor, *id));
             }
         }
         for index in &departures {
@@ -285,7 +320,7 @@ proptest! {
             let late = &plan.late[position.unwrap()];
             prop_assert_eq!(late.late_rows, ids.len() as u64);
             if ids.len() == 1 {
-                prop_assert_eq!(late.single, Some(integer_key_hash(ids[0])));
+                prop_assert_eq!(late.single, Some(row(ids[0].0, ids[0].1).hash));
             }
         }
         for from in &late_froms {
