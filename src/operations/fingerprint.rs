@@ -2,6 +2,11 @@
 //! order and meaning, records the configuration's fingerprint and keeps the checkpoint. A
 //! checkpoint that does not fit the configured key (the key itself changed) cannot be kept: the
 //! accept is refused, and the poller must be reset.
+//!
+//! The late-arrival detector's window is dropped (its findings kept): it counted the rows the old
+//! definition selected, and a recount under the new one (a wider `where`, say) would call every
+//! row that matches only now a late arrival. The next commit starts a new window; a row committed
+//! late behind the checkpoint before then is not found (docs/late-arrivals.md).
 
 use crate::domain::transitions::{self, Operator};
 use crate::store::WriteCondition;
@@ -26,12 +31,15 @@ pub async fn plan_accept(parts: Parts<'_>, operator: Operator<'_>) -> Result<Pla
             "refusing to keep the checkpoint: {mismatch}, with `--to-beginning`, `--to-end` or `--to-cursor`"
         )));
     }
-    let after = transitions::accept_fingerprint(
+    let mut after = transitions::accept_fingerprint(
         &current.document,
         &config.fingerprint,
         operator,
         parts.clock.now(),
         &config.lease,
     )?;
+    if let Some(late) = after.late.as_mut() {
+        late.window = None;
+    }
     Ok(Plan { key, before: Some(current.document), after, condition: WriteCondition::Matches(current.etag) })
 }

@@ -28,6 +28,7 @@ use crate::source::{BucketCheck, BucketRange, FetchLimit, SourceRow};
 use crate::store::{StateWriter, WriteFailure};
 
 use super::Poller;
+use super::budget;
 use super::outcome::{LateCheck, TickError};
 use super::reader::BatchMaker;
 use super::timer::runtime_deadline;
@@ -36,6 +37,8 @@ use super::timer::runtime_deadline;
 pub(super) struct LateFound {
     pub(super) plan: CheckPlan,
     pub(super) checkpoint: Position,
+    /// The bucket marked undelivered is not late any more (its rows delivered or gone): clear it.
+    pub(super) clear_undelivered: bool,
 }
 
 impl LateFound {
@@ -90,7 +93,10 @@ impl Poller {
             return None;
         }
         let tick = self.late_ticks.fetch_add(1, Ordering::Relaxed);
-        if !tick.is_multiple_of(u64::from(config.every_ticks)) {
+        // A late bucket whose delivery failed is checked at every tick until delivered: the
+        // failure stays visible, and the bucket in the window.
+        let undelivered = document.late.as_ref().and_then(|record| record.undelivered.as_ref()).is_some();
+        if !undelivered && !tick.is_multiple_of(u64::from(config.every_ticks)) {
             return None;
         }
         let checkpoint = document.checkpoint.as_ref()?;
@@ -110,7 +116,12 @@ impl Poller {
         // A turn not begun starts at a bucket picked by the clock: a process restarted often does
         // not always recount the same ones first.
         let start = self.clock.now().timestamp_millis().unsigned_abs();
-        let selection = late::sweep::select(window, &sweep, config.sweep_checks, start);
+        let mut selection = late::sweep::select(window, &sweep, config.sweep_checks, start);
+        if undelivered {
+            // Every bucket, so that the undelivered one (however old) is among them.
+            selection.indices = (0..window.buckets.len()).collect();
+            selection.sweep = sweep;
+        }
         let tallies = match self.recount(&froms, &selection.indices, &position).await {
             Ok(Some(tallies)) => tallies,
             Ok(None) => return None,
@@ -123,8 +134,25 @@ impl Poller {
         self.learn(|learnt| learnt.late_check = LateCheck::Checked);
         *self.late_sweep.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = selection.sweep;
         match late::plan_partial(window, &selection.indices, &tallies) {
-            Ok(plan) if plan.is_empty() => None,
-            Ok(plan) => Some(LateFound { plan, checkpoint: position }),
+            Ok(plan) if plan.is_empty() && !undelivered => None,
+            Ok(plan) => {
+                let marked = document.late.as_ref().and_then(|record| record.undelivered.as_ref());
+                let marked = marked.and_then(|bucket| bucket.from_cursor(&window.kind).ok());
+                // The late bucket that holds the marked one (merged into an older one since, maybe).
+                let holds = |late: &late::LateBucket, marked: &CursorValue| {
+                    let from_before =
+                        late.from.compare(marked).is_some_and(|order| order != std::cmp::Ordering::Greater);
+                    let until_after = match &late.until {
+                        late::BucketEnd::Checkpoint => true,
+                        late::BucketEnd::Before(until) => {
+                            until.compare(marked).is_some_and(|order| order == std::cmp::Ordering::Greater)
+                        }
+                    };
+                    from_before && until_after
+                };
+                let clear_undelivered = marked.is_some_and(|marked| !plan.late.iter().any(|late| holds(late, &marked)));
+                Some(LateFound { plan, checkpoint: position, clear_undelivered })
+            }
             Err(reason) => {
                 warn!(poller = %self.config.poller_name, "the late-arrival check cannot be compared: {reason}");
                 None
@@ -151,8 +179,11 @@ impl Poller {
         let Some(mut record) = document.late.clone() else {
             return false;
         };
-        if found.plan.shrunk.is_empty() {
+        if found.plan.shrunk.is_empty() && !found.clear_undelivered {
             return false;
+        }
+        if found.clear_undelivered {
+            record.undelivered = None;
         }
         for shrunk in &found.plan.shrunk {
             record = late::adopt(&record, &shrunk.from, shrunk.recorded, shrunk.found);
@@ -177,9 +208,18 @@ impl Poller {
                 warn!(poller = %self.config.poller_name, "the tick budget ran out before every late bucket was delivered; the next check finds the rest");
                 break;
             }
-            let Some((delivered, late_rows, lateness_of)) =
-                self.deliver_bucket(writer, document, bucket, &found.checkpoint, maker, deadline).await?
-            else {
+            let delivered = self.deliver_bucket(writer, document, bucket, &found.checkpoint, maker, deadline).await;
+            let Some((delivered, late_rows, lateness_of)) = (match delivered {
+                Ok(delivered) => delivered,
+                Err(error) => {
+                    // Kept in the window and checked at every tick until delivered; the tick's
+                    // failure record (written as it ends) carries this with it.
+                    if let Some(record) = document.late.as_ref() {
+                        document.late = Some(late::mark_undelivered(record, &bucket.from, self.clock.now()));
+                    }
+                    return Err(error);
+                }
+            }) else {
                 return Ok(());
             };
             let now = self.clock.now();
@@ -224,12 +264,18 @@ impl Poller {
             checkpoint: checkpoint.clone(),
             only,
         };
+        let reservations = self.reservations();
         if let Some(hash) = bucket.single {
-            let found =
-                self.source.read_bucket(&range(Some(hash)), None, FetchLimit { rows: 2, bytes: usize::MAX }).await?;
+            // Late batches hold the app's byte budget as any batch does, while read and sent.
+            let mut hold = reservations.reserve(self.fetch_limit().bytes).await;
+            let limit = FetchLimit { rows: 2, bytes: self.fetch_limit().bytes };
+            let found = self.source.read_bucket(&range(Some(hash)), None, limit).await?;
+            hold.keep(budget::rows_bytes(&found.rows));
             if let [row] = found.rows.as_slice() {
                 let cursor = row.position.cursor.clone();
-                if !self.send_late(writer, document, found.rows, maker, deadline).await? {
+                let sent = self.send_late(writer, document, found.rows, maker, deadline).await?;
+                drop(hold);
+                if !sent {
                     return Ok(None);
                 }
                 let mut tally = bucket.recorded;
@@ -243,7 +289,9 @@ impl Poller {
         let mut oldest: Option<CursorValue> = None;
         let mut after: Option<Position> = None;
         loop {
+            let mut hold = reservations.reserve(self.fetch_limit().bytes).await;
             let page = self.source.read_bucket(&whole, after.as_ref(), self.fetch_limit()).await?;
+            hold.keep(budget::rows_bytes(&page.rows));
             let Some(last) = page.rows.last() else {
                 break;
             };
@@ -255,7 +303,9 @@ impl Poller {
                 oldest = page.rows.first().map(|row| row.position.cursor.clone());
             }
             let more = page.full;
-            if !self.send_late(writer, document, page.rows, maker, deadline).await? {
+            let sent = self.send_late(writer, document, page.rows, maker, deadline).await?;
+            drop(hold);
+            if !sent {
                 return Ok(None);
             }
             if !more {

@@ -564,6 +564,64 @@ async fn a_refused_late_batch_fails_the_tick_without_holding_up_new_rows() {
     assert_eq!(case.document().failure, None, "the failure is cleared");
 }
 
+/// Issue 35, finding 6: a late bucket whose delivery keeps failing stays in the window however
+/// many rows commits add after it (a window of 32 rows, 200 new rows), is checked at every tick
+/// (everyTicks 5 notwithstanding), and the failure stays recorded at every tick until it is
+/// delivered; then the row arrives, marked late, and the mark and the failure are cleared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_late_bucket_never_leaves_the_window_undelivered() {
+    let extra = json!({"cursor": "seq", "lateArrivals": {"windowRows": 32, "everyTicks": 5}});
+    let case = Case::new(Engine::Sqlite, identity_table(Engine::Sqlite), extra).await;
+    let seeded: Vec<String> = [10, 20, 30, 40, 50].iter().map(|id| format!("({id}, {id}, 'row {id}')")).collect();
+    execute(&case.url, &format!("INSERT INTO items (id, seq, note) VALUES {};\n", seeded.join(", "))).await;
+    let sink = Arc::new(RefusesLate { inner: RecordingSink::new(), refuse: true.into() });
+    let source = dbtrigger::source::open(&case.poller.config.source).unwrap();
+    let clock = Arc::new(dbtrigger::tick::SystemClock);
+    let poller = Poller::new(case.poller.config.clone(), source, sink.clone(), case.store.clone(), clock, "it".into());
+    poller.tick().await.unwrap();
+    execute(&case.url, "INSERT INTO items (id, seq, note) VALUES (35, 35, 'late'), (60, 60, 'new');\n").await;
+    // Found at the next check (one tick in five).
+    let mut ticks = 0;
+    while !matches!(poller.tick().await, Err(dbtrigger::tick::TickError::LateDelivery { .. })) {
+        ticks += 1;
+        assert!(ticks < 5, "found within everyTicks");
+    }
+    for round in 0..10 {
+        let rows: Vec<String> =
+            (0..20).map(|index| 100 + round * 20 + index).map(|id| format!("({id}, {id}, 'new')")).collect();
+        execute(&case.url, &format!("INSERT INTO items (id, seq, note) VALUES {};\n", rows.join(", "))).await;
+        let result = poller.tick().await;
+        assert!(matches!(result, Err(dbtrigger::tick::TickError::LateDelivery { .. })), "round {round}: {result:?}");
+        let document = case.document();
+        assert!(document.failure.is_some(), "round {round}: the failure stays recorded");
+        let late = document.late.unwrap();
+        assert!(late.undelivered.is_some(), "round {round}");
+        let first = late.window.unwrap().buckets[0].from.clone();
+        assert!(
+            first.as_i64().unwrap() <= 35,
+            "round {round}: the bucket of row 35 is kept, the window starts at {first}"
+        );
+    }
+    sink.refuse.store(false, std::sync::atomic::Ordering::SeqCst);
+    let (result, report) = poller.tick_reported().await;
+    result.unwrap();
+    assert_eq!(report.late_arrivals, 1);
+    let late: Vec<(i64, bool)> = sink
+        .inner
+        .batches()
+        .iter()
+        .filter(|batch| batch.late)
+        .flat_map(|batch| {
+            batch.events.iter().map(|event| (event.pk()["id"].as_i64().unwrap(), batch.late)).collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(late, vec![(35, true)]);
+    poller.tick().await.unwrap();
+    let document = case.document();
+    assert_eq!(document.failure, None, "the failure is cleared");
+    assert!(document.late.unwrap().undelivered.is_none(), "the mark is cleared");
+}
+
 /// Issue 26, section 3: what was found late is in `status` (and its JSON, which the status
 /// function serves) and in a watchdog finding.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -129,6 +129,11 @@ pub struct LateRecord {
     pub last_found_at: Option<DateTime<Utc>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<Window>,
+    /// A bucket found late whose delivery failed (its `from`; its tally is not used): the window
+    /// keeps it however old it grows, and every tick checks until it is delivered or its rows
+    /// are gone, so that its rows are never dropped from the window undelivered (issue 35).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub undelivered: Option<Bucket>,
     /// Fields of a newer build, kept.
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -196,6 +201,7 @@ pub fn extend(
     let mut window = next.window.take().filter(|window| {
         window.identity == WINDOW_IDENTITY && previous.is_some_and(|(_, batch)| batch == window.checkpoint_batch)
     });
+    let kept = window.is_some();
     let rows_per_bucket = (policy.rows / BUCKETS_PER_WINDOW as u64).clamp(1, FRESH_BUCKET_ROWS);
     let span_per_bucket = policy.span / BUCKETS_PER_WINDOW as i32;
     // The open bucket's first instant, parsed once (timestamps only).
@@ -249,7 +255,12 @@ pub fn extend(
     if let Some(window) = window.as_mut() {
         window.checkpoint_batch = checkpoint_batch.to_string();
         compact(window, policy);
-        prune(window, last_cursor, policy);
+        let keep = next.undelivered.as_ref().and_then(|bucket| bucket.from_cursor(&window.kind).ok());
+        prune(window, last_cursor, keep.as_ref(), policy);
+    }
+    if !kept {
+        // A stale window (the checkpoint moved by other means): its undelivered bucket goes too.
+        next.undelivered = None;
     }
     next.window = window;
     next
@@ -288,12 +299,26 @@ pub fn compact(window: &mut Window, policy: &WindowPolicy) {
 }
 
 /// Drops the oldest buckets beyond the window: past [`MAX_BUCKETS`], past the rows it covers, and
-/// (timestamps) wholly older than its span behind `newest`.
-fn prune(window: &mut Window, newest: Option<&CursorValue>, policy: &WindowPolicy) {
-    let excess = window.buckets.len().saturating_sub(MAX_BUCKETS);
-    window.buckets.drain(..excess);
+/// (timestamps) wholly older than its span behind `newest`; never the bucket that holds `keep`
+/// (an undelivered late bucket's first cursor) nor any after it.
+fn prune(window: &mut Window, newest: Option<&CursorValue>, keep: Option<&CursorValue>, policy: &WindowPolicy) {
+    // Bucket 0 may go only if the next one starts at or before `keep`.
+    let may_drop_first = |window: &Window| match keep {
+        None => true,
+        Some(keep) => window
+            .buckets
+            .get(1)
+            .and_then(|next| next.from_cursor(&window.kind).ok())
+            .and_then(|next| next.compare(keep))
+            .is_some_and(|order| order != Ordering::Greater),
+    };
+    let mut excess = window.buckets.len().saturating_sub(MAX_BUCKETS);
+    while excess > 0 && may_drop_first(window) {
+        window.buckets.remove(0);
+        excess -= 1;
+    }
     let mut total: u64 = window.buckets.iter().map(|bucket| bucket.tally.rows).sum();
-    while window.buckets.len() > 1 && total - window.buckets[0].tally.rows >= policy.rows {
+    while window.buckets.len() > 1 && total - window.buckets[0].tally.rows >= policy.rows && may_drop_first(window) {
         total -= window.buckets[0].tally.rows;
         window.buckets.remove(0);
     }
@@ -301,7 +326,7 @@ fn prune(window: &mut Window, newest: Option<&CursorValue>, policy: &WindowPolic
         return;
     };
     let oldest_kept = newest - policy.span;
-    while window.buckets.len() > 1 {
+    while window.buckets.len() > 1 && may_drop_first(window) {
         let next_from = window.buckets[1].from_cursor(&window.kind).ok();
         match next_from.as_ref().and_then(instant) {
             Some(next) if next <= oldest_kept => {
@@ -461,6 +486,10 @@ pub fn after_redelivery(
     now: DateTime<Utc>,
 ) -> LateRecord {
     let mut next = adopt(record, from, checked, delivered);
+    let kind = next.window.as_ref().map(|window| window.kind.clone()).unwrap_or_default();
+    if next.undelivered.as_ref().and_then(|bucket| bucket.from_cursor(&kind).ok()).as_ref() == Some(from) {
+        next.undelivered = None;
+    }
     next.found += late_rows;
     next.max_lateness_seconds = Some(next.max_lateness_seconds.unwrap_or(0).max(lateness_seconds));
     next.last_found_at = Some(now);
@@ -490,6 +519,22 @@ pub fn adopt(record: &LateRecord, from: &CursorValue, checked: Tally, recount: T
                 sum_v: recount.sum_v + bucket.tally.sum_v.saturating_sub(checked.sum_v),
             };
         }
+    }
+    next
+}
+
+/// The record with the late bucket `from` marked undelivered (the oldest such bucket is kept).
+pub fn mark_undelivered(record: &LateRecord, from: &CursorValue, now: DateTime<Utc>) -> LateRecord {
+    let mut next = record.clone();
+    let kind = next.window.as_ref().map(|window| window.kind.clone()).unwrap_or_default();
+    let older = next
+        .undelivered
+        .as_ref()
+        .and_then(|bucket| bucket.from_cursor(&kind).ok())
+        .and_then(|marked| marked.compare(from))
+        .is_some_and(|order| order == Ordering::Less);
+    if !older {
+        next.undelivered = Some(Bucket::starting_at(from, now));
     }
     next
 }
