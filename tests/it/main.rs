@@ -30,6 +30,7 @@ mod package;
 mod poison;
 mod quarantine;
 mod queue;
+mod quiet;
 mod scale_out;
 mod schema;
 mod security;
