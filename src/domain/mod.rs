@@ -15,6 +15,7 @@
 //! - [`ids`]: deterministic event and batch ids, and the source fingerprint.
 //! - [`watchdog`]: what the watchdog concludes about a poller (stalled, abandoned lease, failing,
 //!   quarantine growing, source changed) from its status and what it saw last time.
+//! - [`lag_series`]: the bounded lag series and findings the watchdog keeps for the status page.
 //! - [`window`]: batches in flight, acknowledged out of order, committed in order (seed 004).
 //! - [`schedule`]: NCRONTAB and time-span timer schedules (for `dbtrigger dev`).
 
@@ -22,6 +23,7 @@ pub mod cursor;
 pub mod event;
 pub mod health;
 pub mod ids;
+pub mod lag_series;
 pub mod late;
 pub mod lease;
 pub mod poison;

@@ -45,6 +45,12 @@ pub struct Seen {
 pub struct Memory {
     #[serde(default)]
     pub pollers: BTreeMap<String, Seen>,
+    /// Each poller's lag over the last hours, for the status page (bounded: `lag_series`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub lag: BTreeMap<String, super::lag_series::LagSeries>,
+    /// The findings of the last run, for the status page.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub findings: Vec<super::lag_series::FindingNote>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -38,6 +38,7 @@ mod services;
 mod simulation;
 mod sources;
 mod status;
+mod status_page;
 mod store;
 mod tick;
 mod watchdog;
