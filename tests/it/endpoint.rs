@@ -14,12 +14,18 @@ use serde_json::{Value, json};
 
 use crate::harness::{AppRoot, Orders, run_dbtrigger};
 
+/// The answer a refusing endpoint gives to every request.
+struct Refusal {
+    status: u16,
+    body: String,
+    headers: Vec<(String, String)>,
+}
+
 /// A receiver that answers `refusal` to everything while it is set, and otherwise accepts and
 /// records the ids it got.
 #[derive(Default)]
 struct Endpoint {
-    /// Status, body and headers of the answer to every request, while set.
-    refusal: Option<(u16, String, Vec<(String, String)>)>,
+    refusal: Option<Refusal>,
     accepted: Vec<i64>,
     requests: u64,
 }
@@ -32,12 +38,12 @@ async fn answer(
     let ids = envelope["events"].as_array().unwrap().iter().map(|event| event["pk"]["id"].as_i64().unwrap());
     let mut endpoint = endpoint.lock().unwrap();
     endpoint.requests += 1;
-    if let Some((status, body, headers)) = &endpoint.refusal {
+    if let Some(refusal) = &endpoint.refusal {
         let mut answer_headers = HeaderMap::new();
-        for (name, value) in headers {
+        for (name, value) in &refusal.headers {
             answer_headers.insert(HeaderName::from_bytes(name.as_bytes()).unwrap(), value.parse().unwrap());
         }
-        return (StatusCode::from_u16(*status).unwrap(), answer_headers, body.clone());
+        return (StatusCode::from_u16(refusal.status).unwrap(), answer_headers, refusal.body.clone());
     }
     endpoint.accepted.extend(ids);
     (StatusCode::OK, HeaderMap::new(), "{}".into())
@@ -54,7 +60,7 @@ struct Setup {
 impl Setup {
     fn refuse(&self, status: u16, body: &str, headers: &[(&str, &str)]) {
         let headers = headers.iter().map(|(name, value)| (name.to_string(), value.to_string())).collect();
-        self.endpoint.lock().unwrap().refusal = Some((status, body.to_string(), headers));
+        self.endpoint.lock().unwrap().refusal = Some(Refusal { status, body: body.to_string(), headers });
     }
 
     fn accepted(&self) -> Vec<i64> {
