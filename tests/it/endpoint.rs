@@ -128,6 +128,7 @@ async fn refused_then_answered(status: u16, body: &str, headers: &[(&str, &str)]
         assert!(!ok, "tick {tick} fails: {stdout}{stderr}");
         assert!(stdout.contains(&format!("HTTP {status}")), "tick {tick}: {stdout}");
     }
+    assert_eq!(setup.endpoint.lock().unwrap().requests, 3, "one request a held tick: the batch, never split");
     assert_eq!(setup.quarantined(), json!([]), "nothing quarantined for HTTP {status}");
     let document = setup.app.state_document().await.unwrap();
     assert_eq!(document["checkpoint"], Value::Null, "the checkpoint held");
