@@ -6,6 +6,7 @@ mod budget;
 mod chaos;
 mod dev;
 mod docs;
+mod endpoint;
 mod failing;
 mod fleet;
 mod generations;
