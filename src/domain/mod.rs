@@ -22,6 +22,7 @@ pub mod cursor;
 pub mod event;
 pub mod health;
 pub mod ids;
+pub mod keyed;
 pub mod late;
 pub mod lease;
 pub mod poison;
