@@ -307,6 +307,7 @@ pub mod defaults {
     pub const STATE_CONNECTION: &str = "AzureWebJobsStorage";
     pub const STATE_CONTAINER: &str = "db-state";
     pub const POISON_MODE: &str = "quarantine";
+    pub const BATCH_ORDER: &str = "key";
     pub const CURSOR_TIME_ZONE: &str = "UTC";
     pub const MESSAGE_ENCODING: &str = "base64";
     pub const MESSAGE_PER: &str = "row";
