@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-pub use self::batch::{BatchConfig, PoisonConfig};
+pub use self::batch::{BatchConfig, Order, PoisonConfig};
 pub use self::connection::{StorageConnection, StorageCredential};
 pub use self::late::LateArrivalsConfig;
 pub use self::sink::{MessageEncoding, MessagePer, QueueConfig, SigningKey, SinkConfig, WebhookConfig};

@@ -38,6 +38,44 @@ impl Group {
     }
 }
 
+/// An event's group: the source's own (`source`: the logical source's table and replica
+/// identity), else the primary key as the event's `pk` JSON (`pk_json`); or, when `columns` are
+/// named, their values' JSON exactly as the row holds them (a logical source's row: from `new`,
+/// else `old`, with the table). A column the row lacks, or a row that is not a JSON object, makes
+/// the event a barrier.
+pub fn group_of(columns: Option<&[String]>, source: Option<&Group>, pk_json: &[u8], row_json: &[u8]) -> Group {
+    use serde_json::value::RawValue;
+    type Raw<'a> = std::collections::HashMap<&'a str, &'a RawValue>;
+    let Some(columns) = columns else {
+        return source.cloned().unwrap_or_else(|| Group::one(&[pk_json]));
+    };
+    let Ok(row) = serde_json::from_slice::<Raw<'_>>(row_json) else {
+        return Group::All;
+    };
+    let mut parts: Vec<&[u8]> = Vec::with_capacity(columns.len() + 1);
+    let values: Raw<'_> = if source.is_some() {
+        // A logical source's row: `table`, `new`, `old`.
+        let Some(table) = row.get("table") else {
+            return Group::All;
+        };
+        parts.push(table.get().as_bytes());
+        let side = ["new", "old"].iter().filter_map(|side| row.get(side)).find(|value| value.get() != "null");
+        match side.and_then(|side| serde_json::from_str::<Raw<'_>>(side.get()).ok()) {
+            Some(values) => values,
+            None => return Group::All,
+        }
+    } else {
+        row
+    };
+    for column in columns {
+        match values.get(column.as_str()) {
+            Some(value) => parts.push(value.get().as_bytes()),
+            None => return Group::All,
+        }
+    }
+    Group::one(&parts)
+}
+
 /// A batch taken: its number and its events, in source order, each with its sequence number (its
 /// place in the order events were pushed).
 #[derive(Debug)]
@@ -286,6 +324,24 @@ mod tests {
         assert_eq!(third.events.iter().map(|(s, _)| *s).collect::<Vec<_>>(), vec![3], "key 1 stays blocked");
         assert_eq!(window.acknowledge(third.batch), 0..0, "never past the failed event");
         assert!(window.take(10, usize::MAX, |_| 1).is_none());
+    }
+
+    #[test]
+    fn a_group_is_the_bytes_the_source_gave() {
+        let pk = br#"{"id":7}"#;
+        assert_eq!(group_of(None, None, pk, b"{}"), Group::one(&[pk]));
+        let columns = vec!["account".to_string()];
+        let a = group_of(Some(&columns), None, pk, br#"{"id":7,"account":1}"#);
+        assert_eq!(a, group_of(Some(&columns), None, br#"{"id":8}"#, br#"{"account":1,"id":8}"#));
+        assert_ne!(a, group_of(Some(&columns), None, pk, br#"{"id":7,"account":1.0}"#), "no normalising");
+        assert_eq!(group_of(Some(&columns), None, pk, br#"{"id":7}"#), Group::All);
+        let logical = Group::one(&[b"t"]);
+        let insert =
+            group_of(Some(&columns), Some(&logical), pk, br#"{"table":"s.t","new":{"account":"x"},"old":null}"#);
+        let delete =
+            group_of(Some(&columns), Some(&logical), pk, br#"{"table":"s.t","new":null,"old":{"account":"x"}}"#);
+        assert_eq!(insert, delete);
+        assert_eq!(group_of(None, Some(&logical), pk, b"{}"), logical);
     }
 
     #[derive(Debug, Clone)]
