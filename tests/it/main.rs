@@ -26,6 +26,7 @@ mod matrix;
 mod memory;
 mod operations;
 mod ops;
+mod ordered;
 mod package;
 mod poison;
 mod quarantine;
