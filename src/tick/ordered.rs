@@ -31,6 +31,8 @@ pub(super) struct Ordered {
     /// The byte budget of each read, given back once the prefix passes its last event.
     holds: VecDeque<(u64, Hold)>,
     in_flight: HashMap<u64, Info>,
+    /// The last event of each batch acknowledged and not yet under the checkpoint.
+    landed: std::collections::BTreeMap<u64, usize>,
 }
 
 /// A run of events the prefix now covers.
@@ -39,6 +41,8 @@ pub(super) struct Covered {
     pub(super) first: Position,
     pub(super) last: Position,
     pub(super) positions: Vec<Position>,
+    /// The batches whose every event the run brings under the checkpoint.
+    pub(super) batches: usize,
 }
 
 impl Ordered {
@@ -50,6 +54,7 @@ impl Ordered {
             base: 0,
             holds: VecDeque::new(),
             in_flight: HashMap::new(),
+            landed: std::collections::BTreeMap::new(),
         }
     }
 
@@ -103,10 +108,13 @@ impl Ordered {
     /// `batch` was acknowledged: the events the prefix now covers, if it moved.
     pub(super) fn acknowledge(&mut self, batch: u64) -> Option<Covered> {
         let info = self.in_flight.remove(&batch)?;
+        *self.landed.entry(info.last).or_default() += 1;
         let moved = self.window.acknowledge(batch);
         if moved.is_empty() {
             return None;
         }
+        let later = self.landed.split_off(&moved.end);
+        let batches = std::mem::replace(&mut self.landed, later).into_values().sum();
         let positions: Vec<Position> = self.positions.drain(..(moved.end - moved.start) as usize).collect();
         self.base = moved.end;
         while self.holds.front().is_some_and(|(end, _)| *end <= moved.end) {
@@ -117,6 +125,7 @@ impl Ordered {
             first: positions.first().expect("the prefix moved").clone(),
             last: positions.last().expect("the prefix moved").clone(),
             positions,
+            batches,
         })
     }
 

@@ -47,6 +47,9 @@ pub(super) struct Sent {
     pub(super) first: Position,
     pub(super) last: Position,
     pub(super) rows: usize,
+    /// The batches it completes: 1 for a batch of today's window; for a run of the ordered
+    /// window, the batches whose every event it brings under the checkpoint.
+    pub(super) batches: usize,
     /// Its rows' keys, for the late-arrival window (empty while the detector is off).
     pub(super) keys: Vec<KeyRow>,
     /// Aborts its delivery, when a batch before it failed (`None`: a run of the ordered window).
@@ -60,14 +63,15 @@ pub(super) fn delivered(run: &[Sent]) -> Option<Delivered<'_>> {
         last: &last.last,
         last_batch_id: &last.batch_id,
         rows: run.iter().map(|sent| sent.rows).sum(),
-        batches: run.len(),
+        batches: run.iter().map(|sent| sent.batches).sum(),
         quarantined: 0,
     })
 }
 
 fn add_batches(totals: &mut Totals, committed: &[Sent]) {
     if let Some(last) = committed.last() {
-        totals.add(committed.iter().map(|sent| sent.rows).sum(), 0, committed.len(), &last.last);
+        let batches = committed.iter().map(|sent| sent.batches).sum();
+        totals.add(committed.iter().map(|sent| sent.rows).sum(), 0, batches, &last.last);
     }
 }
 
@@ -126,7 +130,16 @@ impl Pipeline {
         };
         let rows = covered.positions.len();
         let keys = poller.late_keys(&covered.positions);
-        vec![Sent { batch_id: covered.batch_id, first: covered.first, last: covered.last, rows, keys, abort: None }]
+        let batches = covered.batches;
+        vec![Sent {
+            batch_id: covered.batch_id,
+            first: covered.first,
+            last: covered.last,
+            rows,
+            batches,
+            keys,
+            abort: None,
+        }]
     }
 
     /// Takes a batch read.
@@ -446,7 +459,8 @@ impl Poller {
                 (sequence, delivered.map_err(|error| (error, prepared)))
             });
             if pipeline.ordered.is_none() {
-                let opened = pipeline.window.open(Sent { batch_id, first, last, rows, keys, abort: Some(abort) });
+                let opened =
+                    pipeline.window.open(Sent { batch_id, first, last, rows, batches: 1, keys, abort: Some(abort) });
                 debug_assert_eq!(opened, sequence);
             }
         }
@@ -484,6 +498,7 @@ impl Poller {
                 first: positions.first().expect("a batch is never empty").clone(),
                 last: positions.last().expect("a batch is never empty").clone(),
                 rows: positions.len(),
+                batches: 1,
                 keys: Vec::new(),
                 abort: None,
             };
