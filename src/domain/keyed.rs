@@ -390,9 +390,9 @@ mod tests {
                         _ => true,
                     };
                     // Every earlier event of its key was sent before it, or is in this batch.
-                    for earlier in 0..index {
+                    for (earlier, was_sent) in sent.iter().enumerate().take(index) {
                         if overlaps(earlier) {
-                            prop_assert!(sent[earlier] || ours.contains(&earlier), "event {} left before {}", index, earlier);
+                            prop_assert!(*was_sent || ours.contains(&earlier), "event {} left before {}", index, earlier);
                         }
                     }
                     for (_, other) in in_flight {
