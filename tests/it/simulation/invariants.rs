@@ -88,8 +88,17 @@ fn accounted(world: &World, index: usize, in_quarantine: &BTreeSet<RowId>, row: 
     acknowledged || in_quarantine.contains(row) || logical.excused.contains(row)
 }
 
+/// A key's versions are first delivered in source order (issue 38), whatever the window.
+fn key_order(world: &World) -> Result<(), Violation> {
+    match world.sink.lock().unwrap().out_of_order.first() {
+        Some(what) => Err(Violation::new("a key's versions are first delivered in source order", what.clone())),
+        None => Ok(()),
+    }
+}
+
 /// After every step.
 pub async fn check(world: &mut World) -> Result<(), Violation> {
+    key_order(world)?;
     if let Some((invariant, what)) = world.store.stale_entries.lock().unwrap().first() {
         return Err(Violation::new(invariant, what.clone()));
     }
@@ -103,6 +112,14 @@ pub async fn check(world: &mut World) -> Result<(), Violation> {
                 return Err(Violation::new(
                     "only a refused row is quarantined",
                     format!("{name}: entry {id} (row {row:?}) was quarantined for a transient failure"),
+                ));
+            }
+            // The receiver refuses a row itself only with 422: a 401 is the endpoint refusing
+            // everything (issue 36), a 409 a stale fencing token; neither is the row's doing.
+            if *status != Some(422) {
+                return Err(Violation::new(
+                    "a row is quarantined only for a refusal about the row",
+                    format!("{name}: entry {id} (row {row:?}) was quarantined for HTTP {status:?}"),
                 ));
             }
         }

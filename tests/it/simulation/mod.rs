@@ -10,7 +10,8 @@
 //!   an operator cloned it, tick concurrently as tasks. A crash drops a tick at whatever await it is
 //!   in (a scripted instant raced against the tick, or a `Crash` step aborting its task).
 //! - The schedule ([`schedule`]) interleaves ticks, time, crashes, lease expiries (long `Run`s),
-//!   receiver latency, slow rows, 503 outages, timeouts, per-row refusals (422), store faults (a
+//!   receiver latency, slow rows, 503 outages, timeouts, stretches of 401s (the endpoint refusing
+//!   everything, issue 36), per-row refusals (422), store faults (a
 //!   write refused, a write that landed but answered an error, a rival taking the lease), source
 //!   faults (a delay, an error, a panic per read), inserts, updates, reloads, and operator commands
 //!   (reset to the beginning, clone, an edited definition and `fingerprint accept`, quarantine
@@ -61,13 +62,17 @@
 //! Invariants after every step: the checkpoint passes only rows delivered (acknowledged for that
 //! poller under their own load), quarantined, or excused (purged by an operator, or before the
 //! checkpoint a copy was cloned at); it only moves forward within a load unless reset; a quarantine
-//! entry holds only a refused row (an HTTP status, never a transient failure); every entry is
+//! entry holds only a refused row (an HTTP status, never a transient failure), and only for a
+//! refusal about the row (422: never the 401s of an endpoint refusing everything, nor a fencing
+//! 409; issue 36, scenario `an_endpoint_refusing_everything_quarantines_nothing`); every entry is
 //! written while its token is the document's, and never for a row already delivered under a newer
 //! token; no panic but the scripted ones; no row reported late (the late-arrival detector checks at
 //! every tick, its newest buckets and a slice of the older ones (a window of 64 rows in buckets of 4,
 //! merged as they age, recounted over 3 checks), through the scripted source's recount and re-read, which take the fault
 //! script like any read; every simulated row commits in order, so whatever it reports is a false
-//! alarm). After every tick: a tick loses its lease only if someone
+//! alarm); a key's versions are first delivered in source order (issue 38: the schedules' windows
+//! of 2 and 3 run the ordered window, so a version first acknowledged after a newer one of its key
+//! breaks it). After every tick: a tick loses its lease only if someone
 //! took it (another owner, a rival, a reset) or one of its writes failed; four ticks in a row that
 //! fail at the same checkpoint (not counting scripted source or store failures, ticks overtaken by
 //! another writer, or failures before an operator acted) leave `status` unhealthy. At the end:

@@ -1,5 +1,6 @@
 //! The scripted receiver: latency (more for a batch holding a slow row), an outage (503s),
-//! timeouts, per-row permanent refusals (a 422 for any batch holding a poison row), and fencing as
+//! timeouts, an endpoint refusing everything (401s: a rotated token, issue 36), per-row permanent
+//! refusals (a 422 for any batch holding a poison row), and fencing as
 //! the README asks of receivers (a batch whose token is below the highest one seen is refused with
 //! a 409). It records what it acknowledged, with the batch's fencing token.
 
@@ -23,6 +24,8 @@ pub struct SinkState {
     /// Added to a batch that holds a slow row.
     pub slow_latency: Duration,
     pub outage_until: Option<Instant>,
+    /// Until then every request is refused with 401, whatever it holds: the endpoint, not a row.
+    pub unauthorized_until: Option<Instant>,
     /// The next this many requests time out.
     pub timeouts: u32,
     /// Rows (load, key) the receiver refuses for good, whatever their version.
@@ -34,6 +37,10 @@ pub struct SinkState {
     pub acknowledged: BTreeMap<(String, RowId), u64>,
     pub requests: u64,
     pub acknowledged_batches: u64,
+    /// (poller, load, key) -> the newest version (cursor) of the row acknowledged so far.
+    pub newest_version: BTreeMap<(String, u64, i64), i64>,
+    /// A version acknowledged for the first time after a newer version of its key (issue 38).
+    pub out_of_order: Vec<String>,
 }
 
 pub struct ScriptedSink {
@@ -47,6 +54,24 @@ pub fn row_of(row: &serde_json::Map<String, Value>) -> Option<RowId> {
         key: row.get("id")?.as_i64()?,
         cursor: row.get("version")?.as_i64()?,
     })
+}
+
+/// A key's versions are first delivered in source order: a version acknowledged for the first
+/// time must be newer than every version of its key acknowledged before it.
+fn record_first_delivery(state: &mut SinkState, poller: &str, row: &RowId) {
+    if state.acknowledged.contains_key(&(poller.to_string(), *row)) {
+        return;
+    }
+    let newest = state.newest_version.entry((poller.to_string(), row.generation, row.key)).or_insert(row.cursor);
+    if *newest > row.cursor {
+        let newest = *newest;
+        state.out_of_order.push(format!(
+            "{poller}: key {} of load {} version {} first delivered after version {newest}",
+            row.key, row.generation, row.cursor
+        ));
+    }
+    let newest = state.newest_version.get_mut(&(poller.to_string(), row.generation, row.key)).expect("just set");
+    *newest = (*newest).max(row.cursor);
 }
 
 enum Planned {
@@ -90,6 +115,9 @@ impl Sink for ScriptedSink {
         }
         let rejected =
             |status: u16, body: String| SinkError::Rejected { batch_id: batch.batch_id.clone(), status, body };
+        if state.unauthorized_until.is_some_and(|until| Instant::now() < until) {
+            return Err(rejected(401, "invalid or expired token".to_string()));
+        }
         if let Some(bad) = rows.iter().find(|row| state.poison.contains(&(row.generation, row.key))) {
             return Err(rejected(422, format!("row {} of load {} is refused", bad.key, bad.generation)));
         }
@@ -104,6 +132,7 @@ impl Sink for ScriptedSink {
             if batch.generation.as_ref().is_some_and(|generation| generation.as_u64() != Some(row.generation)) {
                 continue;
             }
+            record_first_delivery(&mut state, &batch.poller, &row);
             let token = state.acknowledged.entry((batch.poller.clone(), row)).or_insert(0);
             *token = (*token).max(batch.fencing_token);
         }
