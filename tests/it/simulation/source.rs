@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dbtrigger::domain::event::Op;
-use dbtrigger::domain::late::{BucketEnd, Tally, key_hash};
+use dbtrigger::domain::late::{BucketEnd, KeyHash, Tally, key_hash, version_hash};
 use dbtrigger::domain::{CursorValue, PkValue, Position};
 use dbtrigger::source::{BucketCheck, BucketRange, FetchLimit, Fetched, Probe, Source, SourceError, SourceRow};
 use serde_json::{Value, json};
@@ -88,6 +88,11 @@ impl Table {
         self.next_key = 1;
         self.insert(count);
     }
+}
+
+/// A row version's hash, as the SQL sources compute it (the key's, mixed with the cursor).
+fn version(row: &RowId) -> KeyHash {
+    version_hash(key_hash(&[&PkValue::Integer(row.key)]), &CursorValue::Integer(row.cursor))
 }
 
 pub struct SourceShared {
@@ -227,7 +232,7 @@ impl Source for ScriptedSource {
                 .iter()
                 .position(|(from, until)| row.cursor >= *from && until.is_none_or(|until| row.cursor < until));
             if let Some(bucket) = bucket {
-                tallies[bucket].add(key_hash(&[&PkValue::Integer(row.key)]));
+                tallies[bucket].add(version(&row));
             }
         }
         Ok(Some(tallies))
@@ -265,7 +270,7 @@ impl Source for ScriptedSource {
             .filter(|row| row.cursor >= from && (row.cursor, row.key) <= checkpoint)
             .filter(|row| until.is_none_or(|until| row.cursor < until))
             .filter(|row| after.is_none_or(|after| (row.cursor, row.key) > after))
-            .filter(|row| range.only.is_none_or(|only| key_hash(&[&PkValue::Integer(row.key)]) == only))
+            .filter(|row| range.only.is_none_or(|only| version(row) == only))
             .collect();
         let full = rows.len() >= limit.rows;
         let rows: Vec<SourceRow> = rows.iter().take(limit.rows).map(source_row).collect();
