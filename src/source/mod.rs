@@ -55,7 +55,7 @@ pub(crate) use pool::pool_options;
 pub use query::Probe;
 pub(crate) use row::{ColumnDecoder, Decoded, Layout, RowBuilder};
 pub(crate) use sql::{
-    count_rows, fetch_scalar, generation_columns_error, generation_of, guarded_fetch, sql_source, timed,
+    count_rows, fetch_scalar, generation_columns_error, generation_of, guarded_fetch, sql_source, timed, timed_holding,
     warn_missing_index,
 };
 

@@ -338,8 +338,14 @@ impl Source for SqliteSource {
         let location = &self.redaction.location;
         match probe {
             Probe::Deliver => {
-                super::guarded_fetch(&super::pools::Gate::open(), &self.config, location, &self.settle_warned, fetch)
-                    .await
+                super::guarded_fetch(
+                    &super::pools::Gate::open(),
+                    &self.config,
+                    location,
+                    &self.settle_warned,
+                    |_no_cap| fetch,
+                )
+                .await
             }
             Probe::Pending | Probe::Last => {
                 super::timed(&super::pools::Gate::open(), &self.config, location, fetch).await
