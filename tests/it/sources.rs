@@ -521,7 +521,7 @@ async fn the_sqlite_cursor_parser_agrees_with_julianday() {
     ] {
         let readable: bool =
             sqlx::query_scalar("SELECT julianday(?) IS NOT NULL").bind(text).fetch_one(&pool).await.unwrap();
-        let parsed = dbtrigger::source::sqlite::parse_sqlite_timestamp(text);
+        let parsed = dbtrigger::source::sqlite_time::parse_sqlite_timestamp(text);
         assert_eq!(parsed.is_some(), readable, "{text}: parser {parsed:?}, julianday readable {readable}");
         if let Some(at) = parsed {
             let seconds: f64 = sqlx::query_scalar("SELECT (julianday(?) - 2440587.5) * 86400.0")
