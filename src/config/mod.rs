@@ -25,6 +25,8 @@ pub mod reference;
 pub mod schema;
 pub mod sink;
 pub mod source;
+mod source_types;
+mod source_url;
 pub mod state;
 pub mod status;
 pub mod tls;

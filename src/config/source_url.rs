@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::str::FromStr;
 
-use super::Engine;
+use super::source_types::Engine;
 use crate::config::{ConfigError, Located, redact};
 use crate::domain::ids::FingerprintInput;
 
