@@ -59,6 +59,7 @@ use self::function_json::{
 };
 use self::sink::build_sink;
 use self::source::{CursorKind, build_source};
+use self::source_types::{Fingerprints, SourceKind};
 use self::state::build_state;
 use crate::domain::LeaseTerms;
 use crate::domain::schedule::Schedule;
@@ -478,7 +479,7 @@ fn build(
 
     let mut late_arrivals = late::build_late_arrivals(raw.source.late_arrivals.as_ref(), at)?;
     let late_arrivals_asked = late::asked_for(raw.source.late_arrivals.as_ref());
-    let (source, fingerprints) = build_source(raw.source, settings, app_root, at)?;
+    let (source, fingerprints) = build_any_source(raw.source, settings, app_root, at)?;
     if source.cursor_kind == Some(CursorKind::Xid) {
         // Below the commit horizon no row can commit behind the checkpoint: there is nothing to
         // detect, and the recount's buckets are not defined on xid8.
@@ -515,6 +516,21 @@ fn build(
         fingerprint: fingerprints.current,
         legacy_fingerprint: fingerprints.legacy,
     })
+}
+
+/// `poller.source` of either kind: its database URL first (the same for both), then the kind
+/// chooses which builds the rest.
+fn build_any_source(
+    raw: function_json::RawSource,
+    settings: &Settings,
+    app_root: &Path,
+    at: &Located<'_>,
+) -> Result<(SourceConfig, Fingerprints), ConfigError> {
+    let url = source_url::resolve(&raw.connection, settings, app_root, at)?;
+    match SourceKind::parse(raw.kind.as_deref()).map_err(|reason| at.error("poller.source.kind", reason))? {
+        SourceKind::Polling => build_source(raw, url, settings, at),
+        SourceKind::Logical => logical::build(raw, url.identity, url.resolved, at),
+    }
 }
 
 #[cfg(test)]

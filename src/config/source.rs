@@ -1,7 +1,6 @@
 //! `poller.source`: the database, the table or query, cursor and key, and the fingerprint of the
 //! target the driver really reads (URL query parameters and driver defaults included).
 
-use std::path::Path;
 use std::time::Duration;
 
 use super::function_json::RawSource;
@@ -186,49 +185,86 @@ fn validate_fragment(value: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A polling source's configuration and fingerprints, from its fields and its database URL
+/// (`config/mod.rs` chose the kind).
 pub(super) fn build_source(
     raw: RawSource,
+    url: SourceUrl<'_>,
     settings: &Settings,
-    app_root: &Path,
     at: &Located<'_>,
 ) -> Result<(SourceConfig, Fingerprints), ConfigError> {
-    let url_value = settings.get(&raw.connection).ok_or_else(|| {
-        at.error(
-            "poller.source.connection",
-            format!("app setting {} is not set (it must hold the database URL)", raw.connection),
-        )
-    })?;
-    // The reason never quotes the URL: it may hold a password.
-    let (identity, resolved_url) = parse_source_url(url_value, app_root)
-        .map_err(|reason| at.error("poller.source.connection", format!("app setting {}: {reason}", raw.connection)))?;
-
-    let logical = match raw.kind.as_deref() {
-        None | Some("polling") => false,
-        Some("logical") => true,
-        Some(other) => {
-            return Err(at.error("poller.source.kind", format!("{other:?}: expected \"polling\" or \"logical\"")));
-        }
+    refuse_logical_fields(&raw, at)?;
+    let (cursor, pk) = cursor_and_key(&raw, at)?;
+    let target = polling_target(raw.table.clone(), raw.query.clone(), at)?;
+    check_columns_and_filter(&raw, &cursor, &pk, at)?;
+    let ops = op_rule(&raw, &cursor, &pk, at)?;
+    let generation = generation(&raw, at)?;
+    let engine = url.identity.engine;
+    let (cursor_kind, settle_mode, settle_seconds) =
+        build_cursor_rules(raw.cursor_kind.as_deref(), raw.settle.as_deref(), raw.settle_seconds, engine, at)?;
+    let query_timeout_seconds = in_range(
+        at,
+        "poller.source.queryTimeoutSeconds",
+        raw.query_timeout_seconds,
+        defaults::QUERY_TIMEOUT_SECONDS,
+        ranges::QUERY_TIMEOUT_SECONDS,
+    )?;
+    let cursor_time_zone = raw.cursor_time_zone.clone().unwrap_or_else(|| defaults::CURSOR_TIME_ZONE.to_string());
+    validate_time_zone(engine, &cursor_time_zone).map_err(|reason| at.error("poller.source.cursorTimeZone", reason))?;
+    let effective = effective_of(&url.identity, &url.resolved, &raw.connection, at)?;
+    let fingerprints = fingerprints(&raw, &url, &effective, &target, &cursor, &pk);
+    let max_connections = max_connections(settings, raw.max_connections, at)?;
+    let pool_key = pool_key(engine, &effective, &url.resolved);
+    let source = SourceConfig {
+        connection: raw.connection,
+        engine,
+        url: Secret::new(url.resolved),
+        target,
+        cursor,
+        pk,
+        columns: raw.columns,
+        where_clause: raw.where_clause,
+        settle: Duration::from_secs(settle_seconds),
+        settle_mode,
+        cursor_kind,
+        settle_configured: raw.settle_seconds.is_some(),
+        query_timeout: Duration::from_secs(query_timeout_seconds),
+        cursor_time_zone,
+        ops,
+        generation,
+        pool_key,
+        max_connections,
     };
-    if logical {
-        return super::logical::build(raw, identity, resolved_url, at);
-    }
+    Ok((source, fingerprints))
+}
+
+/// A logical source's fields are refused on a polling source, by name.
+fn refuse_logical_fields(raw: &RawSource, at: &Located<'_>) -> Result<(), ConfigError> {
     if let Some(name) = [("slot", raw.slot.is_some()), ("publication", raw.publication.is_some())]
         .iter()
         .find_map(|(name, given)| given.then_some(*name))
     {
         return Err(at.error(&format!("poller.source.{name}"), "belongs to a logical source (kind \"logical\")"));
     }
+    Ok(())
+}
+
+/// The cursor column and the key columns, both given (checked once the target is).
+fn cursor_and_key(raw: &RawSource, at: &Located<'_>) -> Result<(String, Vec<String>), ConfigError> {
     let cursor = raw.cursor.clone().ok_or_else(|| {
         at.error("poller.source", "missing field `cursor`: a polling source reads rows after its cursor column")
     })?;
     let pk = raw.pk.clone().ok_or_else(|| {
         at.error("poller.source", "missing field `pk`: a polling source orders rows of one cursor value by their key")
     })?;
-    let target = match (raw.table, raw.query) {
-        (Some(_), Some(_)) => {
-            return Err(at.error("poller.source", "give either `table` or `query`, not both"));
-        }
-        (None, None) => return Err(at.error("poller.source", "give `table` (or `query`)")),
+    Ok((cursor, pk))
+}
+
+/// `table` (`name` or `schema.name`) or `query` (one SELECT), exactly one of them.
+fn polling_target(table: Option<String>, query: Option<String>, at: &Located<'_>) -> Result<SourceTarget, ConfigError> {
+    match (table, query) {
+        (Some(_), Some(_)) => Err(at.error("poller.source", "give either `table` or `query`, not both")),
+        (None, None) => Err(at.error("poller.source", "give `table` (or `query`)")),
         (Some(table), None) => {
             let parts: Vec<&str> = table.split('.').collect();
             if parts.len() > 2 {
@@ -240,8 +276,8 @@ pub(super) fn build_source(
                 validate_identifier(part).map_err(|reason| at.error("poller.source.table", reason))?;
             }
             match parts.as_slice() {
-                [name] => SourceTarget::Table { schema: None, name: name.to_string() },
-                [schema, name] => SourceTarget::Table { schema: Some(schema.to_string()), name: name.to_string() },
+                [name] => Ok(SourceTarget::Table { schema: None, name: name.to_string() }),
+                [schema, name] => Ok(SourceTarget::Table { schema: Some(schema.to_string()), name: name.to_string() }),
                 _ => unreachable!("checked above"),
             }
         }
@@ -252,10 +288,15 @@ pub(super) fn build_source(
             if !(lowered.starts_with("select") || lowered.starts_with("with")) {
                 return Err(at.error("poller.source.query", "must be a SELECT (or WITH ... SELECT) statement"));
             }
-            SourceTarget::Query(trimmed)
+            Ok(SourceTarget::Query(trimmed))
         }
-    };
-    validate_identifier(&cursor).map_err(|reason| at.error("poller.source.cursor", reason))?;
+    }
+}
+
+/// The cursor, key and selected columns are identifiers, the key not empty, no column twice;
+/// `where` is one fragment.
+fn check_columns_and_filter(raw: &RawSource, cursor: &str, pk: &[String], at: &Located<'_>) -> Result<(), ConfigError> {
+    validate_identifier(cursor).map_err(|reason| at.error("poller.source.cursor", reason))?;
     if pk.is_empty() {
         return Err(
             at.error("poller.source.pk", "give at least one primary key column: the tiebreaker between equal cursors")
@@ -267,7 +308,7 @@ pub(super) fn build_source(
             return Err(at.error(&format!("poller.source.pk[{index}]"), format!("{column:?} is listed twice")));
         }
     }
-    if pk.contains(&cursor) {
+    if pk.iter().any(|key| key == cursor) {
         return Err(at.error("poller.source.pk", "the cursor column cannot also be a primary key column"));
     }
     if let Some(columns) = &raw.columns {
@@ -282,6 +323,11 @@ pub(super) fn build_source(
     if let Some(where_clause) = &raw.where_clause {
         validate_fragment(where_clause).map_err(|reason| at.error("poller.source.where", reason))?;
     }
+    Ok(())
+}
+
+/// Which `op` the events get: `softDelete` or `opColumn` (not both, neither the cursor nor a key).
+fn op_rule(raw: &RawSource, cursor: &str, pk: &[String], at: &Located<'_>) -> Result<OpRule, ConfigError> {
     let ops = match (raw.soft_delete.clone(), raw.op_column.clone()) {
         (Some(_), Some(_)) => {
             return Err(at.error("poller.source", "give `softDelete` or `opColumn`, not both"));
@@ -304,56 +350,58 @@ pub(super) fn build_source(
             format!("{column:?} is the cursor or a key column"),
         ));
     }
-    let generation = match &raw.generation {
-        None => None,
-        Some(generation) => {
-            let query = generation.query.trim().trim_end_matches(';').trim().to_string();
-            validate_fragment(&query).map_err(|reason| at.error("poller.source.generation.query", reason))?;
-            let lowered = query.to_ascii_lowercase();
-            if !(lowered.starts_with("select") || lowered.starts_with("with")) {
-                return Err(at.error(
-                    "poller.source.generation.query",
-                    "must be a SELECT returning one value (e.g. SELECT max(load_id) FROM load_log)",
-                ));
-            }
-            let on_change = match generation.on_change.as_deref().unwrap_or(defaults::GENERATION_ON_CHANGE) {
-                "stop" => OnGenerationChange::Stop,
-                "restart" => OnGenerationChange::Restart,
-                other => {
-                    return Err(at.error(
-                        "poller.source.generation.onChange",
-                        format!("{other:?}: expected \"stop\" or \"restart\""),
-                    ));
-                }
-            };
-            Some(GenerationConfig { query, on_change })
+    Ok(ops)
+}
+
+/// `source.generation`: one SELECT, and what a tick does when its value moves.
+fn generation(raw: &RawSource, at: &Located<'_>) -> Result<Option<GenerationConfig>, ConfigError> {
+    let Some(generation) = &raw.generation else {
+        return Ok(None);
+    };
+    let query = generation.query.trim().trim_end_matches(';').trim().to_string();
+    validate_fragment(&query).map_err(|reason| at.error("poller.source.generation.query", reason))?;
+    let lowered = query.to_ascii_lowercase();
+    if !(lowered.starts_with("select") || lowered.starts_with("with")) {
+        return Err(at.error(
+            "poller.source.generation.query",
+            "must be a SELECT returning one value (e.g. SELECT max(load_id) FROM load_log)",
+        ));
+    }
+    let on_change = match generation.on_change.as_deref().unwrap_or(defaults::GENERATION_ON_CHANGE) {
+        "stop" => OnGenerationChange::Stop,
+        "restart" => OnGenerationChange::Restart,
+        other => {
+            return Err(
+                at.error("poller.source.generation.onChange", format!("{other:?}: expected \"stop\" or \"restart\""))
+            );
         }
     };
-    let (cursor_kind, settle_mode, settle_seconds) =
-        build_cursor_rules(raw.cursor_kind.as_deref(), raw.settle.as_deref(), raw.settle_seconds, identity.engine, at)?;
-    let query_timeout_seconds = in_range(
-        at,
-        "poller.source.queryTimeoutSeconds",
-        raw.query_timeout_seconds,
-        defaults::QUERY_TIMEOUT_SECONDS,
-        ranges::QUERY_TIMEOUT_SECONDS,
-    )?;
-    let cursor_time_zone = raw.cursor_time_zone.clone().unwrap_or_else(|| defaults::CURSOR_TIME_ZONE.to_string());
-    validate_time_zone(identity.engine, &cursor_time_zone)
-        .map_err(|reason| at.error("poller.source.cursorTimeZone", reason))?;
-    let target_text = match &target {
+    Ok(Some(GenerationConfig { query, on_change }))
+}
+
+/// The source's fingerprint over the target the driver really reads, and the one computed from
+/// the URL's parts alone when that differs (a URL whose query parameters cannot move the target).
+fn fingerprints(
+    raw: &RawSource,
+    url: &SourceUrl<'_>,
+    effective: &EffectiveTarget,
+    target: &SourceTarget,
+    cursor: &str,
+    pk: &[String],
+) -> Fingerprints {
+    let identity = &url.identity;
+    let target_text = match target {
         SourceTarget::Table { schema: Some(schema), name } => format!("table:{schema}.{name}"),
         SourceTarget::Table { schema: None, name } => format!("table:{name}"),
         SourceTarget::Query(query) => format!("query:{query}"),
         SourceTarget::Logical { slot, publication } => format!("logical:{slot}:{publication}"),
     };
-    let effective = effective_of(&identity, &resolved_url, &raw.connection, at)?;
-    let fingerprint = source_fingerprint(&FingerprintInput {
+    let current = source_fingerprint(&FingerprintInput {
         columns: raw.columns.as_deref(),
         where_clause: raw.where_clause.as_deref(),
-        ..effective.fingerprint_input(identity.engine, target_text.clone(), &cursor, &pk)
+        ..effective.fingerprint_input(identity.engine, target_text.clone(), cursor, pk)
     });
-    let legacy_fingerprint = if url_changes_target_in_query(url_value) {
+    let legacy = if url_changes_target_in_query(url.setting) {
         None
     } else {
         Some(source_fingerprint(&FingerprintInput {
@@ -365,36 +413,14 @@ pub(super) fn build_source(
             socket: None,
             options: None,
             target: target_text,
-            cursor: &cursor,
-            pk: &pk,
+            cursor,
+            pk,
             columns: raw.columns.as_deref(),
             where_clause: raw.where_clause.as_deref(),
         }))
-        .filter(|legacy| *legacy != fingerprint)
+        .filter(|legacy| *legacy != current)
     };
-    let max_connections = max_connections(settings, raw.max_connections, at)?;
-    let pool_key = pool_key(identity.engine, &effective, &resolved_url);
-    let source = SourceConfig {
-        connection: raw.connection,
-        engine: identity.engine,
-        url: Secret::new(resolved_url),
-        target,
-        cursor,
-        pk,
-        columns: raw.columns,
-        where_clause: raw.where_clause,
-        settle: Duration::from_secs(settle_seconds),
-        settle_mode,
-        cursor_kind,
-        settle_configured: raw.settle_seconds.is_some(),
-        query_timeout: Duration::from_secs(query_timeout_seconds),
-        cursor_time_zone,
-        ops,
-        generation,
-        pool_key,
-        max_connections,
-    };
-    Ok((source, Fingerprints { current: fingerprint, legacy: legacy_fingerprint }))
+    Fingerprints { current, legacy }
 }
 
 /// The app setting that caps the connections to each database (`source.maxConnections`
@@ -424,7 +450,7 @@ fn max_connections(settings: &Settings, configured: Option<u64>, at: &Located<'_
     Ok(u32::try_from(value).unwrap_or(u32::MAX))
 }
 
-use super::source_url::{effective_of, parse_source_url, pool_key, url_changes_target_in_query};
+use super::source_url::{EffectiveTarget, SourceUrl, effective_of, pool_key, url_changes_target_in_query};
 
 #[cfg(test)]
 mod tests;

@@ -174,6 +174,25 @@ pub fn validate_identifier(value: &str) -> Result<(), String> {
     }
 }
 
+/// `source.kind`: what reads the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::config) enum SourceKind {
+    /// Keyset polling of a table or query (the default).
+    Polling,
+    /// PostgreSQL logical decoding through a slot.
+    Logical,
+}
+
+impl SourceKind {
+    pub(in crate::config) fn parse(kind: Option<&str>) -> Result<SourceKind, String> {
+        match kind {
+            None | Some("polling") => Ok(SourceKind::Polling),
+            Some("logical") => Ok(SourceKind::Logical),
+            Some(other) => Err(format!("{other:?}: expected \"polling\" or \"logical\"")),
+        }
+    }
+}
+
 /// A source's fingerprint, and (when it differs) the one computed from the URL's parts alone.
 pub(in crate::config) struct Fingerprints {
     pub(in crate::config) current: String,
