@@ -68,7 +68,8 @@ async fn catch_up_then_idle(
 /// Row n's key: short text of mixed case, so that byte order and a case-insensitive order differ
 /// (`B1` sorts before `a2` by bytes, after it case-insensitively).
 fn mixed_case(n: usize) -> String {
-    let letter = if n % 2 == 0 { char::from(b'a' + (n % 26) as u8) } else { char::from(b'A' + (n % 26) as u8) };
+    let letter =
+        if n.is_multiple_of(2) { char::from(b'a' + (n % 26) as u8) } else { char::from(b'A' + (n % 26) as u8) };
     format!("{letter}{n}")
 }
 
