@@ -5,7 +5,9 @@
 //! app keeps a `Result` per function, and invocations of a bad one fail with its error.
 //!
 //! One file a section: [`function_json`] (the raw document, settings substitution, the timer),
-//! [`source`], [`sink`], [`batch`] (batch, lease, poison), [`state`], [`connection`] (Azure Storage
+//! [`source`] (a polling source) and [`logical`] (a logical one), which this module chooses between
+//! by `source.kind`, both building from `source_types` (the validated source types) and
+//! `source_url` (the database URL) below them; [`sink`], [`batch`] (batch, lease, poison), [`state`], [`connection`] (Azure Storage
 //! connections), [`redact`] (credentials never shown, peer text escaped), [`tls`] (whether a
 //! database connection verifies its server). Adapters read these plain, validated types;
 //! config imports no adapter. [`fields`] says what each field is (type, default, range, meaning);
