@@ -25,6 +25,7 @@ pub mod endpoint;
 pub mod event;
 pub mod health;
 pub mod ids;
+pub mod keyed;
 pub mod lag_series;
 pub mod late;
 pub mod lease;
