@@ -5,10 +5,11 @@
 use std::time::Duration;
 
 use super::function_json::RawSource;
-use super::source::{
-    Engine, Fingerprints, LOGICAL_CURSOR, LOGICAL_KEY, OpRule, SettleMode, SourceConfig, SourceTarget, UrlIdentity,
-    effective_of, pool_key, validate_identifier,
+use super::source_types::{
+    Engine, Fingerprints, LOGICAL_CURSOR, LOGICAL_KEY, OpRule, SettleMode, SourceConfig, SourceTarget,
+    validate_identifier,
 };
+use super::source_url::{UrlIdentity, effective_of, pool_key};
 use super::{ConfigError, Located, defaults, in_range, ranges};
 use crate::domain::ids::source_fingerprint;
 use crate::settings::Secret;

@@ -5,7 +5,9 @@
 //! app keeps a `Result` per function, and invocations of a bad one fail with its error.
 //!
 //! One file a section: [`function_json`] (the raw document, settings substitution, the timer),
-//! [`source`], [`sink`], [`batch`] (batch, lease, poison), [`state`], [`connection`] (Azure Storage
+//! [`source`] (a polling source) and [`logical`] (a logical one), which this module chooses between
+//! by `source.kind`, both building from `source_types` (the validated source types) and
+//! `source_url` (the database URL) below them; [`sink`], [`batch`] (batch, lease, poison), [`state`], [`connection`] (Azure Storage
 //! connections), [`redact`] (credentials never shown, peer text escaped), [`tls`] (whether a
 //! database connection verifies its server). Adapters read these plain, validated types;
 //! config imports no adapter. [`fields`] says what each field is (type, default, range, meaning);
@@ -25,6 +27,8 @@ pub mod reference;
 pub mod schema;
 pub mod sink;
 pub mod source;
+mod source_types;
+mod source_url;
 pub mod state;
 pub mod status;
 pub mod tls;
@@ -57,6 +61,7 @@ use self::function_json::{
 };
 use self::sink::build_sink;
 use self::source::{CursorKind, build_source};
+use self::source_types::{Fingerprints, SourceKind};
 use self::state::build_state;
 use crate::domain::LeaseTerms;
 use crate::domain::schedule::Schedule;
@@ -477,7 +482,7 @@ fn build(
 
     let mut late_arrivals = late::build_late_arrivals(raw.source.late_arrivals.as_ref(), at)?;
     let late_arrivals_asked = late::asked_for(raw.source.late_arrivals.as_ref());
-    let (source, fingerprints) = build_source(raw.source, settings, app_root, at)?;
+    let (source, fingerprints) = build_any_source(raw.source, settings, app_root, at)?;
     if source.cursor_kind == Some(CursorKind::Xid) {
         // Below the commit horizon no row can commit behind the checkpoint: there is nothing to
         // detect, and the recount's buckets are not defined on xid8.
@@ -514,6 +519,21 @@ fn build(
         fingerprint: fingerprints.current,
         legacy_fingerprint: fingerprints.legacy,
     })
+}
+
+/// `poller.source` of either kind: its database URL first (the same for both), then the kind
+/// chooses which builds the rest.
+fn build_any_source(
+    raw: function_json::RawSource,
+    settings: &Settings,
+    app_root: &Path,
+    at: &Located<'_>,
+) -> Result<(SourceConfig, Fingerprints), ConfigError> {
+    let url = source_url::resolve(&raw.connection, settings, app_root, at)?;
+    match SourceKind::parse(raw.kind.as_deref()).map_err(|reason| at.error("poller.source.kind", reason))? {
+        SourceKind::Polling => build_source(raw, url, settings, at),
+        SourceKind::Logical => logical::build(raw, url.identity, url.resolved, at),
+    }
 }
 
 #[cfg(test)]

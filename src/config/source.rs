@@ -1,127 +1,17 @@
 //! `poller.source`: the database, the table or query, cursor and key, and the fingerprint of the
 //! target the driver really reads (URL query parameters and driver defaults included).
 
-use std::fmt;
-use std::path::Path;
 use std::time::Duration;
 
 use super::function_json::RawSource;
+pub(super) use super::source_types::Fingerprints;
+pub use super::source_types::{
+    AUTO_SETTLE_SECONDS, CursorKind, Engine, GenerationConfig, LOGICAL_CURSOR, LOGICAL_KEY, OnGenerationChange, OpRule,
+    SettleMode, SourceConfig, SourceTarget, validate_identifier,
+};
 use super::{ConfigError, Located, defaults, in_range, ranges};
 use crate::domain::ids::{FingerprintInput, source_fingerprint};
 use crate::settings::{Secret, Settings};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Engine {
-    Sqlite,
-    Postgres,
-    MySql,
-}
-
-impl Engine {
-    pub fn name(self) -> &'static str {
-        match self {
-            Engine::Sqlite => "sqlite",
-            Engine::Postgres => "postgres",
-            Engine::MySql => "mysql",
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SourceTarget {
-    Table {
-        schema: Option<String>,
-        name: String,
-    },
-    /// A SELECT, wrapped as a subquery.
-    Query(String),
-    /// PostgreSQL logical decoding (`source.kind: "logical"`): the changes of a publication, read
-    /// from a replication slot. Its positions are (commit LSN, ordinal): never a seek.
-    Logical {
-        slot: String,
-        publication: String,
-    },
-}
-
-/// A logical source's cursor and key, as its positions name them.
-pub const LOGICAL_CURSOR: &str = "commit_lsn";
-pub const LOGICAL_KEY: &str = "ordinal";
-
-#[derive(Debug, Clone)]
-pub struct SourceConfig {
-    /// The app setting that holds the URL.
-    pub connection: String,
-    pub engine: Engine,
-    /// The database URL, resolved (a relative SQLite path is taken from the app root).
-    pub url: Secret,
-    pub target: SourceTarget,
-    pub cursor: String,
-    pub pk: Vec<String>,
-    pub columns: Option<Vec<String>>,
-    pub where_clause: Option<String>,
-    /// Timestamp cursors only read rows older than the database's `now - settle`.
-    pub settle: Duration,
-    /// `source.settle`: whether the bound is that guess alone, or the database's oldest open
-    /// transaction too (`"auto"`).
-    pub settle_mode: SettleMode,
-    /// `source.cursorKind`: what the cursor column must hold, when declared (`None`: whatever its
-    /// type says, learnt before the first seek).
-    pub cursor_kind: Option<CursorKind>,
-    /// Whether `settleSeconds` was written in function.json (an integer cursor ignores it, and
-    /// says so once when it was asked for).
-    pub settle_configured: bool,
-    /// Each fetch is cancelled after this long (and PostgreSQL's `statement_timeout` is set to
-    /// it), so a slow query fails the tick instead of holding it.
-    pub query_timeout: Duration,
-    /// The zone naive timestamp cursors are written in (for `settle` only): `UTC` by default.
-    pub cursor_time_zone: String,
-    /// How a row says it was deleted (or which operation it records), if it can.
-    pub ops: OpRule,
-    /// The source's load generation, if the table is truncated and reloaded.
-    pub generation: Option<GenerationConfig>,
-    /// The database this source connects to, as a key: every source of the app with the same key
-    /// shares one pool of connections (the effective target, the credentials and the connection
-    /// parameters; never the URL's text, never a secret in clear).
-    pub pool_key: String,
-    /// The cap on connections to that database (`source.maxConnections`, else app setting
-    /// `DBTRIGGER_MAX_CONNECTIONS_PER_DATABASE`, else 10); the smallest of its sources wins.
-    pub max_connections: u32,
-}
-
-/// What a cursor column holds, as `source.cursorKind` declares it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CursorKind {
-    Integer,
-    /// A timestamp, with or without time zone.
-    Timestamp,
-    /// PostgreSQL `xid8`, stamped by the writing transaction and read below the commit horizon.
-    Xid,
-}
-
-impl CursorKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            CursorKind::Integer => "integer",
-            CursorKind::Timestamp => "timestamp",
-            CursorKind::Xid => "xid",
-        }
-    }
-}
-
-/// How far a timestamp cursor reads (`source.settle`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SettleMode {
-    /// Rows older than the database's `now - settleSeconds`: a guess at the longest transaction.
-    #[default]
-    Fixed,
-    /// Rows older than the start of the oldest transaction the database reports open, and never
-    /// younger than `now - settleSeconds` (the margin for what that report cannot show yet).
-    Auto,
-}
-
-/// Under `settle: "auto"` `settleSeconds` is only a margin (the moment a transaction starts
-/// before the database lists it, InnoDB's 0.1 s cache of INNODB_TRX), so it defaults lower.
-pub const AUTO_SETTLE_SECONDS: u64 = 1;
 
 /// `cursorKind`, `settle` and `settleSeconds` together: what each engine can honour.
 fn build_cursor_rules(
@@ -203,60 +93,6 @@ fn build_cursor_rules(
         ));
     }
     Ok((cursor_kind, settle_mode, settle_seconds))
-}
-
-/// Which `op` an event gets.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum OpRule {
-    /// Keyset polling sees each row's latest state: every event is an `upsert`.
-    #[default]
-    Upsert,
-    /// `softDelete`: a row whose column is not NULL (and not false or 0) is a `delete`.
-    SoftDelete(String),
-    /// `opColumn`: the row says its operation (`insert`, `update`, `upsert`, `delete`).
-    OpColumn(String),
-}
-
-impl OpRule {
-    /// The column the rule reads, if any.
-    pub fn column(&self) -> Option<&str> {
-        match self {
-            OpRule::Upsert => None,
-            OpRule::SoftDelete(column) | OpRule::OpColumn(column) => Some(column),
-        }
-    }
-}
-
-/// `source.generation` (seed 003): a query whose one scalar names the load the rows belong to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GenerationConfig {
-    pub query: String,
-    pub on_change: OnGenerationChange,
-}
-
-/// What a tick does when the generation moved since the checkpoint was written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnGenerationChange {
-    /// Fail every tick, naming both, until an operator resets the poller.
-    Stop,
-    /// Start again from the beginning of the new load, recorded in the history.
-    Restart,
-}
-
-/// Identifiers are a strict subset of what every engine accepts unquoted, then quoted anyway:
-/// a quote, a semicolon or a comment sequence can never reach the SQL.
-pub fn validate_identifier(value: &str) -> Result<(), String> {
-    let mut characters = value.chars();
-    let valid_first = characters.next().is_some_and(|character| character.is_ascii_alphabetic() || character == '_');
-    let valid_rest =
-        characters.all(|character| character.is_ascii_alphanumeric() || character == '_' || character == '$');
-    if valid_first && valid_rest && value.len() <= 63 {
-        Ok(())
-    } else {
-        Err(format!(
-            "{value:?} is not a valid identifier: use letters, digits, '_' and '$', starting with a letter or '_', at most 63 characters"
-        ))
-    }
 }
 
 /// Zones are inlined into the settle predicate, so they are restricted to a safe alphabet; MySQL
@@ -349,49 +185,86 @@ fn validate_fragment(value: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A polling source's configuration and fingerprints, from its fields and its database URL
+/// (`config/mod.rs` chose the kind).
 pub(super) fn build_source(
     raw: RawSource,
+    url: SourceUrl<'_>,
     settings: &Settings,
-    app_root: &Path,
     at: &Located<'_>,
 ) -> Result<(SourceConfig, Fingerprints), ConfigError> {
-    let url_value = settings.get(&raw.connection).ok_or_else(|| {
-        at.error(
-            "poller.source.connection",
-            format!("app setting {} is not set (it must hold the database URL)", raw.connection),
-        )
-    })?;
-    // The reason never quotes the URL: it may hold a password.
-    let (identity, resolved_url) = parse_source_url(url_value, app_root)
-        .map_err(|reason| at.error("poller.source.connection", format!("app setting {}: {reason}", raw.connection)))?;
-
-    let logical = match raw.kind.as_deref() {
-        None | Some("polling") => false,
-        Some("logical") => true,
-        Some(other) => {
-            return Err(at.error("poller.source.kind", format!("{other:?}: expected \"polling\" or \"logical\"")));
-        }
+    refuse_logical_fields(&raw, at)?;
+    let (cursor, pk) = cursor_and_key(&raw, at)?;
+    let target = polling_target(raw.table.clone(), raw.query.clone(), at)?;
+    check_columns_and_filter(&raw, &cursor, &pk, at)?;
+    let ops = op_rule(&raw, &cursor, &pk, at)?;
+    let generation = generation(&raw, at)?;
+    let engine = url.identity.engine;
+    let (cursor_kind, settle_mode, settle_seconds) =
+        build_cursor_rules(raw.cursor_kind.as_deref(), raw.settle.as_deref(), raw.settle_seconds, engine, at)?;
+    let query_timeout_seconds = in_range(
+        at,
+        "poller.source.queryTimeoutSeconds",
+        raw.query_timeout_seconds,
+        defaults::QUERY_TIMEOUT_SECONDS,
+        ranges::QUERY_TIMEOUT_SECONDS,
+    )?;
+    let cursor_time_zone = raw.cursor_time_zone.clone().unwrap_or_else(|| defaults::CURSOR_TIME_ZONE.to_string());
+    validate_time_zone(engine, &cursor_time_zone).map_err(|reason| at.error("poller.source.cursorTimeZone", reason))?;
+    let effective = effective_of(&url.identity, &url.resolved, &raw.connection, at)?;
+    let fingerprints = fingerprints(&raw, &url, &effective, &target, &cursor, &pk);
+    let max_connections = max_connections(settings, raw.max_connections, at)?;
+    let pool_key = pool_key(engine, &effective, &url.resolved);
+    let source = SourceConfig {
+        connection: raw.connection,
+        engine,
+        url: Secret::new(url.resolved),
+        target,
+        cursor,
+        pk,
+        columns: raw.columns,
+        where_clause: raw.where_clause,
+        settle: Duration::from_secs(settle_seconds),
+        settle_mode,
+        cursor_kind,
+        settle_configured: raw.settle_seconds.is_some(),
+        query_timeout: Duration::from_secs(query_timeout_seconds),
+        cursor_time_zone,
+        ops,
+        generation,
+        pool_key,
+        max_connections,
     };
-    if logical {
-        return super::logical::build(raw, identity, resolved_url, at);
-    }
+    Ok((source, fingerprints))
+}
+
+/// A logical source's fields are refused on a polling source, by name.
+fn refuse_logical_fields(raw: &RawSource, at: &Located<'_>) -> Result<(), ConfigError> {
     if let Some(name) = [("slot", raw.slot.is_some()), ("publication", raw.publication.is_some())]
         .iter()
         .find_map(|(name, given)| given.then_some(*name))
     {
         return Err(at.error(&format!("poller.source.{name}"), "belongs to a logical source (kind \"logical\")"));
     }
+    Ok(())
+}
+
+/// The cursor column and the key columns, both given (checked once the target is).
+fn cursor_and_key(raw: &RawSource, at: &Located<'_>) -> Result<(String, Vec<String>), ConfigError> {
     let cursor = raw.cursor.clone().ok_or_else(|| {
         at.error("poller.source", "missing field `cursor`: a polling source reads rows after its cursor column")
     })?;
     let pk = raw.pk.clone().ok_or_else(|| {
         at.error("poller.source", "missing field `pk`: a polling source orders rows of one cursor value by their key")
     })?;
-    let target = match (raw.table, raw.query) {
-        (Some(_), Some(_)) => {
-            return Err(at.error("poller.source", "give either `table` or `query`, not both"));
-        }
-        (None, None) => return Err(at.error("poller.source", "give `table` (or `query`)")),
+    Ok((cursor, pk))
+}
+
+/// `table` (`name` or `schema.name`) or `query` (one SELECT), exactly one of them.
+fn polling_target(table: Option<String>, query: Option<String>, at: &Located<'_>) -> Result<SourceTarget, ConfigError> {
+    match (table, query) {
+        (Some(_), Some(_)) => Err(at.error("poller.source", "give either `table` or `query`, not both")),
+        (None, None) => Err(at.error("poller.source", "give `table` (or `query`)")),
         (Some(table), None) => {
             let parts: Vec<&str> = table.split('.').collect();
             if parts.len() > 2 {
@@ -403,8 +276,8 @@ pub(super) fn build_source(
                 validate_identifier(part).map_err(|reason| at.error("poller.source.table", reason))?;
             }
             match parts.as_slice() {
-                [name] => SourceTarget::Table { schema: None, name: name.to_string() },
-                [schema, name] => SourceTarget::Table { schema: Some(schema.to_string()), name: name.to_string() },
+                [name] => Ok(SourceTarget::Table { schema: None, name: name.to_string() }),
+                [schema, name] => Ok(SourceTarget::Table { schema: Some(schema.to_string()), name: name.to_string() }),
                 _ => unreachable!("checked above"),
             }
         }
@@ -415,10 +288,15 @@ pub(super) fn build_source(
             if !(lowered.starts_with("select") || lowered.starts_with("with")) {
                 return Err(at.error("poller.source.query", "must be a SELECT (or WITH ... SELECT) statement"));
             }
-            SourceTarget::Query(trimmed)
+            Ok(SourceTarget::Query(trimmed))
         }
-    };
-    validate_identifier(&cursor).map_err(|reason| at.error("poller.source.cursor", reason))?;
+    }
+}
+
+/// The cursor, key and selected columns are identifiers, the key not empty, no column twice;
+/// `where` is one fragment.
+fn check_columns_and_filter(raw: &RawSource, cursor: &str, pk: &[String], at: &Located<'_>) -> Result<(), ConfigError> {
+    validate_identifier(cursor).map_err(|reason| at.error("poller.source.cursor", reason))?;
     if pk.is_empty() {
         return Err(
             at.error("poller.source.pk", "give at least one primary key column: the tiebreaker between equal cursors")
@@ -430,7 +308,7 @@ pub(super) fn build_source(
             return Err(at.error(&format!("poller.source.pk[{index}]"), format!("{column:?} is listed twice")));
         }
     }
-    if pk.contains(&cursor) {
+    if pk.iter().any(|key| key == cursor) {
         return Err(at.error("poller.source.pk", "the cursor column cannot also be a primary key column"));
     }
     if let Some(columns) = &raw.columns {
@@ -445,6 +323,11 @@ pub(super) fn build_source(
     if let Some(where_clause) = &raw.where_clause {
         validate_fragment(where_clause).map_err(|reason| at.error("poller.source.where", reason))?;
     }
+    Ok(())
+}
+
+/// Which `op` the events get: `softDelete` or `opColumn` (not both, neither the cursor nor a key).
+fn op_rule(raw: &RawSource, cursor: &str, pk: &[String], at: &Located<'_>) -> Result<OpRule, ConfigError> {
     let ops = match (raw.soft_delete.clone(), raw.op_column.clone()) {
         (Some(_), Some(_)) => {
             return Err(at.error("poller.source", "give `softDelete` or `opColumn`, not both"));
@@ -467,56 +350,58 @@ pub(super) fn build_source(
             format!("{column:?} is the cursor or a key column"),
         ));
     }
-    let generation = match &raw.generation {
-        None => None,
-        Some(generation) => {
-            let query = generation.query.trim().trim_end_matches(';').trim().to_string();
-            validate_fragment(&query).map_err(|reason| at.error("poller.source.generation.query", reason))?;
-            let lowered = query.to_ascii_lowercase();
-            if !(lowered.starts_with("select") || lowered.starts_with("with")) {
-                return Err(at.error(
-                    "poller.source.generation.query",
-                    "must be a SELECT returning one value (e.g. SELECT max(load_id) FROM load_log)",
-                ));
-            }
-            let on_change = match generation.on_change.as_deref().unwrap_or(defaults::GENERATION_ON_CHANGE) {
-                "stop" => OnGenerationChange::Stop,
-                "restart" => OnGenerationChange::Restart,
-                other => {
-                    return Err(at.error(
-                        "poller.source.generation.onChange",
-                        format!("{other:?}: expected \"stop\" or \"restart\""),
-                    ));
-                }
-            };
-            Some(GenerationConfig { query, on_change })
+    Ok(ops)
+}
+
+/// `source.generation`: one SELECT, and what a tick does when its value moves.
+fn generation(raw: &RawSource, at: &Located<'_>) -> Result<Option<GenerationConfig>, ConfigError> {
+    let Some(generation) = &raw.generation else {
+        return Ok(None);
+    };
+    let query = generation.query.trim().trim_end_matches(';').trim().to_string();
+    validate_fragment(&query).map_err(|reason| at.error("poller.source.generation.query", reason))?;
+    let lowered = query.to_ascii_lowercase();
+    if !(lowered.starts_with("select") || lowered.starts_with("with")) {
+        return Err(at.error(
+            "poller.source.generation.query",
+            "must be a SELECT returning one value (e.g. SELECT max(load_id) FROM load_log)",
+        ));
+    }
+    let on_change = match generation.on_change.as_deref().unwrap_or(defaults::GENERATION_ON_CHANGE) {
+        "stop" => OnGenerationChange::Stop,
+        "restart" => OnGenerationChange::Restart,
+        other => {
+            return Err(
+                at.error("poller.source.generation.onChange", format!("{other:?}: expected \"stop\" or \"restart\""))
+            );
         }
     };
-    let (cursor_kind, settle_mode, settle_seconds) =
-        build_cursor_rules(raw.cursor_kind.as_deref(), raw.settle.as_deref(), raw.settle_seconds, identity.engine, at)?;
-    let query_timeout_seconds = in_range(
-        at,
-        "poller.source.queryTimeoutSeconds",
-        raw.query_timeout_seconds,
-        defaults::QUERY_TIMEOUT_SECONDS,
-        ranges::QUERY_TIMEOUT_SECONDS,
-    )?;
-    let cursor_time_zone = raw.cursor_time_zone.clone().unwrap_or_else(|| defaults::CURSOR_TIME_ZONE.to_string());
-    validate_time_zone(identity.engine, &cursor_time_zone)
-        .map_err(|reason| at.error("poller.source.cursorTimeZone", reason))?;
-    let target_text = match &target {
+    Ok(Some(GenerationConfig { query, on_change }))
+}
+
+/// The source's fingerprint over the target the driver really reads, and the one computed from
+/// the URL's parts alone when that differs (a URL whose query parameters cannot move the target).
+fn fingerprints(
+    raw: &RawSource,
+    url: &SourceUrl<'_>,
+    effective: &EffectiveTarget,
+    target: &SourceTarget,
+    cursor: &str,
+    pk: &[String],
+) -> Fingerprints {
+    let identity = &url.identity;
+    let target_text = match target {
         SourceTarget::Table { schema: Some(schema), name } => format!("table:{schema}.{name}"),
         SourceTarget::Table { schema: None, name } => format!("table:{name}"),
         SourceTarget::Query(query) => format!("query:{query}"),
         SourceTarget::Logical { slot, publication } => format!("logical:{slot}:{publication}"),
     };
-    let effective = effective_of(&identity, &resolved_url, &raw.connection, at)?;
-    let fingerprint = source_fingerprint(&FingerprintInput {
+    let current = source_fingerprint(&FingerprintInput {
         columns: raw.columns.as_deref(),
         where_clause: raw.where_clause.as_deref(),
-        ..effective.fingerprint_input(identity.engine, target_text.clone(), &cursor, &pk)
+        ..effective.fingerprint_input(identity.engine, target_text.clone(), cursor, pk)
     });
-    let legacy_fingerprint = if url_changes_target_in_query(url_value) {
+    let legacy = if url_changes_target_in_query(url.setting) {
         None
     } else {
         Some(source_fingerprint(&FingerprintInput {
@@ -528,41 +413,14 @@ pub(super) fn build_source(
             socket: None,
             options: None,
             target: target_text,
-            cursor: &cursor,
-            pk: &pk,
+            cursor,
+            pk,
             columns: raw.columns.as_deref(),
             where_clause: raw.where_clause.as_deref(),
         }))
-        .filter(|legacy| *legacy != fingerprint)
+        .filter(|legacy| *legacy != current)
     };
-    let max_connections = max_connections(settings, raw.max_connections, at)?;
-    let pool_key = pool_key(identity.engine, &effective, &resolved_url);
-    let source = SourceConfig {
-        connection: raw.connection,
-        engine: identity.engine,
-        url: Secret::new(resolved_url),
-        target,
-        cursor,
-        pk,
-        columns: raw.columns,
-        where_clause: raw.where_clause,
-        settle: Duration::from_secs(settle_seconds),
-        settle_mode,
-        cursor_kind,
-        settle_configured: raw.settle_seconds.is_some(),
-        query_timeout: Duration::from_secs(query_timeout_seconds),
-        cursor_time_zone,
-        ops,
-        generation,
-        pool_key,
-        max_connections,
-    };
-    Ok((source, Fingerprints { current: fingerprint, legacy: legacy_fingerprint }))
-}
-
-pub(super) struct Fingerprints {
-    pub(super) current: String,
-    pub(super) legacy: Option<String>,
+    Fingerprints { current, legacy }
 }
 
 /// The app setting that caps the connections to each database (`source.maxConnections`
@@ -592,23 +450,7 @@ fn max_connections(settings: &Settings, configured: Option<u64>, at: &Located<'_
     Ok(u32::try_from(value).unwrap_or(u32::MAX))
 }
 
-impl fmt::Display for SourceTarget {
-    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SourceTarget::Table { schema: Some(schema), name } => write!(formatter, "{schema}.{name}"),
-            SourceTarget::Table { schema: None, name } => formatter.write_str(name),
-            SourceTarget::Query(_) => formatter.write_str("(query)"),
-            SourceTarget::Logical { slot, publication } => {
-                write!(formatter, "(publication {publication}, slot {slot})")
-            }
-        }
-    }
-}
-
-mod url;
-
-pub(super) use url::{UrlIdentity, effective_of, pool_key};
-use url::{parse_source_url, url_changes_target_in_query};
+use super::source_url::{EffectiveTarget, SourceUrl, effective_of, pool_key, url_changes_target_in_query};
 
 #[cfg(test)]
 mod tests;

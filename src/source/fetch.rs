@@ -16,6 +16,7 @@ use chrono::{DateTime, NaiveDateTime, Utc};
 use futures::TryStreamExt;
 use sqlx::{Database, Encode, Type};
 
+use super::pools::Permit;
 use super::position::{self, bind_position};
 use super::query::{Probe, SeekQuery};
 use super::{ColumnDecoder, Decoded, FetchLimit, Fetched, Layout, RowBuilder, SourceError, classify};
@@ -57,6 +58,7 @@ impl RowSizes {
 /// stream in, writing each row's JSON as its values come, stopping at `limit.rows` rows or once
 /// they add up to `limit.bytes`; each query's LIMIT sized by `sizes`. One body for every engine.
 /// `bound` is what `settle: "auto"` computed before this fetch (every query of it binds the same).
+/// The connection is taken with the question's `permit`, which goes with it.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn fetch_rows<DB, D>(
     pool: &sqlx::Pool<DB>,
@@ -69,6 +71,7 @@ pub(crate) async fn fetch_rows<DB, D>(
     redaction: &Redaction,
     decoder: &D,
     sizes: &RowSizes,
+    permit: Permit,
 ) -> Result<Fetched, SourceError>
 where
     DB: Database,
@@ -95,7 +98,41 @@ where
             });
         }
     };
-    let mut connection = pool.acquire().await.map_err(|error| classify(redaction, error))?;
+    let mut connection = permit.connect(pool).await.map_err(|error| classify(redaction, error))?;
+    let fetched =
+        read_rows(connection.pooled(), config, seek, probe, after, bound, limit, redaction, decoder, sizes).await;
+    // Read to its end (or marked to close): back at once. A failed read may have left rows
+    // unread, and a dropped one a query running: then the permit waits for the connection.
+    if fetched.is_ok() {
+        connection.finish();
+    }
+    fetched
+}
+
+/// [`fetch_rows`]'s reading, on its connection.
+#[allow(clippy::too_many_arguments)]
+async fn read_rows<DB, D>(
+    connection: &mut sqlx::pool::PoolConnection<DB>,
+    config: &SourceConfig,
+    seek: &SeekQuery,
+    probe: Probe,
+    after: Option<&Position>,
+    bound: Option<&CursorValue>,
+    limit: FetchLimit,
+    redaction: &Redaction,
+    decoder: &D,
+    sizes: &RowSizes,
+) -> Result<Fetched, SourceError>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    <DB as Database>::Arguments: sqlx::IntoArguments<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+    String: for<'t> Encode<'t, DB> + Type<DB>,
+    DateTime<Utc>: for<'t> Encode<'t, DB> + Type<DB>,
+    NaiveDateTime: for<'t> Encode<'t, DB> + Type<DB>,
+    D: ColumnDecoder<DB::Row> + Sync,
+{
     let mut collected: Option<Collector<'_>> = None;
     let mut from: Option<Position> = after.cloned();
     loop {
@@ -113,7 +150,7 @@ where
         if let Some(bound) = bound {
             query = position::bind_cursor(query, bound);
         }
-        let mut stream = sqlx::Executor::fetch(&mut *connection, query.bind(asked as i64));
+        let mut stream = sqlx::Executor::fetch(&mut **connection, query.bind(asked as i64));
         let mut returned = 0usize;
         let mut largest = 0usize;
         while let Some(row) = stream.try_next().await.map_err(|error| classify(redaction, error))? {

@@ -22,6 +22,7 @@
 //! | `ddl.rs`      | the DDL `dbtrigger sql` prints                                              |
 //! | `logical/`    | the PostgreSQL logical-decoding source: pgoutput, the slot, its set-up      |
 //! | `postgres.rs`, `mysql.rs`, `sqlite.rs` | each engine: its connection, pre-flight, decoding   |
+//! | `sqlite_time.rs` | cursor texts as SQLite stores timestamps (its rows, operator positions)  |
 
 pub mod ddl;
 mod error;
@@ -38,6 +39,7 @@ pub mod query;
 mod row;
 mod sql;
 pub mod sqlite;
+pub mod sqlite_time;
 
 use std::sync::Arc;
 
@@ -55,7 +57,7 @@ pub(crate) use pool::pool_options;
 pub use query::Probe;
 pub(crate) use row::{ColumnDecoder, Decoded, Layout, RowBuilder};
 pub(crate) use sql::{
-    count_rows, fetch_scalar, generation_columns_error, generation_of, guarded_fetch, sql_source, timed,
+    count_rows, fetch_scalar, generation_columns_error, generation_of, guarded_fetch, sql_source, timed, timed_holding,
     warn_missing_index,
 };
 

@@ -6,7 +6,9 @@
 //! The cap is a semaphore of the target's size in front of the pool (whose own maximum is the same
 //! number): a source question (a fetch, a count, a recount) holds one permit while it runs, so
 //! it never holds more than one connection, and waiting for a permit happens before the
-//! question's query timeout starts. A question that finds every permit taken waits, up to its
+//! question's query timeout starts. A fetch and a count take their connection with the permit
+//! ([`HeldConnection`]): when the question times out with the connection still busy, the permit
+//! is held until the connection is back in the pool or closed. A question that finds every permit taken waits, up to its
 //! poller's tick budget; the wait is added up per source for the tick's summary line.
 //!
 //! Pollers of one target may ask for different query timeouts; the target's sessions get the
@@ -125,21 +127,22 @@ impl Gate {
         Gate { target: None, wait_limit: Duration::ZERO, waited_micros: AtomicU64::new(0) }
     }
 
-    /// A permit to use one connection of the target, waiting for one if all are in use.
-    pub(crate) async fn enter(&self, location: &str) -> Result<Option<OwnedSemaphorePermit>, SourceError> {
+    /// A permit to use one connection of the target, waiting for one if all are in use (an empty
+    /// one without a shared cap).
+    pub(crate) async fn enter(&self, location: &str) -> Result<Permit, SourceError> {
         let Some(target) = &self.target else {
-            return Ok(None);
+            return Ok(Permit(None));
         };
         let permits = target.permits().clone();
         if let Ok(permit) = permits.clone().try_acquire_owned() {
-            return Ok(Some(permit));
+            return Ok(Permit(Some(permit)));
         }
         let started = Instant::now();
         let permit = tokio::time::timeout(self.wait_limit, permits.acquire_owned()).await;
         let waited = started.elapsed();
         self.waited_micros.fetch_add(waited.as_micros() as u64, Ordering::Relaxed);
         match permit {
-            Ok(Ok(permit)) => Ok(Some(permit)),
+            Ok(Ok(permit)) => Ok(Permit(Some(permit))),
             _ => {
                 Err(SourceError::Busy { location: location.to_string(), cap: target.cap(), seconds: waited.as_secs() })
             }
@@ -154,5 +157,69 @@ impl Gate {
     /// How long this source waited for connections since the last call.
     pub(crate) fn take_waited(&self) -> Duration {
         Duration::from_micros(self.waited_micros.swap(0, Ordering::Relaxed))
+    }
+}
+
+/// A permit of the target's cap, held by one question from before its query timeout starts.
+/// Dropped with the question, unless the question moved it into the connection it took
+/// ([`Permit::connect`]): then it goes with that connection.
+pub(crate) struct Permit(Option<OwnedSemaphorePermit>);
+
+impl Permit {
+    /// Takes a connection of `pool` that holds this permit until it is back in the pool or closed.
+    pub(crate) async fn connect<DB: sqlx::Database>(
+        self,
+        pool: &sqlx::Pool<DB>,
+    ) -> Result<HeldConnection<DB>, sqlx::Error> {
+        let connection = pool.acquire().await?;
+        Ok(HeldConnection { connection: Some(connection), permit: self, finished: false })
+    }
+}
+
+/// A pooled connection and the permit it counts against. A question that ends normally calls
+/// [`HeldConnection::finish`], and both go back at once. One dropped before that (its question
+/// timed out, the future dropped mid-query) may still be busy on the server (MySQL runs the
+/// statement on; PostgreSQL until `statement_timeout`): the permit stays held, in a task of its
+/// own, until the connection has answered (its query over) and gone back to the pool, or is
+/// closed. Freed at once, it let the next question past the cap, to spend its own query timeout
+/// waiting for the busy connection (issue 35, finding 8).
+pub(crate) struct HeldConnection<DB: sqlx::Database> {
+    connection: Option<sqlx::pool::PoolConnection<DB>>,
+    permit: Permit,
+    finished: bool,
+}
+
+impl<DB: sqlx::Database> HeldConnection<DB> {
+    /// The question is over and left the connection idle (or marked it to close on drop).
+    pub(crate) fn finish(mut self) {
+        self.finished = true;
+    }
+
+    pub(crate) fn pooled(&mut self) -> &mut sqlx::pool::PoolConnection<DB> {
+        self.connection.as_mut().expect("held until dropped")
+    }
+}
+
+impl<DB: sqlx::Database> Drop for HeldConnection<DB> {
+    fn drop(&mut self) {
+        let Some(mut connection) = self.connection.take() else {
+            return;
+        };
+        if self.finished {
+            return;
+        }
+        let permit = Permit(self.permit.0.take());
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime left (the process is ending): nothing waits for the permit any more.
+            return;
+        };
+        runtime.spawn(async move {
+            // A ping answers once what the connection was running is over.
+            if sqlx::Connection::ping(&mut *connection).await.is_err() {
+                connection.close_on_drop();
+            }
+            drop(connection);
+            drop(permit);
+        });
     }
 }

@@ -13,7 +13,7 @@ use chrono::{DateTime, FixedOffset, NaiveDateTime, Timelike, Utc};
 use sqlx::{Database, Encode, Type};
 
 use super::query::Slot;
-use super::sqlite::parse_sqlite_timestamp;
+use super::sqlite_time::parse_sqlite_timestamp;
 use super::{Source, SourceError, last_position};
 use crate::config::SourceConfig;
 use crate::domain::{CursorValue, PkValue, Position};

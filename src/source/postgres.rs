@@ -168,6 +168,8 @@ fn decode_value<'r>(row: &'r PgRow, index: usize, name: &str, type_name: &str) -
         column: name.to_string(),
         type_name: format!("{type_name} ({error})"),
     };
+    // An extension's type is named as the catalog spells it (`citext`).
+    let type_name = if type_name.eq_ignore_ascii_case("citext") { "CITEXT" } else { type_name };
     // Each arm decodes the Rust type of its PostgreSQL type: the driver's check of that pairing,
     // per value, would only repeat this match.
     let decoded = match type_name {

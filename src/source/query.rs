@@ -219,7 +219,7 @@ pub(crate) fn check_cursor_rules(
 /// The types PostgreSQL's driver names in upper case, written unquoted; anything else came from
 /// the catalog (a domain, an enum, an extension's type) and is quoted as an identifier, so a type
 /// name can never inject SQL.
-const POSTGRES_BUILTIN_TYPES: [&str; 14] = [
+const POSTGRES_BUILTIN_TYPES: [&str; 13] = [
     "XID8",
     "INT2",
     "INT4",
@@ -231,13 +231,22 @@ const POSTGRES_BUILTIN_TYPES: [&str; 14] = [
     "BPCHAR",
     "NAME",
     "UUID",
-    "CHAR",
     "NUMERIC",
     "DATE",
 ];
 
 pub(super) fn postgres_type_name(name: &str) -> String {
-    if POSTGRES_BUILTIN_TYPES.contains(&name) { name.to_string() } else { format!("\"{}\"", name.replace('"', "\"\"")) }
+    match name {
+        // sqlx names `character(n)` (bpchar) "CHAR", but `::CHAR` in SQL is `character(1)`: a
+        // bound cast so keeps one letter, and the seek compares against the wrong key (issue 35,
+        // finding 5). `::BPCHAR` keeps the whole value and compares as the column does (trailing
+        // spaces insignificant).
+        "CHAR" => "BPCHAR".to_string(),
+        // sqlx's name of the one-byte internal type `"char"`.
+        "\"CHAR\"" => "\"char\"".to_string(),
+        builtin if POSTGRES_BUILTIN_TYPES.contains(&builtin) => builtin.to_string(),
+        other => format!("\"{}\"", other.replace('"', "\"\"")),
+    }
 }
 
 /// Builds both forms of the seek for a source.
@@ -584,6 +593,19 @@ pub(super) mod tests {
         };
         let query = build_seek(&config(Engine::Postgres, None, None), &plan);
         assert!(query.after.contains("($1::INT8, $2::\"int4); DROP TABLE x; --\"\"\", $3::UUID)"), "{}", query.after);
+    }
+
+    /// Regression (issue 35, finding 5): sqlx's "CHAR" is bpchar, cast as such (`::CHAR` would
+    /// be `character(1)` and cut the bound to its first letter).
+    #[test]
+    fn a_char_key_is_cast_to_bpchar_not_to_one_character() {
+        let plan = SeekPlan {
+            cursor_type: CursorType::Integer,
+            placeholder_types: Some(vec!["INT8".into(), "CHAR".into(), "citext".into()]),
+        };
+        let query = build_seek(&config(Engine::Postgres, None, None), &plan);
+        assert!(query.after.contains("($1::INT8, $2::BPCHAR, $3::\"citext\")"), "{}", query.after);
+        assert_eq!(postgres_type_name("\"CHAR\""), "\"char\"");
     }
 
     #[test]

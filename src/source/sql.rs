@@ -17,7 +17,8 @@ use crate::config::SourceConfig;
 use crate::config::redact::Redaction;
 use crate::domain::{CursorValue, Position};
 
-/// Runs a source question under the source's query timeout.
+/// Runs a source question under the source's query timeout, holding a permit of the target's cap
+/// while it runs.
 pub(crate) async fn timed<T, F>(
     gate: &pools::Gate,
     config: &SourceConfig,
@@ -27,9 +28,29 @@ pub(crate) async fn timed<T, F>(
 where
     F: Future<Output = Result<T, SourceError>>,
 {
+    let held = |permit| async move {
+        let _permit = permit;
+        work.await
+    };
+    timed_holding(gate, config, location, held).await
+}
+
+/// Runs the question `work` makes of the permit under the source's query timeout: a question that
+/// takes its connection with the permit ([`pools::Permit::connect`]) keeps the permit with the
+/// connection when it is cancelled.
+pub(crate) async fn timed_holding<T, W, F>(
+    gate: &pools::Gate,
+    config: &SourceConfig,
+    location: &str,
+    work: W,
+) -> Result<T, SourceError>
+where
+    W: FnOnce(pools::Permit) -> F,
+    F: Future<Output = Result<T, SourceError>>,
+{
     // A connection of the shared target first: waiting for one is not part of the query's time.
-    let _permit = gate.enter(location).await?;
-    match tokio::time::timeout(config.query_timeout, work).await {
+    let permit = gate.enter(location).await?;
+    match tokio::time::timeout(config.query_timeout, work(permit)).await {
         Ok(result) => result,
         Err(_) => Err(SourceError::Timeout { location: location.to_string(), seconds: config.query_timeout.as_secs() }),
     }
@@ -48,7 +69,7 @@ macro_rules! sql_source {
                 after: Option<&$crate::domain::Position>,
                 limit: $crate::source::FetchLimit,
             ) -> Result<$crate::source::Fetched, $crate::source::SourceError> {
-                let fetch = async {
+                let fetch = |permit| async move {
                     let seek = self.seek().await?;
                     // `settle: "auto"`: the bound is asked for before the rows, in its own
                     // statement, so that the rows' snapshot is taken after it (see `horizon`).
@@ -64,6 +85,7 @@ macro_rules! sql_source {
                         &self.redaction,
                         self,
                         &self.row_sizes,
+                        permit,
                     )
                     .await
                 };
@@ -74,7 +96,7 @@ macro_rules! sql_source {
                             .await
                     }
                     $crate::source::Probe::Pending | $crate::source::Probe::Last => {
-                        $crate::source::timed(&self.gate, &self.config, location, fetch).await
+                        $crate::source::timed_holding(&self.gate, &self.config, location, fetch).await
                     }
                 }
             }
@@ -84,15 +106,15 @@ macro_rules! sql_source {
                 after: Option<&$crate::domain::Position>,
                 cap: u64,
             ) -> Result<u64, $crate::source::SourceError> {
-                let count = async {
+                let count = |permit| async move {
                     let seek = self.seek().await?;
                     if let Some(position) = after {
                         $crate::source::position::check_key(&self.config, position)?;
                         $crate::source::position::check_xid_kind(seek.is_xid(), position)?;
                     }
-                    $crate::source::count_rows(self.pool(), seek, after, cap, &self.redaction).await
+                    $crate::source::count_rows(self.pool(), permit, seek, after, cap, &self.redaction).await
                 };
-                $crate::source::timed(&self.gate, &self.config, &self.redaction.location, count).await
+                $crate::source::timed_holding(&self.gate, &self.config, &self.redaction.location, count).await
             }
 
             async fn generation(&self) -> Result<Option<serde_json::Value>, $crate::source::SourceError> {
@@ -164,17 +186,18 @@ pub(crate) use sql_source;
 /// Runs an engine's fetch under the source's query timeout (a query that does not answer in time
 /// is cancelled: its future dropped, which closes the connection), and says once when
 /// `settleSeconds` cannot apply to what it returned.
-pub(crate) async fn guarded_fetch<F>(
+pub(crate) async fn guarded_fetch<W, F>(
     gate: &pools::Gate,
     config: &SourceConfig,
     location: &str,
     settle_warned: &AtomicBool,
-    fetch: F,
+    fetch: W,
 ) -> Result<Fetched, SourceError>
 where
+    W: FnOnce(pools::Permit) -> F,
     F: Future<Output = Result<Fetched, SourceError>>,
 {
-    let fetched = timed(gate, config, location, fetch).await?;
+    let fetched = timed_holding(gate, config, location, fetch).await?;
     warn_if_settle_ignored(config, &fetched, settle_warned, location);
     Ok(fetched)
 }
@@ -273,6 +296,7 @@ pub(crate) fn generation_of(
 /// Counts the rows after `after` (settled or not), up to `cap`.
 pub(crate) async fn count_rows<DB>(
     pool: &sqlx::Pool<DB>,
+    permit: pools::Permit,
     seek: &SeekQuery,
     after: Option<&Position>,
     cap: u64,
@@ -295,7 +319,10 @@ where
         }
     };
     let cap = i64::try_from(cap).unwrap_or(i64::MAX);
-    let row = query.bind(cap).fetch_one(pool).await.map_err(|error| classify(redaction, error))?;
+    let mut connection = permit.connect(pool).await.map_err(|error| classify(redaction, error))?;
+    let row =
+        query.bind(cap).fetch_one(&mut **connection.pooled()).await.map_err(|error| classify(redaction, error))?;
+    connection.finish();
     let count: i64 = sqlx::Row::try_get_unchecked(&row, 0usize).map_err(|error| classify(redaction, error))?;
     Ok(count.max(0) as u64)
 }

@@ -14,6 +14,7 @@ mod harness;
 mod horizon;
 mod host;
 mod host_rules;
+mod keys;
 mod late;
 mod local_settings;
 mod logical;

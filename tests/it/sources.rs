@@ -521,7 +521,7 @@ async fn the_sqlite_cursor_parser_agrees_with_julianday() {
     ] {
         let readable: bool =
             sqlx::query_scalar("SELECT julianday(?) IS NOT NULL").bind(text).fetch_one(&pool).await.unwrap();
-        let parsed = dbtrigger::source::sqlite::parse_sqlite_timestamp(text);
+        let parsed = dbtrigger::source::sqlite_time::parse_sqlite_timestamp(text);
         assert_eq!(parsed.is_some(), readable, "{text}: parser {parsed:?}, julianday readable {readable}");
         if let Some(at) = parsed {
             let seconds: f64 = sqlx::query_scalar("SELECT (julianday(?) - 2440587.5) * 86400.0")
@@ -685,4 +685,44 @@ async fn a_generation_query_that_is_not_one_text_or_integer_fails_the_tick() {
         assert!(message.contains(expected), "{query}: {message}");
         assert!(sink.batches().is_empty());
     }
+}
+
+/// Regression (issue 35, finding 8): a question that times out on the client leaves its pooled
+/// connection busy until the server finishes (MariaDB runs the statement on), and the permit of
+/// the target's cap is kept until then: the next question waits for the permit, outside its query
+/// timeout, and then reads; it used to be handed the permit at once and spend its own timeout
+/// waiting for the busy connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_question_keeps_its_connection_permit_until_the_connection_is_back() {
+    let database = database(Engine::MariaDb).await;
+    execute(
+        &database.url,
+        "CREATE TABLE items (id BIGINT PRIMARY KEY, c BIGINT NOT NULL);\nINSERT INTO items VALUES (1, 1);\n",
+    )
+    .await;
+    let cap = json!({"maxConnections": 1, "queryTimeoutSeconds": 1});
+    let mut slow_extra = cap.clone();
+    slow_extra["where"] = json!("SLEEP(3) = 0");
+    let (slow_config, _slow_directory) = items_config(&database.url, slow_extra, 10);
+    let (fast_config, _fast_directory) = items_config(&database.url, cap, 10);
+    let pools = dbtrigger::source::pools::Pools::new();
+    let wait = std::time::Duration::from_secs(30);
+    let slow = dbtrigger::source::open_shared(&slow_config.source, &pools, wait).unwrap();
+    let fast = dbtrigger::source::open_shared(&fast_config.source, &pools, wait).unwrap();
+    assert_eq!(pools.len(), 1, "one target, capped at one connection");
+    let limit = dbtrigger::source::FetchLimit { rows: 10, bytes: usize::MAX };
+    assert_eq!(fast.fetch_after(None, limit).await.unwrap().rows.len(), 1);
+    fast.connection_wait();
+
+    let error = slow.fetch_after(None, limit).await.unwrap_err().to_string();
+    assert!(error.contains("took longer than 1 s"), "{error}");
+    let started = std::time::Instant::now();
+    let fetched = fast.fetch_after(None, limit).await;
+    let waited = fast.connection_wait();
+    assert_eq!(fetched.map(|fetched| fetched.rows.len()).map_err(|error| error.to_string()), Ok(1));
+    assert!(
+        waited >= std::time::Duration::from_millis(1500),
+        "waited {waited:?} for the permit (the busy connection ends about 2 s after the timeout), {:?} in all",
+        started.elapsed()
+    );
 }

@@ -4,9 +4,10 @@
 use std::path::Path;
 use std::str::FromStr;
 
-use super::Engine;
+use super::source_types::Engine;
 use crate::config::{ConfigError, Located, redact};
 use crate::domain::ids::FingerprintInput;
+use crate::settings::Settings;
 
 /// The parts of a database URL that identify it (no password).
 pub(in crate::config) struct UrlIdentity {
@@ -15,6 +16,33 @@ pub(in crate::config) struct UrlIdentity {
     pub(in crate::config) port: Option<u16>,
     pub(in crate::config) database: String,
     pub(in crate::config) user: String,
+}
+
+/// The database URL a source's `connection` setting holds, parsed.
+pub(in crate::config) struct SourceUrl<'s> {
+    pub(in crate::config) identity: UrlIdentity,
+    /// The URL to connect with (a SQLite path made absolute).
+    pub(in crate::config) resolved: String,
+    /// The setting's own text.
+    pub(in crate::config) setting: &'s str,
+}
+
+/// The URL of app setting `connection`, parsed; an error never quotes it (it may hold a password).
+pub(in crate::config) fn resolve<'s>(
+    connection: &str,
+    settings: &'s Settings,
+    app_root: &Path,
+    at: &Located<'_>,
+) -> Result<SourceUrl<'s>, ConfigError> {
+    let setting = settings.get(connection).ok_or_else(|| {
+        at.error(
+            "poller.source.connection",
+            format!("app setting {connection} is not set (it must hold the database URL)"),
+        )
+    })?;
+    let (identity, resolved) = parse_source_url(setting, app_root)
+        .map_err(|reason| at.error("poller.source.connection", format!("app setting {connection}: {reason}")))?;
+    Ok(SourceUrl { identity, resolved, setting })
 }
 
 pub(in crate::config) fn parse_source_url(url: &str, app_root: &Path) -> Result<(UrlIdentity, String), String> {
