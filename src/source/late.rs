@@ -576,7 +576,7 @@ pub(crate) fn register_sqlite_key_hash(connection: &rusqlite::Connection) -> rus
         let cursor = match context.get_raw(0) {
             ValueRef::Integer(number) => CursorValue::Integer(number),
             ValueRef::Text(bytes) => {
-                match std::str::from_utf8(bytes).ok().and_then(super::sqlite::parse_sqlite_timestamp) {
+                match std::str::from_utf8(bytes).ok().and_then(super::sqlite_time::parse_sqlite_timestamp) {
                     Some(at) => CursorValue::Timestamp { at, source_text: None },
                     None => return Ok(None),
                 }
