@@ -16,6 +16,7 @@ mod host_rules;
 mod late;
 mod local_settings;
 mod logical;
+mod logical_large;
 mod logical_lost;
 mod logical_ops;
 mod logical_peek;

@@ -67,6 +67,9 @@ pub struct LogicalSource {
     shared: Arc<Shared>,
     config: SourceConfig,
     reading: Mutex<Reading>,
+    /// The checkpoint last committed, as told: a commit never waits for a read in progress (the
+    /// tick commits on the task that reads), the read takes it in when it next holds `reading`.
+    committed: std::sync::Mutex<Option<Option<Key>>>,
 }
 
 /// Where this process is in the slot.
@@ -313,7 +316,12 @@ impl LogicalSource {
             redaction,
             idle: config.query_timeout.max(Duration::from_secs(1)),
         };
-        Ok(LogicalSource { shared: Arc::new(shared), config: config.clone(), reading: Mutex::new(Reading::default()) })
+        Ok(LogicalSource {
+            shared: Arc::new(shared),
+            config: config.clone(),
+            reading: Mutex::new(Reading::default()),
+            committed: std::sync::Mutex::new(None),
+        })
     }
 
     fn query_error(&self, error: sqlx::Error) -> SourceError {
@@ -341,6 +349,10 @@ impl LogicalSource {
     /// while a peek of this process is open (the slot has one user at a time): the next peek, or
     /// the end of the tick, moves it.
     async fn advance(&self, reading: &mut Reading) -> Result<(), SourceError> {
+        let told = *self.committed.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(key) = told {
+            reading.progress.committed(key);
+        }
         if reading.stream.is_some() {
             return Ok(());
         }
@@ -377,6 +389,7 @@ impl LogicalSource {
                 }
                 let window = read_ahead_rows(limit.rows).saturating_mul(reading.widen);
                 let limit_rows = reading.progress.rows_through(after).saturating_add(window);
+                tracing::debug!(slot = %self.shared.slot, ?after, limit_rows, "peek started");
                 reading.stream = Some(self.start(after, limit_rows, false));
             }
             let stream = reading.stream.as_mut().expect("a peek is open");
@@ -404,6 +417,7 @@ impl LogicalSource {
                 }
                 Ok(Item::Mark(mark)) => reading.progress.read(mark),
                 Ok(Item::End { reached_end, new }) => {
+                    tracing::debug!(slot = %self.shared.slot, ?reached_end, new, rows = rows.len(), "peek ended");
                     reading.stream = None;
                     reading.more = reached_end.is_none();
                     reading.progress.reached_end(reached_end);
@@ -569,8 +583,16 @@ impl Source for LogicalSource {
     async fn committed(&self, checkpoint: Option<&Position>) -> Result<(), SourceError> {
         let key = self.after_key(checkpoint)?;
         let work = async {
-            let mut reading = self.reading.lock().await;
-            reading.progress.committed(key);
+            {
+                let mut told = self.committed.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                if told.is_none_or(|known| known < key) {
+                    *told = Some(key);
+                }
+            }
+            // A read in progress holds the slot and `reading`: it moves the slot when it next can.
+            let Ok(mut reading) = self.reading.try_lock() else {
+                return Ok(());
+            };
             match self.advance(&mut reading).await {
                 Ok(()) => Ok(()),
                 Err(error) => Err(self.lost_or(error, key.is_some()).await),
