@@ -125,6 +125,27 @@ async fn logical_target(parts: Parts<'_>, to: &ResetTo) -> Result<ResetTarget, O
             key_of(&position).map_err(OperationError::Invalid)?
         }
     };
+    // A position past the end of the WAL would move the slot to the end (the server clamps) and
+    // skip, silently, every change committed before the checkpoint's: refused, as a cursor
+    // above the largest integer a checkpoint holds.
+    if key.0 > i64::MAX as u64 {
+        return Err(OperationError::Invalid(format!(
+            "commit LSN {} is above the largest a checkpoint holds ({}): give a position at or before the end of the WAL ({})",
+            key.0,
+            i64::MAX,
+            lsn_text(ends.end.max(ends.confirmed))
+        )));
+    }
+    if key.0 > ends.end.max(ends.confirmed) {
+        return Err(OperationError::Invalid(format!(
+            "commit LSN {} ({}) is past the end of the WAL ({}, commit LSN {}): no change commits there yet, and the \
+             slot cannot move past the end. Give a position at or before it, or --to-end",
+            key.0,
+            lsn_text(key.0),
+            lsn_text(ends.end.max(ends.confirmed)),
+            ends.end.max(ends.confirmed)
+        )));
+    }
     if key.0 < ends.confirmed {
         return Err(OperationError::Invalid(format!(
             "replication slot {slot} is at {at}: it no longer holds the changes committed before it, and a slot cannot go \

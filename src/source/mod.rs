@@ -89,6 +89,19 @@ pub trait Source: Send + Sync {
     /// How many rows come after `after`, settled or not, counted up to `cap`.
     async fn count_after(&self, after: Option<&Position>, cap: u64) -> Result<u64, SourceError>;
 
+    /// The most [`Source::count_after`] counts whatever the cap asked (a count there is "at
+    /// least").
+    fn count_limit(&self) -> u64 {
+        u64::MAX
+    }
+
+    /// The tick is over (its last commit made): a source that holds something on the server
+    /// between reads (a logical source's open peek) lets it go, and moves its own position as far
+    /// as the commits allow. Called while the lease is still held.
+    async fn tick_ended(&self) -> Result<(), SourceError> {
+        Ok(())
+    }
+
     /// The source's load generation (`source.generation`'s one value: text, an integer or null),
     /// or `None` when it has none configured.
     async fn generation(&self) -> Result<Option<Value>, SourceError>;
@@ -180,7 +193,7 @@ pub async fn backlog(source: &dyn Source, after: Option<&Position>, cap: u64) ->
         let first = source.read(Probe::Pending, after, FetchLimit { rows: 1, bytes: usize::MAX }).await?;
         first.rows.into_iter().next().map(|row| row.position.cursor)
     };
-    Ok(Backlog { rows, capped: rows >= cap, oldest })
+    Ok(Backlog { rows, capped: rows >= cap.min(source.count_limit()), oldest })
 }
 
 /// The position of the source's last settled row (`None`: the source is empty), for

@@ -259,6 +259,22 @@ impl Poller {
 
         let mut writer = StateWriter::new(self.store.as_ref(), &key, etag);
         let result = self.work(&mut writer, &mut document, new_document, deadline).await;
+        if let Ok(TickOutcome::Delivered { stop: StopReason::BudgetExhausted | StopReason::Isolated, .. }) = &result
+            && let Ok(position) = document.position()
+        {
+            // Rows are left: how many (capped, so that it stays cheap), for the summary line;
+            // before the lease is given back (a logical source reads its slot for it).
+            match self.source.count_after(position.as_ref(), SUMMARY_LAG_CAP).await {
+                Ok(rows) => self.learn(|learnt| {
+                    learnt.lag_after =
+                        Some(LagAfter { rows, capped: rows >= SUMMARY_LAG_CAP.min(self.source.count_limit()) });
+                }),
+                Err(error) => warn!(poller = %self.config.poller_name, "cannot count the rows left: {error}"),
+            }
+        }
+        if let Err(error) = self.source.tick_ended().await {
+            warn!(poller = %self.config.poller_name, %error, "the source could not end the tick cleanly (the next tick retries)");
+        }
         self.end(&mut writer, &mut document, &result).await;
         let outcome = match result {
             Err(TickError::Superseded { bound, current }) => {
@@ -267,17 +283,6 @@ impl Poller {
             }
             other => other?,
         };
-        if let TickOutcome::Delivered { stop: StopReason::BudgetExhausted | StopReason::Isolated, .. } = &outcome
-            && let Ok(position) = document.position()
-        {
-            // Rows are left: how many (capped, so that it stays cheap), for the summary line.
-            match self.source.count_after(position.as_ref(), SUMMARY_LAG_CAP).await {
-                Ok(rows) => self.learn(|learnt| {
-                    learnt.lag_after = Some(LagAfter { rows, capped: rows >= SUMMARY_LAG_CAP });
-                }),
-                Err(error) => warn!(poller = %self.config.poller_name, "cannot count the rows left: {error}"),
-            }
-        }
         Ok(match outcome {
             TickOutcome::Delivered { rows, batches, checkpoint, stop, quarantined, .. } => {
                 TickOutcome::Delivered { rows, batches, checkpoint, stop, new_document, quarantined }

@@ -145,7 +145,9 @@ async fn reset_to_the_end_skips_what_committed_before_it_and_moves_the_slot() {
         run_dbtrigger(&app, &settings, &["reset", "orders", "--to-cursor", "1", "--pk", "ordinal=1", "--yes"]);
     assert!(!ok);
     assert!(stderr.contains("a slot cannot go back"), "{stderr}");
-    // A position at or after the slot is taken (written as PostgreSQL writes an LSN).
+    // A position at or after the slot, and not past the WAL's end, is taken (written as
+    // PostgreSQL writes an LSN).
+    execute(&url, "INSERT INTO orders VALUES (8, 'WAL past the slot')").await;
     let ahead = dbtrigger::source::logical::values::lsn_text(confirmed_flush(&url, &slot).await + 1);
     let (ok, stdout, stderr) =
         run_dbtrigger(&app, &settings, &["reset", "orders", "--to-cursor", &ahead, "--pk", "ordinal=2", "--yes"]);

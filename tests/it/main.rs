@@ -18,6 +18,7 @@ mod keys;
 mod late;
 mod local_settings;
 mod logical;
+mod logical_large;
 mod logical_lost;
 mod logical_ops;
 mod logical_peek;

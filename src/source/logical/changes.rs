@@ -3,7 +3,7 @@
 //! with its row as JSON. Pure code: the rows `pg_logical_slot_peek_binary_changes` returned in,
 //! whole transactions out.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 
@@ -61,124 +61,147 @@ impl Transaction {
     }
 }
 
-/// Messages that do not make sense where they are, or values that cannot be read.
+/// Messages that do not make sense where they are.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AssembleError {
     #[error(transparent)]
     Decode(#[from] pgoutput::DecodeError),
     #[error("pgoutput at {lsn}: {reason}")]
     Sequence { lsn: String, reason: String },
-    #[error("pgoutput at {lsn}, table {table}: {error}")]
-    Value { lsn: String, table: String, error: values::ValueError },
 }
 
-/// Puts transactions together from the messages of one peek, in order.
+/// What one message of a transaction gives, read in order (see [`Decoder`]).
+#[derive(Debug)]
+pub enum Step {
+    /// Nothing to hand out (a Begin, a Relation, a change counted and not decoded).
+    Nothing,
+    /// Changes of the open transaction (one, or one per table of a truncate), decoded.
+    Changes(Vec<Change>),
+    /// The open transaction committed: its end and its changes, decoded or counted.
+    Committed { commit_lsn: u64, end_lsn: u64, commit_time: i64, changes: u32 },
+}
+
+/// The transaction begun and not committed yet.
+struct Open {
+    xid: u32,
+    commit_lsn: u64,
+    commit_time: i64,
+    /// Changes so far, decoded or counted.
+    changes: u32,
+}
+
+/// Reads the messages of a slot in order and gives each change as its message comes: pgoutput's
+/// Begin carries the transaction's commit LSN, so a change's position (commit LSN, ordinal) is
+/// known before its Commit, and a transaction of any size goes through without being held. The
+/// changes at or before [`Decoder::after`] (and every change, when counting) are counted by their
+/// message's tag alone, not decoded.
 #[derive(Default)]
-pub struct Assembler {
+pub struct Decoder {
     relations: HashMap<u32, Relation>,
-    open: Option<Transaction>,
-    /// Transactions committing before this LSN are counted, not decoded.
-    skip_before: u64,
+    open: Option<Open>,
+    /// Changes at or before this position are counted, not decoded.
+    after: Option<(u64, u32)>,
+    /// Count every change, decode none.
+    count_only: bool,
 }
 
-impl Assembler {
-    /// An assembler that counts the changes of the transactions committing before `lsn` without
-    /// decoding their rows (Begin, Commit, Relation and Truncate are still decoded: the relations
-    /// serve later transactions, a truncate's count is its relations'). A peek starts where the
-    /// slot is, so it returns again what a reader already has: those cost almost nothing here.
-    pub fn skipping(lsn: u64) -> Assembler {
-        Assembler { skip_before: lsn, ..Assembler::default() }
+impl Decoder {
+    /// A decoder of the changes after `after`.
+    pub fn after(after: Option<(u64, u32)>) -> Decoder {
+        Decoder { after, ..Decoder::default() }
     }
 
-    /// The message at `lsn`; a transaction when it was its Commit.
-    pub fn push(&mut self, lsn: u64, bytes: &[u8]) -> Result<Option<Transaction>, AssembleError> {
+    /// A decoder that counts changes and decodes none.
+    pub fn counting() -> Decoder {
+        Decoder { count_only: true, ..Decoder::default() }
+    }
+
+    /// The commit LSN of the transaction begun and not committed yet, and the ordinal its next
+    /// change will have.
+    pub fn next_change(&self) -> Option<(u64, u32)> {
+        self.open.as_ref().map(|open| (open.commit_lsn, open.changes + 1))
+    }
+
+    /// What every change of the open transaction carries.
+    pub fn commit_fields(&self) -> Option<CommitFields> {
+        self.open.as_ref().map(|open| CommitFields::new(open.commit_lsn, open.commit_time, open.xid))
+    }
+
+    /// Whether the open transaction's next `count` changes are counted and not decoded.
+    fn skips(&self, open: &Open) -> bool {
+        self.count_only || self.after.is_some_and(|after| (open.commit_lsn, open.changes + 1) <= after)
+    }
+
+    /// The message at `lsn`.
+    pub fn push(&mut self, lsn: u64, bytes: &[u8]) -> Result<Step, AssembleError> {
         let sequence = |reason: &str| AssembleError::Sequence { lsn: values::lsn_text(lsn), reason: reason.into() };
-        // An insert, update or delete of a skipped transaction: counted by its tag alone.
-        if let (Some(open), Some(b'I' | b'U' | b'D')) = (self.open.as_mut(), bytes.first())
-            && open.commit_lsn < self.skip_before
+        // An insert, update or delete counted by its tag alone.
+        if let Some(b'I' | b'U' | b'D') = bytes.first()
+            && let Some(open) = self.open.as_ref()
+            && self.skips(open)
         {
-            open.skipped += 1;
-            return Ok(None);
+            if let Some(open) = self.open.as_mut() {
+                open.changes += 1;
+            }
+            return Ok(Step::Nothing);
         }
         match pgoutput::decode(bytes)? {
             Message::Begin { final_lsn, commit_time, xid } => {
                 if self.open.is_some() {
                     return Err(sequence("a Begin inside a transaction"));
                 }
-                self.open = Some(Transaction {
-                    xid,
-                    commit_lsn: final_lsn,
-                    end_lsn: 0,
-                    commit_time,
-                    changes: Vec::new(),
-                    skipped: 0,
-                });
-                Ok(None)
+                self.open = Some(Open { xid, commit_lsn: final_lsn, commit_time, changes: 0 });
+                Ok(Step::Nothing)
             }
             Message::Commit { commit_lsn, end_lsn, commit_time } => {
-                let mut transaction = self.open.take().ok_or_else(|| sequence("a Commit outside a transaction"))?;
-                if transaction.commit_lsn != commit_lsn {
+                let open = self.open.take().ok_or_else(|| sequence("a Commit outside a transaction"))?;
+                if open.commit_lsn != commit_lsn {
                     return Err(sequence("a Commit whose LSN is not its Begin's"));
                 }
-                transaction.end_lsn = end_lsn;
-                transaction.commit_time = commit_time;
-                Ok(Some(transaction))
+                Ok(Step::Committed { commit_lsn, end_lsn, commit_time, changes: open.changes })
             }
             Message::Relation(relation) => {
                 self.relations.insert(relation.oid, relation);
-                Ok(None)
+                Ok(Step::Nothing)
             }
-            Message::Insert { relation, new } => {
-                self.change(lsn, relation, Op::Insert, None, Some(&new))?;
-                Ok(None)
-            }
-            Message::Update { relation, old, new } => {
-                self.change(lsn, relation, Op::Update, old.as_ref(), Some(&new))?;
-                Ok(None)
-            }
-            Message::Delete { relation, old } => {
-                self.change(lsn, relation, Op::Delete, Some(&old), None)?;
-                Ok(None)
-            }
+            Message::Insert { relation, new } => self.change(lsn, relation, Op::Insert, None, Some(&new)),
+            Message::Update { relation, old, new } => self.change(lsn, relation, Op::Update, old.as_ref(), Some(&new)),
+            Message::Delete { relation, old } => self.change(lsn, relation, Op::Delete, Some(&old), None),
             Message::Truncate { relations, cascade, restart_identity } => {
                 let tables = relations
                     .iter()
                     .map(|oid| self.relation(lsn, *oid).map(Relation::qualified_name))
                     .collect::<Result<Vec<_>, _>>()?;
-                let open = self.open.as_mut().ok_or_else(|| sequence("a change outside a transaction"))?;
-                if open.commit_lsn < self.skip_before {
-                    open.skipped += tables.len() as u32;
-                    return Ok(None);
-                }
+                let mut changes = Vec::new();
                 for table in tables {
-                    let ordinal = open.changes.len() as u32 + 1;
-                    open.changes.push(Change {
+                    let skips = self.open.as_ref().map(|open| self.skips(open));
+                    let open = self.open.as_mut().ok_or_else(|| sequence("a change outside a transaction"))?;
+                    open.changes += 1;
+                    if skips == Some(true) {
+                        continue;
+                    }
+                    changes.push(Change {
                         op: Op::Truncate,
                         table,
                         new: None,
                         old: None,
                         unchanged_toast: Vec::new(),
                         lsn,
-                        ordinal,
+                        ordinal: open.changes,
                         cascade,
                         restart_identity,
                         order_keys: Vec::new(),
                     });
                 }
-                Ok(None)
+                Ok(if changes.is_empty() { Step::Nothing } else { Step::Changes(changes) })
             }
-            Message::Other(_) => Ok(None),
+            Message::Other(_) => Ok(Step::Nothing),
         }
     }
 
-    /// Whether a transaction was begun and not committed (the peek ended inside it).
+    /// Whether a transaction was begun and not committed (the read ended inside it).
     pub fn in_transaction(&self) -> bool {
         self.open.is_some()
-    }
-
-    /// The commit LSN of the transaction begun and not committed yet, if any.
-    pub fn open_commit_lsn(&self) -> Option<u64> {
-        self.open.as_ref().map(|open| open.commit_lsn)
     }
 
     fn relation(&self, lsn: u64, oid: u32) -> Result<&Relation, AssembleError> {
@@ -195,7 +218,7 @@ impl Assembler {
         op: Op,
         old: Option<&(OldKind, Vec<Datum>)>,
         new: Option<&Vec<Datum>>,
-    ) -> Result<(), AssembleError> {
+    ) -> Result<Step, AssembleError> {
         let relation = self.relation(lsn, oid)?;
         let table = relation.qualified_name();
         let mut unchanged_toast = Vec::new();
@@ -233,51 +256,81 @@ impl Assembler {
             lsn: values::lsn_text(lsn),
             reason: "a change outside a transaction".into(),
         })?;
-        let ordinal = open.changes.len() as u32 + 1;
-        open.changes.push(Change {
+        open.changes += 1;
+        Ok(Step::Changes(vec![Change {
             op,
             table,
             new,
             old,
             unchanged_toast,
             lsn,
-            ordinal,
+            ordinal: open.changes,
             cascade: false,
             restart_identity: false,
             order_keys,
-        });
-        Ok(())
+        }]))
     }
 }
 
-/// Messages peeked and not decoded yet, made into transactions one at a time as batches are
-/// handed out: what waits in memory is pgoutput (several times smaller than the rows' JSON), and a
-/// batch is decoded while the ones before it are delivered.
+/// Puts whole transactions together from messages, in order (a [`Decoder`] whose changes are
+/// kept until their Commit): for tests and tools that want a transaction at a time.
 #[derive(Default)]
-pub struct Unread {
-    messages: VecDeque<(u64, Vec<u8>)>,
-    assembler: Assembler,
+pub struct Assembler {
+    decoder: Decoder,
+    open: Option<Transaction>,
 }
 
-impl Unread {
-    /// The message at `lsn`, after those pushed before.
-    pub fn push(&mut self, lsn: u64, message: Vec<u8>) {
-        self.messages.push_back((lsn, message));
+impl Assembler {
+    /// An assembler that counts the changes of the transactions committing before `lsn` without
+    /// decoding their rows.
+    pub fn skipping(lsn: u64) -> Assembler {
+        let after = lsn.checked_sub(1).map(|before| (before, u32::MAX));
+        Assembler { decoder: Decoder::after(after), open: None }
     }
 
-    /// No message waits.
-    pub fn is_empty(&self) -> bool {
-        self.messages.is_empty()
-    }
-
-    /// The next whole transaction, decoded; `None` once no whole transaction waits.
-    pub fn next_transaction(&mut self) -> Result<Option<Transaction>, AssembleError> {
-        while let Some((lsn, message)) = self.messages.pop_front() {
-            if let Some(transaction) = self.assembler.push(lsn, &message)? {
-                return Ok(Some(transaction));
+    /// The message at `lsn`; a transaction when it was its Commit.
+    pub fn push(&mut self, lsn: u64, bytes: &[u8]) -> Result<Option<Transaction>, AssembleError> {
+        if self.open.is_none()
+            && let Some(b'B') = bytes.first()
+        {
+            let step = self.decoder.push(lsn, bytes)?;
+            debug_assert!(matches!(step, Step::Nothing));
+            let (commit_lsn, _) = self.decoder.next_change().expect("a Begin opens a transaction");
+            let fields = self.decoder.open.as_ref().map(|open| (open.xid, open.commit_time)).unwrap_or_default();
+            self.open = Some(Transaction {
+                xid: fields.0,
+                commit_lsn,
+                end_lsn: 0,
+                commit_time: fields.1,
+                changes: Vec::new(),
+                skipped: 0,
+            });
+            return Ok(None);
+        }
+        match self.decoder.push(lsn, bytes)? {
+            Step::Nothing => Ok(None),
+            Step::Changes(changes) => {
+                if let Some(open) = self.open.as_mut() {
+                    open.changes.extend(changes);
+                }
+                Ok(None)
+            }
+            Step::Committed { end_lsn, commit_time, changes, .. } => {
+                let mut transaction = self.open.take().ok_or_else(|| AssembleError::Sequence {
+                    lsn: values::lsn_text(lsn),
+                    reason: "a Commit outside a transaction".into(),
+                })?;
+                transaction.end_lsn = end_lsn;
+                transaction.commit_time = commit_time;
+                transaction.skipped = changes - transaction.changes.len() as u32;
+                Ok(Some(transaction))
             }
         }
-        Ok(None)
+    }
+
+    /// Whether a transaction was begun and not committed (the peek ended inside it).
+    pub fn in_transaction(&self) -> bool {
+        self.decoder.in_transaction()
     }
 }
 
@@ -320,9 +373,7 @@ fn row(
                 }
                 continue;
             }
-            Datum::Text(text) => values::to_json(&column.name, column.type_oid, text).map_err(|error| {
-                AssembleError::Value { lsn: values::lsn_text(lsn), table: relation.qualified_name(), error }
-            })?,
+            Datum::Text(text) => values::to_json(column.type_oid, text),
         };
         map.insert(column.name.clone(), value);
     }
@@ -339,10 +390,14 @@ pub struct CommitFields {
 
 impl CommitFields {
     pub fn of(transaction: &Transaction) -> CommitFields {
+        CommitFields::new(transaction.commit_lsn, transaction.commit_time, transaction.xid)
+    }
+
+    pub fn new(commit_lsn: u64, commit_time: i64, xid: u32) -> CommitFields {
         CommitFields {
-            commit_lsn: Value::from(values::lsn_text(transaction.commit_lsn)),
-            commit_time: values::pg_time(transaction.commit_time),
-            xid: Value::from(transaction.xid),
+            commit_lsn: Value::from(values::lsn_text(commit_lsn)),
+            commit_time: values::pg_time(commit_time),
+            xid: Value::from(xid),
         }
     }
 }

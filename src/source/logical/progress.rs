@@ -8,11 +8,8 @@
 //! checkpoint covers, never past a change that is read and not yet committed: a crash at any
 //! point re-reads from the slot and skips what the checkpoint covers.
 
-use std::collections::VecDeque;
-
 use crate::config::LOGICAL_KEY;
 use crate::domain::{CursorValue, PkValue, Position};
-use crate::source::SourceRow;
 
 /// A logical position: (commit LSN, ordinal).
 pub type Key = (u64, u32);
@@ -65,11 +62,7 @@ pub struct ReadToEnd {
 
 #[derive(Debug, Default)]
 pub struct Progress {
-    /// Changes read, not yet handed out, in order.
-    pub buffer: VecDeque<(Key, SourceRow)>,
-    /// The last read stopped at its row limit: more may follow what it returned.
-    pub more: bool,
-    /// The last change handed out: the changes waiting come right after it.
+    /// The last change handed out.
     handed_out: Option<Key>,
     /// Transactions read whose end the slot has not passed yet.
     marks: Vec<Mark>,
@@ -82,37 +75,14 @@ pub struct Progress {
 }
 
 impl Progress {
-    /// Drops what `after` covers from the changes waiting; all of them when `after` is before
-    /// the last change handed out (a failed tick starts again from its checkpoint: what was handed
-    /// out after it is read again from the slot).
-    /// Whether `after` was further back (what was read after it is to be read again).
-    pub fn skip_to(&mut self, after: Option<Key>) -> bool {
-        let back = after < self.handed_out;
-        if back {
-            self.buffer.clear();
-            self.more = true;
-        }
-        self.handed_out = after;
-        while let Some((key, _)) = self.buffer.front() {
-            if after.is_some_and(|after| *key <= after) {
-                self.buffer.pop_front();
-            } else {
-                break;
-            }
-        }
-        back
+    /// A change was handed out.
+    pub fn handed(&mut self, key: Key) {
+        self.handed_out = Some(key);
     }
 
-    /// The last change handed out (or the position last asked from).
+    /// The last change handed out.
     pub fn handed_out(&self) -> Option<Key> {
         self.handed_out
-    }
-
-    /// The next change waiting, handed out.
-    pub fn hand_out(&mut self) -> Option<SourceRow> {
-        let (key, row) = self.buffer.pop_front()?;
-        self.handed_out = Some(key);
-        Some(row)
     }
 
     /// A transaction read. The marks stay in commit order: a peek returns transactions in that
@@ -155,11 +125,16 @@ impl Progress {
     /// whole transaction the committed checkpoint covers, or, when a read reached the end of the
     /// flushed WAL and everything it returned is committed, that end (a quiet publication on a
     /// busy server).
+    ///
+    /// The commit LSN of the committed checkpoint's own transaction is always a target: the
+    /// server sends again every transaction committing at or after the slot's position, so the
+    /// slot there holds the rest of that transaction (and everything after), whatever was read.
     pub fn advance_target(&self) -> Option<u64> {
         let committed = self.committed?;
         let covered = |key: Key| committed.is_some_and(|committed| key <= committed);
         let mut target =
             self.marks.iter().filter(|mark| covered((mark.commit_lsn, mark.changes))).map(|mark| mark.end_lsn).max();
+        target = target.max(committed.map(|(commit_lsn, _)| commit_lsn));
         if let Some(end) = self.read_to_end
             && end.last.is_none_or(covered)
         {
@@ -195,33 +170,6 @@ mod tests {
         assert!(key_of(&xid).is_err());
     }
 
-    fn row(commit_lsn: u64, ordinal: u32) -> (Key, SourceRow) {
-        let row = SourceRow {
-            position: position(commit_lsn, ordinal),
-            row: crate::domain::event::RowJson::default(),
-            op: crate::domain::Op::Insert,
-            group: None,
-        };
-        ((commit_lsn, ordinal), row)
-    }
-
-    #[test]
-    fn what_waits_is_handed_out_in_order_and_dropped_when_asked_from_further_back() {
-        let mut progress = Progress::default();
-        progress.buffer.extend([row(100, 1), row(100, 2), row(200, 1)]);
-        progress.skip_to(None);
-        assert_eq!(progress.hand_out().unwrap().position, position(100, 1));
-        // The next read goes on after it; a read past a change skips it.
-        progress.skip_to(Some((100, 2)));
-        assert_eq!(progress.hand_out().unwrap().position, position(200, 1));
-        progress.buffer.extend([row(300, 1)]);
-        // A failed tick starts again from its checkpoint, behind what was handed out: nothing of
-        // what waits may be handed out before what was lost is read again.
-        progress.skip_to(Some((100, 1)));
-        assert!(progress.buffer.is_empty());
-        assert!(progress.more);
-    }
-
     #[test]
     fn a_transaction_read_again_counts_once() {
         let mut progress = Progress::default();
@@ -246,10 +194,10 @@ mod tests {
         progress.read(mark(200, 220, 3));
         assert_eq!(progress.advance_target(), None, "nothing committed");
         progress.committed(Some((100, 1)));
-        assert_eq!(progress.advance_target(), None, "half of the first transaction");
+        assert_eq!(progress.advance_target(), Some(100), "half of the first transaction: to its commit LSN");
         progress.committed(Some((200, 2)));
-        assert_eq!(progress.advance_target(), Some(120), "the first whole, the second not");
-        progress.advanced(120);
+        assert_eq!(progress.advance_target(), Some(200), "the first whole, the second half: its commit LSN");
+        progress.advanced(200);
         assert_eq!(progress.advance_target(), None);
         progress.committed(Some((200, 3)));
         assert_eq!(progress.advance_target(), Some(220));
@@ -274,6 +222,22 @@ mod tests {
         progress.committed(Some((200, 3)));
         progress.advanced(220);
         assert_eq!(progress.rows_through(Some((300, 1))), 3);
+    }
+
+    /// Regression (issue 37, finding 1 (b)(c)): with no transaction read (a restart, a reset whose
+    /// own move failed), the slot never moved while the transaction of the checkpoint was larger
+    /// than a peek could keep. The commit LSN of a committed (c, k) is always safe: the server
+    /// sends every transaction committing at or after the slot's position again.
+    #[test]
+    fn the_slot_moves_to_the_committed_checkpoints_commit_lsn_with_nothing_read() {
+        let mut progress = Progress::default();
+        progress.committed(Some((5000, 7)));
+        assert_eq!(progress.advance_target(), Some(5000));
+        progress.advanced(5000);
+        assert_eq!(progress.advance_target(), None);
+        let mut reset = Progress::default();
+        reset.committed(Some((9000, 0)));
+        assert_eq!(reset.advance_target(), Some(9000));
     }
 
     #[test]

@@ -1,24 +1,29 @@
 //! The logical [`Source`]: peeks the slot through the SQL interface
-//! (`pg_logical_slot_peek_binary_changes`, pgoutput version 1, the text form of values), puts
-//! whole transactions together, hands their changes out in commit order, and moves the slot
-//! (`pg_replication_slot_advance`) only when the state document has committed what it passes.
+//! (`pg_logical_slot_peek_binary_changes`, pgoutput version 1, the text form of values), reads
+//! the result as a stream and hands its changes out in commit order as they come, and moves the
+//! slot (`pg_replication_slot_advance`) only as far as the state document has committed.
 //!
-//! A peek always starts where the slot is; what the checkpoint (or the reads ahead of it) already
-//! covers is counted and skipped, not decoded. One peek reads many batches ahead (bounded, see
-//! [`READ_AHEAD_BATCHES`]); its messages wait in memory, undecoded, until handed out. The SQL
-//! interface returns whole transactions: one larger than the batch is read whole.
+//! A peek runs in a task of its own on a connection of its own, and sends each change through a
+//! bounded channel as its message arrives: pgoutput's Begin carries the transaction's commit LSN,
+//! so a change's position (commit LSN, ordinal) is known before its Commit, and a transaction of
+//! any size goes through in bounded memory (the channel, a batch, the driver's buffer). While the
+//! tick delivers, the task waits on the channel and the server on the socket. A peek starts
+//! where the slot is: what the checkpoint already covers is counted by tag and skipped.
 
 use crate::domain::keyed::Group;
 use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::TryStreamExt;
 use serde_json::Value;
-use sqlx::Row;
-use sqlx::postgres::{PgConnectOptions, PgPool};
-use tokio::sync::Mutex;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool};
+use sqlx::{Connection, Row};
+use tokio::sync::{Mutex, mpsc};
 
-use super::changes::{Assembler, CommitFields, Transaction, Unread, event_row_of};
+use super::changes::{Decoder, Step, event_row_of};
 use super::progress::{Key, Mark, Progress, ReadToEnd, key_of, position};
 use super::values::{lsn_text, parse_lsn};
 use crate::config::redact::Redaction;
@@ -27,96 +32,125 @@ use crate::domain::Position;
 use crate::domain::event::RowJson;
 use crate::source::{FetchLimit, Fetched, Probe, Source, SourceError, SourceRow, classify, timed};
 
-/// The rows one peek asks for at least (each change, Begin, Commit and Relation is a row).
-const FIRST_PEEK_ROWS: usize = 256;
-/// A tick's peek reads this many batches' worth of rows past what was read before, at least
-/// [`MIN_READ_AHEAD_ROWS`] and at most [`MAX_READ_AHEAD_ROWS`], and keeps at most
-/// [`READ_AHEAD_BYTES`] of their messages (or two batches' bytes, if more): whole transactions,
-/// the last one read whole whatever its size. The messages wait in memory as pgoutput and are
-/// decoded a transaction at a time as batches are handed out; the next peek is made once they are
-/// all handed out. A peek starts where the slot is (it moves when the state document commits), so
-/// a tick that needs several re-reads what the earlier ones returned (counted, not decoded): fewer,
-/// larger peeks are what make a catch-up fast.
+/// A tick's peek asks the server for this many batches' worth of rows past what was read before,
+/// at least [`MIN_READ_AHEAD_ROWS`] and at most [`MAX_READ_AHEAD_ROWS`] (the server checks the
+/// limit at a commit only: the transaction that crosses it comes whole, streamed). The server
+/// decodes the whole window before the first row comes; a smaller window answers sooner.
 const READ_AHEAD_BATCHES: usize = 256;
 const MIN_READ_AHEAD_ROWS: usize = 1024;
 const MAX_READ_AHEAD_ROWS: usize = 262_144;
+/// Kept for the benches and docs: what a peek's channel holds at most, in changes.
 pub const READ_AHEAD_BYTES: usize = 16 * 1024 * 1024;
+/// The changes (and transaction ends) a peek's task sends ahead of the tick, at most.
+const CHANNEL_ITEMS: usize = 512;
+/// The most a counting peek counts: the changes after a position, counted by tag (no decoding).
+pub const COUNT_CAP: u64 = 100_000;
 
 /// The rows of pgoutput a tick's peek reads ahead, for batches of `batch_rows` changes.
 pub fn read_ahead_rows(batch_rows: usize) -> usize {
     batch_rows.saturating_mul(READ_AHEAD_BATCHES).clamp(MIN_READ_AHEAD_ROWS, MAX_READ_AHEAD_ROWS)
 }
 
-/// How much a peek keeps past the position it is asked from, at most: rows of pgoutput (of
-/// the transactions that have changes kept) and bytes of their messages. The transaction that
-/// crosses either is kept whole.
-#[derive(Clone, Copy)]
-struct Ahead {
-    rows: usize,
-    bytes: usize,
-}
-
-pub struct LogicalSource {
+/// What a peek's task needs, shared with it.
+struct Shared {
     pool: PgPool,
-    config: SourceConfig,
+    /// A peek's own connection: no statement timeout (the tick's budget and the idle limit bound
+    /// it), the text forms `values` reads.
+    peek_options: PgConnectOptions,
     slot: String,
     publication: String,
     redaction: Redaction,
-    reading: Mutex<Reading>,
+    /// A peek's task gives up when the tick has not taken anything from it for this long.
+    idle: Duration,
 }
 
-/// Where this process is in the slot: the changes decoded and the messages peeked, waiting to be
-/// handed out.
-#[derive(Default)]
+pub struct LogicalSource {
+    shared: Arc<Shared>,
+    config: SourceConfig,
+    reading: Mutex<Reading>,
+    /// The checkpoint last committed, as told: a commit never waits for a read in progress (the
+    /// tick commits on the task that reads), the read takes it in when it next holds `reading`.
+    committed: std::sync::Mutex<Option<Option<Key>>>,
+}
+
+/// Where this process is in the slot.
 struct Reading {
     progress: Progress,
-    unread: Unread,
+    /// The peek being read, if one is open.
+    stream: Option<Stream>,
+    /// The last peek stopped at its row limit: more may follow.
+    more: bool,
+    /// How many times the usual window the next peek asks for (peeks that brought nothing new
+    /// widen it).
+    widen: usize,
 }
 
-/// What one peek returned, past `after`.
-struct Peeked {
-    /// The messages of the transactions with changes after the position asked from (and every
-    /// Relation message), not decoded yet.
-    unread: Unread,
-    /// Changes after the position asked from.
-    changes: usize,
-    marks: Vec<Mark>,
-    /// The peek stopped before its row limit: it read all the WAL flushed when it began.
-    reached_end: Option<ReadToEnd>,
-}
-
-impl LogicalSource {
-    pub fn open(config: &SourceConfig) -> Result<Self, SourceError> {
-        let SourceTarget::Logical { slot, publication } = &config.target else {
-            return Err(SourceError::Query { location: String::new(), reason: "not a logical source".into() });
-        };
-        let redaction = Redaction::of_url(config.url.expose());
-        let options = PgConnectOptions::from_str(config.url.expose())
-            .map_err(|error| SourceError::Unreachable {
-                location: redaction.location.clone(),
-                reason: redaction.scrub(&error.to_string()),
-            })?
-            .application_name("dbtrigger")
-            // The text forms `values` reads.
-            .options([
-                ("statement_timeout", format!("{}ms", config.query_timeout.as_millis())),
-                ("DateStyle", "ISO, MDY".to_string()),
-                ("TimeZone", "UTC".to_string()),
-                ("IntervalStyle", "postgres".to_string()),
-                ("extra_float_digits", "3".to_string()),
-                ("bytea_output", "hex".to_string()),
-            ]);
-        let pool = crate::source::pool_options().connect_lazy_with(options);
-        Ok(LogicalSource {
-            pool,
-            config: config.clone(),
-            slot: slot.clone(),
-            publication: publication.clone(),
-            redaction,
-            reading: Mutex::new(Reading::default()),
-        })
+impl Default for Reading {
+    fn default() -> Self {
+        Reading { progress: Progress::default(), stream: None, more: true, widen: 1 }
     }
+}
 
+/// What a peek's task sends.
+enum Item {
+    Row(Key, SourceRow),
+    /// A transaction read to its Commit.
+    Mark(Mark),
+    /// The peek ended: whether it read to the flushed end, and how many changes after the
+    /// position asked from it sent.
+    End {
+        reached_end: Option<ReadToEnd>,
+        new: usize,
+    },
+}
+
+/// A peek being read.
+struct Stream {
+    items: mpsc::Receiver<Result<Item, SourceError>>,
+    task: tokio::task::JoinHandle<()>,
+    /// The peek's backend, once known: cancelled when the peek is given up before its end.
+    backend: Arc<AtomicI32>,
+    pool: PgPool,
+    /// The last change handed out (the position the peek was asked from, before the first).
+    at: Option<Key>,
+    /// A change received that did not fit the last batch: the next one's first.
+    held: Option<(Key, SourceRow)>,
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if self.task.is_finished() {
+            return;
+        }
+        self.task.abort();
+        // The server may still be decoding (it notices a closed socket only when it writes):
+        // cancel the statement, so that the slot is free for the next peek at once.
+        let backend = self.backend.load(Ordering::Relaxed);
+        if backend > 0
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let pool = self.pool.clone();
+            runtime.spawn(async move {
+                let _ = sqlx::query("SELECT pg_cancel_backend($1)").bind(backend).execute(&pool).await;
+            });
+        }
+    }
+}
+
+/// Why a peek's task stopped before its end.
+enum Stop {
+    /// The tick gave it up (dropped it, or took nothing for the idle limit).
+    GivenUp,
+    Failed(SourceError),
+}
+
+impl From<SourceError> for Stop {
+    fn from(error: SourceError) -> Self {
+        Stop::Failed(error)
+    }
+}
+
+impl Shared {
     fn query_error(&self, error: sqlx::Error) -> SourceError {
         let classified = classify(&self.redaction, error);
         match classified {
@@ -136,88 +170,6 @@ impl LogicalSource {
         }
     }
 
-    /// Peeks from the slot's position, keeping the changes after `after`, up to `ahead` of them.
-    /// The peek asks the server for `held` rows (what it returns again before `after`: counted,
-    /// not decoded) plus `ahead.rows`, and reads further (four times the rows) while everything
-    /// returned is already covered and more may follow.
-    async fn peek(&self, after: Option<Key>, held: usize, ahead: Ahead) -> Result<Peeked, SourceError> {
-        let mut limit = held.saturating_add(ahead.rows).max(FIRST_PEEK_ROWS);
-        loop {
-            let flushed: String = sqlx::query_scalar("SELECT pg_current_wal_flush_lsn()::text")
-                .fetch_one(&self.pool)
-                .await
-                .map_err(|error| self.query_error(error))?;
-            let flushed = parse_lsn(&flushed).ok_or_else(|| self.malformed(format!("a WAL position {flushed:?}")))?;
-            let limit_rows = i32::try_from(limit).unwrap_or(i32::MAX);
-            let mut stream = sqlx::query(
-                "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes($1, $2::pg_lsn, $3, \
-                 'proto_version', '1', 'publication_names', $4)",
-            )
-            .bind(&self.slot)
-            .bind(lsn_text(flushed))
-            .bind(limit_rows)
-            .bind(format!("\"{}\"", self.publication))
-            .fetch(&self.pool);
-            // Every transaction is counted here, none decoded: what is kept is decoded as it is
-            // handed out.
-            let mut assembler = Assembler::skipping(u64::MAX);
-            let mut peeked = Peeked { unread: Unread::default(), changes: 0, marks: Vec::new(), reached_end: None };
-            let (mut returned, mut rows_of_transaction, mut kept_rows, mut kept_bytes) = (0usize, 0u32, 0usize, 0usize);
-            let wanted = |commit_lsn: u64| after.is_none_or(|after| commit_lsn >= after.0);
-            let mut stopped = false;
-            let mut last = None;
-            while let Some(row) = stream.try_next().await.map_err(|error| self.query_error(error))? {
-                returned += 1;
-                if stopped {
-                    // Read to the end of the result (the server has made it already), not kept.
-                    continue;
-                }
-                rows_of_transaction += 1;
-                let lsn: String = row.try_get(0).map_err(|error| self.query_error(error))?;
-                let lsn = parse_lsn(&lsn).ok_or_else(|| self.malformed(format!("a WAL position {lsn:?}")))?;
-                let data: &[u8] = row.try_get(1).map_err(|error| self.query_error(error))?;
-                let committed = assembler.push(lsn, data).map_err(|error| self.malformed(error.to_string()))?;
-                // The relations serve the transactions after them, kept or not.
-                let keep = match &committed {
-                    Some(transaction) => wanted(transaction.commit_lsn),
-                    None => data.first() == Some(&b'R') || assembler.open_commit_lsn().is_some_and(wanted),
-                };
-                if keep {
-                    kept_bytes += data.len() + 32;
-                    peeked.unread.push(lsn, data.to_vec());
-                }
-                let Some(transaction) = committed else {
-                    continue;
-                };
-                let count = transaction.change_count();
-                peeked.marks.push(Mark {
-                    commit_lsn: transaction.commit_lsn,
-                    end_lsn: transaction.end_lsn,
-                    changes: count,
-                    rows: std::mem::take(&mut rows_of_transaction),
-                });
-                if count > 0 {
-                    last = Some((transaction.commit_lsn, count));
-                }
-                let new = new_changes(&transaction, after);
-                if new > 0 {
-                    peeked.changes += new;
-                    kept_rows += peeked.marks.last().map_or(0, |mark| mark.rows as usize);
-                }
-                // Enough kept: the rest (whole transactions from here) is for the next peek.
-                stopped = kept_rows >= ahead.rows || kept_bytes >= ahead.bytes;
-            }
-            let reached_end = !stopped && returned < limit;
-            if reached_end && !assembler.in_transaction() {
-                peeked.reached_end = Some(ReadToEnd { flushed, last });
-            }
-            if peeked.changes > 0 || reached_end || limit >= i32::MAX as usize {
-                return Ok(peeked);
-            }
-            limit = limit.saturating_mul(4);
-        }
-    }
-
     fn malformed(&self, reason: String) -> SourceError {
         SourceError::Query {
             location: self.redaction.location.clone(),
@@ -225,23 +177,197 @@ impl LogicalSource {
         }
     }
 
-    /// Moves the slot as far as the committed checkpoint allows, if further than it is.
-    async fn advance(&self, progress: &mut Progress) -> Result<(), SourceError> {
-        let Some(target) = progress.advance_target() else {
+    /// One peek of at most `limit_rows` rows, from where the slot is: the changes after `after`
+    /// are decoded and sent as they come (each transaction's end too), or only counted when
+    /// `counting`.
+    async fn peek(
+        &self,
+        after: Option<Key>,
+        limit_rows: usize,
+        counting: bool,
+        items: &mpsc::Sender<Result<Item, SourceError>>,
+        backend: &AtomicI32,
+    ) -> Result<(), Stop> {
+        let send = |item: Item| async move {
+            match tokio::time::timeout(self.idle, items.send(Ok(item))).await {
+                Ok(Ok(())) => Ok(()),
+                _ => Err(Stop::GivenUp),
+            }
+        };
+        let mut connection =
+            PgConnection::connect_with(&self.peek_options).await.map_err(|error| self.query_error(error))?;
+        let (pid, flushed): (i32, String) = sqlx::query_as("SELECT pg_backend_pid(), pg_current_wal_flush_lsn()::text")
+            .fetch_one(&mut connection)
+            .await
+            .map_err(|error| self.query_error(error))?;
+        backend.store(pid, Ordering::Relaxed);
+        let flushed = parse_lsn(&flushed).ok_or_else(|| self.malformed(format!("a WAL position {flushed:?}")))?;
+        let limit_rows = limit_rows.min(i32::MAX as usize);
+        let mut rows = sqlx::query(
+            "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes($1, $2::pg_lsn, $3, \
+             'proto_version', '1', 'publication_names', $4)",
+        )
+        .bind(&self.slot)
+        .bind(lsn_text(flushed))
+        .bind(limit_rows as i32)
+        .bind(format!("\"{}\"", self.publication))
+        .fetch(&mut connection);
+        let mut decoder = if counting { Decoder::counting() } else { Decoder::after(after) };
+        let mut fields = None;
+        let (mut returned, mut rows_of_transaction, mut new, mut last) = (0usize, 0u32, 0usize, None);
+        while let Some(row) = rows.try_next().await.map_err(|error| self.query_error(error))? {
+            returned += 1;
+            rows_of_transaction += 1;
+            let lsn: String = row.try_get(0).map_err(|error| self.query_error(error))?;
+            let lsn = parse_lsn(&lsn).ok_or_else(|| self.malformed(format!("a WAL position {lsn:?}")))?;
+            let data: &[u8] = row.try_get(1).map_err(|error| self.query_error(error))?;
+            let step = decoder.push(lsn, data).map_err(|error| self.malformed(self.at_change(&decoder, error)))?;
+            match step {
+                Step::Nothing if data.first() == Some(&b'B') && !counting => fields = decoder.commit_fields(),
+                Step::Nothing => {}
+                Step::Changes(changes) => {
+                    let (Some(fields), Some((commit_lsn, _))) = (fields.as_ref(), decoder.next_change()) else {
+                        continue;
+                    };
+                    for change in changes {
+                        let key = (commit_lsn, change.ordinal);
+                        let op = change.op;
+                        let group = order_group(&change);
+                        let row = SourceRow {
+                            position: position(key.0, key.1),
+                            row: RowJson::from_map(&event_row_of(fields, change)),
+                            op,
+                            group: Some(group),
+                        };
+                        new += 1;
+                        send(Item::Row(key, row)).await?;
+                    }
+                }
+                Step::Committed { commit_lsn, end_lsn, changes, .. } => {
+                    if counting {
+                        new += new_changes(commit_lsn, changes, after);
+                    }
+                    if changes > 0 {
+                        last = Some((commit_lsn, changes));
+                    }
+                    let rows = std::mem::take(&mut rows_of_transaction);
+                    send(Item::Mark(Mark { commit_lsn, end_lsn, changes, rows })).await?;
+                    if counting && new as u64 >= COUNT_CAP {
+                        break;
+                    }
+                }
+            }
+        }
+        drop(rows);
+        let reached_end = returned < limit_rows && !decoder.in_transaction();
+        send(Item::End { reached_end: reached_end.then_some(ReadToEnd { flushed, last }), new }).await?;
+        let _ = connection.close().await;
+        Ok(())
+    }
+
+    /// A decoding failure, named by the position of the change it stopped at, as `reset` takes it.
+    fn at_change(&self, decoder: &Decoder, error: super::changes::AssembleError) -> String {
+        match decoder.next_change() {
+            Some((commit_lsn, ordinal)) => format!(
+                "{error}, in the transaction committing at {} (the change after cursor {commit_lsn}, ordinal {}): \
+                 to skip it, `dbtrigger reset <poller> --to-cursor {commit_lsn} --pk ordinal={ordinal}`",
+                lsn_text(commit_lsn),
+                ordinal.saturating_sub(1)
+            ),
+            None => error.to_string(),
+        }
+    }
+}
+
+/// How many of a transaction's `changes` come after `after`.
+fn new_changes(commit_lsn: u64, changes: u32, after: Option<Key>) -> usize {
+    match after {
+        Some((at, _)) if commit_lsn < at => 0,
+        Some((at, ordinal)) if commit_lsn == at => changes.saturating_sub(ordinal) as usize,
+        _ => changes as usize,
+    }
+}
+
+impl LogicalSource {
+    pub fn open(config: &SourceConfig) -> Result<Self, SourceError> {
+        let SourceTarget::Logical { slot, publication } = &config.target else {
+            return Err(SourceError::Query { location: String::new(), reason: "not a logical source".into() });
+        };
+        let redaction = Redaction::of_url(config.url.expose());
+        let options = PgConnectOptions::from_str(config.url.expose()).map_err(|error| SourceError::Unreachable {
+            location: redaction.location.clone(),
+            reason: redaction.scrub(&error.to_string()),
+        })?;
+        let text_forms = |timeout: String| {
+            options.clone().application_name("dbtrigger").options([
+                ("statement_timeout", timeout),
+                // The text forms `values` reads.
+                ("DateStyle", "ISO, MDY".to_string()),
+                ("TimeZone", "UTC".to_string()),
+                ("IntervalStyle", "postgres".to_string()),
+                ("extra_float_digits", "3".to_string()),
+                ("bytea_output", "hex".to_string()),
+            ])
+        };
+        let pool = crate::source::pool_options()
+            .connect_lazy_with(text_forms(format!("{}ms", config.query_timeout.as_millis())));
+        let shared = Shared {
+            pool,
+            peek_options: text_forms("0".to_string()),
+            slot: slot.clone(),
+            publication: publication.clone(),
+            redaction,
+            idle: config.query_timeout.max(Duration::from_secs(1)),
+        };
+        Ok(LogicalSource {
+            shared: Arc::new(shared),
+            config: config.clone(),
+            reading: Mutex::new(Reading::default()),
+            committed: std::sync::Mutex::new(None),
+        })
+    }
+
+    fn query_error(&self, error: sqlx::Error) -> SourceError {
+        self.shared.query_error(error)
+    }
+
+    /// Starts a peek after `after` of at most `limit_rows` rows.
+    fn start(&self, after: Option<Key>, limit_rows: usize, counting: bool) -> Stream {
+        let (sender, items) = mpsc::channel(CHANNEL_ITEMS);
+        let backend = Arc::new(AtomicI32::new(0));
+        let (shared, task_backend) = (self.shared.clone(), backend.clone());
+        let task = tokio::spawn(async move {
+            if let Err(Stop::Failed(error)) = shared.peek(after, limit_rows, counting, &sender, &task_backend).await {
+                let _ = sender.send(Err(error)).await;
+            }
+        });
+        Stream { items, task, backend, pool: self.shared.pool.clone(), at: after, held: None }
+    }
+
+    fn malformed(&self, reason: String) -> SourceError {
+        self.shared.malformed(reason)
+    }
+
+    /// Moves the slot as far as the committed checkpoint allows, if further than it is. Never
+    /// while a peek of this process is open (the slot has one user at a time): the next peek, or
+    /// the end of the tick, moves it.
+    async fn advance(&self, reading: &mut Reading) -> Result<(), SourceError> {
+        let told = *self.committed.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(key) = told {
+            reading.progress.committed(key);
+        }
+        if reading.stream.is_some() {
+            return Ok(());
+        }
+        let Some(target) = reading.progress.advance_target() else {
             return Ok(());
         };
         // Never backwards: a slot already past the target (moved by an earlier process) stays.
-        sqlx::query(
-            "SELECT pg_replication_slot_advance(slot_name, $2::pg_lsn) FROM pg_replication_slots \
-             WHERE slot_name = $1 AND confirmed_flush_lsn < $2::pg_lsn",
-        )
-        .bind(&self.slot)
-        .bind(lsn_text(target))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(|error| self.query_error(error))?;
-        progress.advanced(target);
-        tracing::debug!(slot = %self.slot, to = %lsn_text(target), "replication slot advanced");
+        super::operate::advance_to(&self.shared.pool, &self.shared.slot, target)
+            .await
+            .map_err(|error| self.query_error(error))?;
+        reading.progress.advanced(target);
+        tracing::debug!(slot = %self.shared.slot, to = %lsn_text(target), "replication slot advanced");
         Ok(())
     }
 
@@ -251,55 +377,69 @@ impl LogicalSource {
 
     async fn deliver(&self, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
         let after = self.after_key(after)?;
-        let mut reading = self.reading.lock().await;
-        let Reading { progress, unread } = &mut *reading;
-        if progress.skip_to(after) {
-            // Asked from further back: what was peeked after it is read again.
-            *unread = Unread::default();
-        }
-        if progress.buffer.is_empty() && unread.is_empty() {
-            let ahead =
-                Ahead { rows: read_ahead_rows(limit.rows), bytes: READ_AHEAD_BYTES.max(limit.bytes.saturating_mul(2)) };
-            let peeked = match self.peek(after, progress.rows_through(after), ahead).await {
-                Ok(peeked) => peeked,
-                Err(error) => return Err(self.lost_or(error, after.is_some()).await),
-            };
-            for mark in peeked.marks {
-                progress.read(mark);
-            }
-            progress.more = peeked.reached_end.is_none();
-            progress.reached_end(peeked.reached_end);
-            *unread = peeked.unread;
-            self.advance(progress).await?;
+        let mut guard = self.reading.lock().await;
+        let reading = &mut *guard;
+        if reading.stream.as_ref().is_some_and(|stream| stream.at != after) {
+            // Asked from elsewhere (a failed tick starting again from its checkpoint): read again.
+            reading.stream = None;
         }
         let mut rows = Vec::new();
         let mut bytes = 0usize;
-        while rows.len() < limit.rows.max(1) {
-            let Some((_, row)) = progress.buffer.front() else {
-                match unread.next_transaction() {
-                    Ok(Some(transaction)) => {
-                        let handed_out = progress.handed_out();
-                        progress.buffer.extend(rows_of(transaction, handed_out));
-                        continue;
+        loop {
+            if reading.stream.is_none() {
+                if let Err(error) = self.advance(reading).await {
+                    return Err(self.lost_or(error, after.is_some()).await);
+                }
+                let window = read_ahead_rows(limit.rows).saturating_mul(reading.widen);
+                let limit_rows = reading.progress.rows_through(after).saturating_add(window);
+                tracing::debug!(slot = %self.shared.slot, ?after, limit_rows, "peek started");
+                reading.stream = Some(self.start(after, limit_rows, false));
+            }
+            let stream = reading.stream.as_mut().expect("a peek is open");
+            let item = match stream.held.take() {
+                Some((key, row)) => Ok(Item::Row(key, row)),
+                None => match stream.items.recv().await {
+                    Some(item) => item,
+                    None => Err(self.malformed("the peek's task ended before its end".into())),
+                },
+            };
+            match item {
+                Ok(Item::Row(key, row)) => {
+                    let size = row.row.len() + 128;
+                    if !rows.is_empty() && bytes + size > limit.bytes {
+                        stream.held = Some((key, row));
+                        break;
                     }
-                    Ok(None) => break,
-                    Err(error) => {
-                        // Nothing half-read stays: the next read peeks again from what was handed out.
-                        *unread = Unread::default();
-                        progress.buffer.clear();
-                        progress.more = true;
-                        return Err(self.malformed(error.to_string()));
+                    bytes += size;
+                    stream.at = Some(key);
+                    reading.progress.handed(key);
+                    rows.push(row);
+                    if rows.len() >= limit.rows.max(1) {
+                        break;
                     }
                 }
-            };
-            let size = row.row.len() + 128;
-            if !rows.is_empty() && bytes + size > limit.bytes {
-                break;
+                Ok(Item::Mark(mark)) => reading.progress.read(mark),
+                Ok(Item::End { reached_end, new }) => {
+                    tracing::debug!(slot = %self.shared.slot, ?reached_end, new, rows = rows.len(), "peek ended");
+                    reading.stream = None;
+                    reading.more = reached_end.is_none();
+                    reading.progress.reached_end(reached_end);
+                    // A peek that brought nothing new (all it returned was covered) asks for
+                    // more the next time; one that did, for the usual window.
+                    reading.widen = if new > 0 { 1 } else { reading.widen.saturating_mul(4).min(1 << 16) };
+                    // Never 0 rows while more waits: peek again (the tick's read budget bounds it).
+                    if !reading.more || !rows.is_empty() {
+                        break;
+                    }
+                }
+                Err(error) => {
+                    reading.stream = None;
+                    reading.more = true;
+                    return Err(self.lost_or(error, after.is_some()).await);
+                }
             }
-            bytes += size;
-            rows.extend(progress.hand_out());
         }
-        let full = progress.more || !progress.buffer.is_empty() || !unread.is_empty();
+        let full = reading.stream.is_some() || reading.more;
         Ok(Fetched { rows, full })
     }
 
@@ -309,47 +449,58 @@ impl LogicalSource {
         if !matches!(error, SourceError::Query { .. }) {
             return error;
         }
-        match super::operate::slot_row(&self.pool, &self.slot).await {
+        match super::operate::slot_row(&self.shared.pool, &self.shared.slot).await {
             Ok(row) => match super::operate::lost_reason(row.as_ref(), used) {
-                Some(reason) => {
-                    SourceError::SlotLost { location: self.redaction.location.clone(), slot: self.slot.clone(), reason }
-                }
+                Some(reason) => SourceError::SlotLost {
+                    location: self.shared.redaction.location.clone(),
+                    slot: self.shared.slot.clone(),
+                    reason,
+                },
                 None => error,
             },
             Err(_) => error,
         }
     }
 
-    /// A read that changes nothing: the first change after `after` (Pending), for `status`. It
-    /// waits for this process's own reads (the slot has one reader at a time).
-    async fn look(&self, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
-        let after = self.after_key(after)?;
-        let reading = self.reading.lock().await;
+    /// A read that changes nothing: the first changes after `after` (Pending), for `status`, or
+    /// (`counting`) how many follow it, counted by tag, up to [`COUNT_CAP`]. It gives up this
+    /// process's open peek, if any (the slot has one reader at a time), and waits for its reads.
+    async fn look(
+        &self,
+        after: Option<Key>,
+        limit: FetchLimit,
+        counting: bool,
+    ) -> Result<(Vec<SourceRow>, bool, usize), SourceError> {
+        let mut reading = self.reading.lock().await;
+        reading.stream = None;
+        reading.more = true;
         let held = reading.progress.rows_through(after);
-        // A change is a row at least, and a transaction two more: what `limit` asks for is kept.
-        let ahead = Ahead { rows: limit.rows.saturating_mul(3), bytes: usize::MAX };
-        let mut peeked = self.peek(after, held, ahead).await?;
+        // A change is a row at least, and a transaction two more.
+        let wanted = if counting { COUNT_CAP as usize } else { limit.rows.saturating_add(1) };
+        let mut stream = self.start(after, held.saturating_add(wanted.saturating_mul(3)), counting);
         let mut rows = Vec::new();
-        while rows.len() <= limit.rows {
-            match peeked.unread.next_transaction() {
-                Ok(Some(transaction)) => rows.extend(rows_of(transaction, after)),
-                Ok(None) => break,
-                Err(error) => return Err(self.malformed(error.to_string())),
+        loop {
+            match stream.items.recv().await {
+                Some(Ok(Item::Row(_, row))) => {
+                    rows.push(row);
+                    if rows.len() > limit.rows {
+                        return Ok((rows, true, 0));
+                    }
+                }
+                Some(Ok(Item::Mark(mark))) => reading.progress.read(mark),
+                Some(Ok(Item::End { reached_end, new })) => return Ok((rows, reached_end.is_none(), new)),
+                Some(Err(error)) => return Err(error),
+                None => return Err(self.malformed("the peek's task ended before its end".into())),
             }
         }
-        let full = rows.len() > limit.rows || peeked.reached_end.is_none();
-        Ok(Fetched { rows: rows.into_iter().take(limit.rows).map(|(_, row)| row).collect(), full })
     }
-}
 
-/// How many of a transaction's changes come after `after`.
-fn new_changes(transaction: &Transaction, after: Option<Key>) -> usize {
-    match after {
-        Some((commit_lsn, _)) if transaction.commit_lsn < commit_lsn => 0,
-        Some((commit_lsn, ordinal)) if transaction.commit_lsn == commit_lsn => {
-            transaction.change_count().saturating_sub(ordinal) as usize
-        }
-        _ => transaction.change_count() as usize,
+    /// The end of a tick: the open peek is given up (the slot is free for whoever reads next),
+    /// and the slot moves as far as the checkpoint allows.
+    async fn finish(&self) -> Result<(), SourceError> {
+        let mut reading = self.reading.lock().await;
+        reading.stream = None;
+        self.advance(&mut reading).await
     }
 }
 
@@ -365,38 +516,23 @@ fn order_group(change: &crate::source::logical::changes::Change) -> Group {
     Group::Keys(change.order_keys.iter().map(|key| Group::key_of(&[change.table.as_bytes(), key])).collect())
 }
 
-/// The rows of a transaction's changes after `after`, in order: the changes move into them.
-fn rows_of(mut transaction: Transaction, after: Option<Key>) -> Vec<(Key, SourceRow)> {
-    let commit = CommitFields::of(&transaction);
-    let commit_lsn = transaction.commit_lsn;
-    std::mem::take(&mut transaction.changes)
-        .into_iter()
-        .filter(|change| after.is_none_or(|after| (commit_lsn, change.ordinal) > after))
-        .map(|change| {
-            let key = (commit_lsn, change.ordinal);
-            let op = change.op;
-            let group = order_group(&change);
-            let row = SourceRow {
-                position: position(key.0, key.1),
-                row: RowJson::from_map(&event_row_of(&commit, change)),
-                op,
-                group: Some(group),
-            };
-            (key, row)
-        })
-        .collect()
-}
-
 #[async_trait]
 impl Source for LogicalSource {
     async fn read(&self, probe: Probe, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
-        let location = self.redaction.location.clone();
+        let location = self.shared.redaction.location.clone();
         match probe {
             Probe::Deliver => {
                 timed(&crate::source::pools::Gate::open(), &self.config, &location, self.deliver(after, limit)).await
             }
             Probe::Pending => {
-                timed(&crate::source::pools::Gate::open(), &self.config, &location, self.look(after, limit)).await
+                let after = self.after_key(after)?;
+                let look = async {
+                    let (mut rows, full, _) = self.look(after, limit, false).await?;
+                    let full = full || rows.len() > limit.rows;
+                    rows.truncate(limit.rows);
+                    Ok(Fetched { rows, full })
+                };
+                timed(&crate::source::pools::Gate::open(), &self.config, &location, look).await
             }
             Probe::Last => Err(SourceError::Query {
                 location,
@@ -407,10 +543,24 @@ impl Source for LogicalSource {
         }
     }
 
+    /// Counted by tag, nothing decoded (memory does not grow with the count), up to
+    /// [`COUNT_CAP`]: a count that stopped there, or at the peek's window, is that cap (at least).
     async fn count_after(&self, after: Option<&Position>, cap: u64) -> Result<u64, SourceError> {
-        let rows = usize::try_from(cap).unwrap_or(usize::MAX).min(100_000);
-        let fetched = self.read(Probe::Pending, after, FetchLimit { rows, bytes: usize::MAX }).await?;
-        Ok(fetched.rows.len() as u64)
+        let after = self.after_key(after)?;
+        let cap = cap.min(COUNT_CAP);
+        let count = async {
+            let (_, more, new) = self.look(after, FetchLimit { rows: usize::MAX - 1, bytes: usize::MAX }, true).await?;
+            Ok(if more { cap.max(new as u64).min(cap) } else { (new as u64).min(cap) })
+        };
+        timed(&crate::source::pools::Gate::open(), &self.config, &self.shared.redaction.location, count).await
+    }
+
+    fn count_limit(&self) -> u64 {
+        COUNT_CAP
+    }
+
+    async fn tick_ended(&self) -> Result<(), SourceError> {
+        timed(&crate::source::pools::Gate::open(), &self.config, &self.shared.redaction.location, self.finish()).await
     }
 
     async fn generation(&self) -> Result<Option<Value>, SourceError> {
@@ -418,7 +568,7 @@ impl Source for LogicalSource {
     }
 
     fn describe(&self) -> String {
-        format!("{} (slot {})", self.redaction.location, self.slot)
+        format!("{} (slot {})", self.shared.redaction.location, self.shared.slot)
     }
 
     async fn slot(&self) -> Result<Option<crate::domain::slot::SlotView>, SourceError> {
@@ -426,48 +576,63 @@ impl Source for LogicalSource {
             "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, wal_status, active_pid \
              FROM pg_replication_slots WHERE slot_name = $1",
         )
-        .bind(&self.slot)
-        .fetch_optional(&self.pool)
+        .bind(&self.shared.slot)
+        .fetch_optional(&self.shared.pool)
         .await
         .map_err(|error| self.query_error(error))?;
         let (retained_bytes, wal_status, active_pid) = row.ok_or_else(|| SourceError::Query {
-            location: self.redaction.location.clone(),
+            location: self.shared.redaction.location.clone(),
             reason: format!(
                 "replication slot {:?} does not exist (`dbtrigger sql` prints how to create it)",
-                self.slot
+                self.shared.slot
             ),
         })?;
-        Ok(Some(crate::domain::slot::SlotView { slot: self.slot.clone(), retained_bytes, wal_status, active_pid }))
+        Ok(Some(crate::domain::slot::SlotView {
+            slot: self.shared.slot.clone(),
+            retained_bytes,
+            wal_status,
+            active_pid,
+        }))
     }
 
     async fn committed(&self, checkpoint: Option<&Position>) -> Result<(), SourceError> {
         let key = self.after_key(checkpoint)?;
         let work = async {
-            let mut reading = self.reading.lock().await;
-            reading.progress.committed(key);
-            match self.advance(&mut reading.progress).await {
+            {
+                let mut told = self.committed.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                if told.is_none_or(|known| known < key) {
+                    *told = Some(key);
+                }
+            }
+            // A read in progress holds the slot and `reading`: it moves the slot when it next can.
+            let Ok(mut reading) = self.reading.try_lock() else {
+                return Ok(());
+            };
+            match self.advance(&mut reading).await {
                 Ok(()) => Ok(()),
                 Err(error) => Err(self.lost_or(error, key.is_some()).await),
             }
         };
-        timed(&crate::source::pools::Gate::open(), &self.config, &self.redaction.location, work).await
+        timed(&crate::source::pools::Gate::open(), &self.config, &self.shared.redaction.location, work).await
     }
 
     async fn slot_ends(&self) -> Result<Option<crate::domain::slot::SlotEnds>, SourceError> {
-        let row = super::operate::slot_row(&self.pool, &self.slot).await.map_err(|error| self.query_error(error))?;
+        let row = super::operate::slot_row(&self.shared.pool, &self.shared.slot)
+            .await
+            .map_err(|error| self.query_error(error))?;
         let Some(row) = row else {
             return Err(self.malformed("it does not exist: create it first (`dbtrigger sql` prints how)".into()));
         };
         if let Some(reason) = super::operate::lost_reason(Some(&row), true) {
             return Err(SourceError::SlotLost {
-                location: self.redaction.location.clone(),
-                slot: self.slot.clone(),
+                location: self.shared.redaction.location.clone(),
+                slot: self.shared.slot.clone(),
                 reason,
             });
         }
         let confirmed = row.confirmed.ok_or_else(|| self.malformed("it has no confirmed position".into()))?;
         Ok(Some(crate::domain::slot::SlotEnds {
-            slot: self.slot.clone(),
+            slot: self.shared.slot.clone(),
             confirmed,
             end: row.end,
             retained_bytes: row.retained_bytes,
@@ -480,11 +645,12 @@ impl Source for LogicalSource {
         // from where the slot now is.
         let mut reading = self.reading.lock().await;
         // What this process peeked before the move is read again from the slot.
-        reading.unread = Unread::default();
-        reading.progress.buffer.clear();
-        reading.progress.more = true;
-        super::operate::advance_to(&self.pool, &self.slot, lsn).await.map_err(|error| self.query_error(error))?;
-        tracing::info!(slot = %self.slot, to = %lsn_text(lsn), "replication slot moved to where a reset put the checkpoint");
+        reading.stream = None;
+        reading.more = true;
+        super::operate::advance_to(&self.shared.pool, &self.shared.slot, lsn)
+            .await
+            .map_err(|error| self.query_error(error))?;
+        tracing::info!(slot = %self.shared.slot, to = %lsn_text(lsn), "replication slot moved to where a reset put the checkpoint");
         Ok(())
     }
 }

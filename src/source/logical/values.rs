@@ -30,76 +30,52 @@ pub const UUID: u32 = 2950;
 pub const JSONB: u32 = 3802;
 pub const XID8: u32 = 5069;
 
-/// A value whose text the decoder could not read as its type.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("column {column:?} (type OID {type_oid}): {reason}")]
-pub struct ValueError {
-    pub column: String,
-    pub type_oid: u32,
-    pub reason: String,
+/// The JSON of one value of type `type_oid` in its text form. Every value PostgreSQL can send
+/// becomes JSON: a text form the decoder cannot read as its type (`time '24:00:00'`, a date past
+/// chrono's years, a malformed value) is delivered as that text, as a type it does not know is.
+pub fn to_json(type_oid: u32, text: &str) -> Value {
+    typed(type_oid, text).unwrap_or_else(|| Value::from(text))
 }
 
-/// The JSON of one value of type `type_oid` in its text form.
-pub fn to_json(column: &str, type_oid: u32, text: &str) -> Result<Value, ValueError> {
-    let failed = |reason: String| ValueError { column: column.to_string(), type_oid, reason };
+fn typed(type_oid: u32, text: &str) -> Option<Value> {
     let value = match type_oid {
         BOOL => match text {
             "t" => Value::Bool(true),
             "f" => Value::Bool(false),
-            other => return Err(failed(format!("{other:?} is not a boolean"))),
+            _ => return None,
         },
-        INT2 | INT4 | INT8 | OID => {
-            Value::from(text.parse::<i64>().map_err(|_| failed(format!("{text:?} is not an integer")))?)
-        }
+        INT2 | INT4 | INT8 | OID => Value::from(text.parse::<i64>().ok()?),
         FLOAT4 | FLOAT8 => match text {
             // As the polling source: what JSON cannot hold is null.
             "NaN" | "Infinity" | "-Infinity" => Value::Null,
-            _ => {
-                let number = text.parse::<f64>().map_err(|_| failed(format!("{text:?} is not a number")))?;
-                serde_json::Number::from_f64(number).map(Value::Number).unwrap_or(Value::Null)
-            }
+            _ => serde_json::Number::from_f64(text.parse::<f64>().ok()?).map(Value::Number).unwrap_or(Value::Null),
         },
-        JSON | JSONB => serde_json::from_str(text).map_err(|error| failed(format!("not JSON: {error}")))?,
-        BYTEA => {
-            let hex = text.strip_prefix("\\x").ok_or_else(|| failed("bytea not in hex form (bytea_output)".into()))?;
-            Value::from(
-                base64::engine::general_purpose::STANDARD
-                    .encode(decode_hex(hex).ok_or_else(|| failed("bad hex digits".into()))?),
-            )
-        }
-        DATE => match text {
-            "infinity" | "-infinity" => Value::from(text),
-            _ => Value::from(
-                NaiveDate::parse_from_str(text, "%Y-%m-%d")
-                    .map_err(|_| failed(format!("{text:?} is not an ISO date")))?
-                    .to_string(),
-            ),
-        },
-        TIME => Value::from(
-            NaiveTime::parse_from_str(text, "%H:%M:%S%.f")
-                .map_err(|_| failed(format!("{text:?} is not a time")))?
-                .to_string(),
-        ),
-        TIMESTAMP => match text {
-            "infinity" | "-infinity" => Value::from(text),
-            _ => {
-                CursorValue::NaiveTimestamp(naive(text).ok_or_else(|| failed(format!("{text:?} is not a timestamp")))?)
-                    .to_json()
-            }
-        },
-        TIMESTAMPTZ => match text {
-            "infinity" | "-infinity" => Value::from(text),
-            _ => Value::from(
-                timestamptz(text)
-                    .ok_or_else(|| failed(format!("{text:?} is not a timestamp with time zone")))?
-                    .to_rfc3339_opts(SecondsFormat::AutoSi, true),
-            ),
-        },
-        XID8 => Value::from(text),
-        // numeric (exact digits), text types, uuid and any other type: the text form.
+        JSON | JSONB => serde_json::from_str(text).ok()?,
+        BYTEA => Value::from(base64::engine::general_purpose::STANDARD.encode(decode_hex(text.strip_prefix("\\x")?)?)),
+        DATE | TIMESTAMP | TIMESTAMPTZ if matches!(text, "infinity" | "-infinity") => Value::from(text),
+        // As the polling source writes chrono's dates: `+10000-01-01`, `-0043-03-15` (44 BC).
+        DATE => Value::from(date(text)?.to_string()),
+        TIME => Value::from(NaiveTime::parse_from_str(text, "%H:%M:%S%.f").ok()?.to_string()),
+        TIMESTAMP => CursorValue::NaiveTimestamp(naive(text)?).to_json(),
+        TIMESTAMPTZ => Value::from(timestamptz(text)?.to_rfc3339_opts(SecondsFormat::AutoSi, true)),
+        // numeric (exact digits), xid8, text types, uuid and any other type: the text form.
         _ => Value::from(text),
     };
-    Ok(value)
+    Some(value)
+}
+
+/// `2026-11-26`, `10000-01-01`, `0044-03-15 BC` (ISO, any number of year digits; 1 BC is year 0
+/// as chrono counts).
+fn date(text: &str) -> Option<NaiveDate> {
+    let (text, bc) = match text.strip_suffix(" BC") {
+        Some(text) => (text, true),
+        None => (text, false),
+    };
+    let mut parts = text.splitn(3, '-');
+    let year: i32 = parts.next().filter(|year| year.bytes().all(|byte| byte.is_ascii_digit()))?.parse().ok()?;
+    let month: u32 = parts.next()?.parse().ok()?;
+    let day: u32 = parts.next()?.parse().ok()?;
+    NaiveDate::from_ymd_opt(if bc { 1 - year } else { year }, month, day)
 }
 
 fn decode_hex(hex: &str) -> Option<Vec<u8>> {
@@ -110,13 +86,22 @@ fn decode_hex(hex: &str) -> Option<Vec<u8>> {
     hex.as_bytes().chunks(2).map(|pair| Some(digit(pair[0])? << 4 | digit(pair[1])?)).collect()
 }
 
-/// `2026-11-26 10:11:12.5`: ISO with a space; BC years are not supported.
+/// `2026-11-26 10:11:12.5`: ISO with a space, any number of year digits, ` BC` at the end.
 fn naive(text: &str) -> Option<NaiveDateTime> {
-    NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f").ok()
+    let (text, bc) = match text.strip_suffix(" BC") {
+        Some(text) => (text, " BC"),
+        None => (text, ""),
+    };
+    let (day, time) = text.split_once(' ')?;
+    Some(date(&format!("{day}{bc}"))?.and_time(NaiveTime::parse_from_str(time, "%H:%M:%S%.f").ok()?))
 }
 
 /// `2026-11-26 10:11:12.5+00`, `+05:30`, `-03:30:15`: the session's zone (UTC) or any offset.
 fn timestamptz(text: &str) -> Option<DateTime<Utc>> {
+    let (text, bc) = match text.strip_suffix(" BC") {
+        Some(text) => (text, " BC"),
+        None => (text, ""),
+    };
     let split = text.rfind(['+', '-']).filter(|index| *index > 10)?;
     let (local, offset) = text.split_at(split);
     let sign: i64 = if offset.starts_with('-') { -1 } else { 1 };
@@ -127,7 +112,7 @@ fn timestamptz(text: &str) -> Option<DateTime<Utc>> {
     if parts.next().is_some() {
         return None;
     }
-    let local = naive(local)?;
+    let local = naive(&format!("{local}{bc}"))?;
     let offset = chrono::Duration::seconds(sign * (hours * 3600 + minutes * 60 + seconds));
     Some(local.checked_sub_signed(offset)?.and_utc())
 }
@@ -185,17 +170,31 @@ mod tests {
             (XID8, "18446744073709551615", json!("18446744073709551615")),
         ];
         for (oid, text, expected) in cases {
-            assert_eq!(to_json("c", oid, text).unwrap(), expected, "{oid} {text}");
+            assert_eq!(to_json(oid, text), expected, "{oid} {text}");
         }
     }
 
+    /// Regression (issue 37, finding 3): values PostgreSQL sends that chrono cannot read as their
+    /// type (or reads only with a year past 9999 or before 1) stopped the poller for good.
     #[test]
-    fn bad_text_is_an_error_naming_the_column() {
-        for (oid, text) in
-            [(BOOL, "yes"), (INT4, "1.5"), (JSON, "{"), (BYTEA, "\\x0"), (BYTEA, "00"), (TIMESTAMPTZ, "x")]
-        {
-            let error = to_json("amount", oid, text).unwrap_err();
-            assert!(error.to_string().contains("\"amount\""), "{error}");
+    fn every_value_postgres_can_send_decodes() {
+        let cases: Vec<(u32, &str, Value)> = vec![
+            (TIME, "24:00:00", json!("24:00:00")),
+            (DATE, "10000-01-01", json!("+10000-01-01")),
+            (DATE, "0044-03-15 BC", json!("-0043-03-15")),
+            (DATE, "5874897-12-31", json!("5874897-12-31")),
+            (TIMESTAMP, "10000-01-01 00:00:00", json!("+10000-01-01T00:00:00")),
+            (TIMESTAMP, "0044-03-15 12:00:00 BC", json!("-0043-03-15T12:00:00")),
+            (TIMESTAMPTZ, "0044-03-15 12:00:00+00 BC", json!("-0043-03-15T12:00:00Z")),
+            (TIMESTAMPTZ, "10000-01-01 00:00:00+00", json!("+10000-01-01T00:00:00Z")),
+            // Text a type's reader does not take: its text form, never an error.
+            (BOOL, "yes", json!("yes")),
+            (INT4, "1.5", json!("1.5")),
+            (JSON, "{", json!("{")),
+            (BYTEA, "\\x0", json!("\\x0")),
+        ];
+        for (oid, text, expected) in cases {
+            assert_eq!(to_json(oid, text), expected, "{oid} {text}");
         }
     }
 
