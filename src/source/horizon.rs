@@ -83,7 +83,7 @@ pub(crate) fn postgres_bound_sql(config: &SourceConfig, cursor_type: CursorType)
 /// and `CONVERT_TZ` picks the later one (measured on MariaDB 10.11: `02:30` on the fall-back day of
 /// Europe/Paris converts to `00:30Z`'s later twin, `01:30Z`). Read one hour earlier and moved back,
 /// it is the moment before the change. Never later than the truth: at worst a bound an hour early.
-pub(crate) fn mysql_started_utc(column: &str) -> String {
+pub fn mysql_started_utc(column: &str) -> String {
     format!(
         "LEAST(CONVERT_TZ({column}, 'SYSTEM', '+00:00'), \
          CONVERT_TZ({column} - INTERVAL 1 HOUR, 'SYSTEM', '+00:00') + INTERVAL 1 HOUR)"
@@ -130,8 +130,9 @@ fn postgres_session_holder() -> String {
 }
 
 /// A prepared transaction as a holder row: no session, its gid and owner, its age since prepared.
-const POSTGRES_PREPARED_HOLDER: &str = "NULL::int8, gid::text, transaction::text, database::text, owner::text, \
-     NULL::text, extract(epoch FROM now() - prepared)::float8, 'prepared'::text, NULL::text";
+const POSTGRES_PREPARED_HOLDER: &str = "NULL::int8 AS pid, gid::text AS gid, transaction::text AS transaction, \
+     database::text AS database, owner::text AS role, NULL::text AS application, \
+     extract(epoch FROM now() - prepared)::float8 AS age, 'prepared'::text AS state, NULL::text AS query";
 
 /// The oldest transaction that holds PostgreSQL's commit horizon (an xid poller) or the settle
 /// bound: who it is, how long it has been open, its state and the start of its query.
