@@ -67,8 +67,9 @@ async fn settle_auto_keeps_its_margin_below_a_stamp_rounded_down_by_timestamptz_
     assert_in_cursor_order(&sink, timestamp_text);
 }
 
-/// Issue 35, finding 4: T inserts row 2 and is prepared (`PREPARE TRANSACTION`): it leaves
-/// `pg_stat_activity`. 40 rows committed later wait behind it (its start, which the server no
+/// Issue 35, finding 4: T inserts row 2 and is prepared (`PREPARE TRANSACTION`) 1.5 s later: it
+/// leaves `pg_stat_activity`. 40 rows committed after its start (one before it was prepared) wait
+/// behind it (its start, which the server no
 /// longer shows, is below them), `status` names it (gid, owner, age); `COMMIT PREPARED` lets row 2
 /// and then the 40 through, in order, none late: the checkpoint never passed it. A poller that
 /// first reads while T is prepared cannot know T's start: it waits for T.
@@ -89,10 +90,13 @@ async fn settle_auto_holds_behind_a_prepared_transaction_until_it_commits() {
     let (late, _) =
         open_late_writer(&url, "BEGIN", "INSERT INTO items (id) VALUES (2)", "SELECT pg_backend_pid()::int8").await;
     let LateWriter::Postgres(mut connection) = late else { unreachable!() };
+    // Committed while T is open, before it is prepared: above T's start, below `prepared - 1 s`
+    // (a bound taken from the time of preparation would let it pass T's row).
+    execute(&url, "INSERT INTO items (id) VALUES (3);\n").await;
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     sqlx::raw_sql("PREPARE TRANSACTION 'late-two'").execute(&mut connection).await.unwrap();
     let mut later = String::new();
-    for id in 3..=42 {
+    for id in 4..=42 {
         later.push_str(&format!("INSERT INTO items (id) VALUES ({id});\n"));
     }
     execute(&url, &later).await;
