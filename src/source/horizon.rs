@@ -14,18 +14,23 @@
 //!
 //! **PostgreSQL** (`DEFAULT now()` stamps the transaction's start, `clock_timestamp()` a later
 //! moment): the bound is the least of the `xact_start` of every other session of this database in
-//! a transaction, and `now() - settleSeconds`. Every session counts, not only those holding an
-//! xid (`backend_xid`): a transaction that has only read so far has no xid, yet the row it writes
-//! next is stamped with its start. Autovacuum and WAL senders never write a table's rows and are
-//! left out. `settleSeconds` covers the instant a transaction has taken its start time but is not
-//! listed yet. Other roles' sessions are visible only with `pg_read_all_stats`: without it the
-//! bound still counts this role's sessions, and says once that the others are held by
-//! `settleSeconds` alone. A prepared transaction (two-phase commit) is not listed: not bounded.
+//! a transaction, and `now()`, less `settleSeconds`. Every session counts, not only those holding
+//! an xid (`backend_xid`): a transaction that has only read so far has no xid, yet the row it
+//! writes next is stamped with its start. Autovacuum and WAL senders never write a table's rows
+//! and are left out. `settleSeconds` (at least 1) covers the instant a transaction has taken its
+//! start time but is not listed yet, and a column of less than microsecond precision, which rounds
+//! a start up to half a second below it. Other roles' sessions are visible only with
+//! `pg_read_all_stats`: without it the bound still counts this role's sessions, and says once that
+//! the others are held by `settleSeconds` alone. A prepared transaction (two-phase commit) has no
+//! session and no start time the server keeps: it holds the bound where the read before it was
+//! first listed had it ([`PreparedHold`]). A hot standby lists none of the primary's
+//! transactions: refused, at the pre-flight and at every read ([`settle_auto_refusal`]).
 //!
 //! **MySQL/MariaDB** (`DEFAULT CURRENT_TIMESTAMP(6)` stamps the statement's start): the least of
 //! `min(trx_started)` of `information_schema.INNODB_TRX` (other connections; needs `PROCESS`) and
 //! now, minus `settleSeconds`. `trx_started` is in whole seconds, truncated, and in the server's
-//! system time zone, converted here. InnoDB lists a transaction from its first access to a table,
+//! system time zone, converted here at the earliest moment it can name ([`mysql_started_utc`]).
+//! A replica, a read_only server or a Galera node is refused at the pre-flight. InnoDB lists a transaction from its first access to a table,
 //! a moment after its first statement took its time (later still when that statement waited for a
 //! table lock), and serves that list from a cache refreshed every 0.1 s: `settleSeconds` (at
 //! least 1), taken off both, covers these gaps. Without `PROCESS` the bound is
