@@ -547,7 +547,7 @@ async fn status_and_the_watchdog_name_what_holds_the_horizon() {
     };
     assert!(
         status.contains(&format!(
-            "orders: rows wait behind the commit horizon (cluster-wide), held by pid {pid} (database t_"
+            "orders: rows wait behind the commit horizon (cluster-wide), held by pid {pid} (role postgres, database t_"
         )),
         "{status}"
     );
@@ -563,6 +563,7 @@ async fn status_and_the_watchdog_name_what_holds_the_horizon() {
     assert!(!found, "a finding exits 1: {stdout}");
     assert!(stdout.contains("finding=horizon_held function=orders poller=orders"), "{stdout}");
     assert!(stdout.contains(&format!("1 rows wait behind the commit horizon (cluster-wide: it holds every xid poller of the server), held by pid {pid}")), "{stdout}");
+    assert!(!stdout.contains("INSERT INTO items"), "the watchdog never shows another session's query: {stdout}");
     if let LateWriter::Postgres(connection) = &mut holder {
         sqlx::raw_sql("ROLLBACK").execute(connection).await.unwrap();
     }
