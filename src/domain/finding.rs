@@ -8,6 +8,7 @@
 //! | `stalled`            | rows wait and the checkpoint has not moved for `stalledAfterIntervals` of its schedule |
 //! | `lease_abandoned`    | a lease expired (past the skew margin) without being released: a tick died mid-work and nobody resumed |
 //! | `failing`            | ticks fail at the checkpoint (`attempts` above zero: the batch there, or the source, the store…), growing or not |
+//! | `endpoint_refused`   | the receiver refuses every row alike (a 401, a gateway's 404, a redirect, a queue's 403): the poller holds, nothing is quarantined (in place of `failing`) |
 //! | `quarantine_grew`    | more rows quarantined than at the previous run                        |
 //! | `fingerprint_changed`| the source definition changed: the poller stops until reset or accepted |
 //! | `generation_changed` | the source generation moved and the poller stops (`onChange: stop`)     |
@@ -28,6 +29,7 @@ pub enum FindingKind {
     Stalled,
     LeaseAbandoned,
     Failing,
+    EndpointRefused,
     QuarantineGrew,
     FingerprintChanged,
     GenerationChanged,
@@ -45,6 +47,7 @@ impl FindingKind {
             FindingKind::Stalled => "stalled",
             FindingKind::LeaseAbandoned => "lease_abandoned",
             FindingKind::Failing => "failing",
+            FindingKind::EndpointRefused => "endpoint_refused",
             FindingKind::QuarantineGrew => "quarantine_grew",
             FindingKind::FingerprintChanged => "fingerprint_changed",
             FindingKind::GenerationChanged => "generation_changed",
