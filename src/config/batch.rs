@@ -8,7 +8,7 @@ use super::{ConfigError, Located, defaults, in_range, ranges};
 use crate::domain::LeaseTerms;
 pub use crate::domain::poison::PoisonMode;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct BatchConfig {
     pub size: usize,
     /// A batch ends early once its rows add up to this many bytes (as JSON), so that memory is
@@ -19,6 +19,20 @@ pub struct BatchConfig {
     /// The checkpoint is written at most this often while a tick delivers (0: as soon as a batch
     /// is acknowledged and no other commit is being written).
     pub commit_interval: Duration,
+    /// `batch.order`: per-key order whenever more than one batch is in flight (issue 38).
+    pub order: Order,
+}
+
+/// What a receiver may count on when several batches are in flight.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Order {
+    /// `"key"` (the default): two events of one key are never in batches in flight at the same
+    /// time, and a key's events leave in source order. The key is the primary key (a logical
+    /// source: the table and its replica identity's columns), or the columns `batch.orderKey`
+    /// names, their values as the source gave them.
+    Key { columns: Option<Vec<String>> },
+    /// `"none"`: batches go as soon as they are read and may arrive in any order.
+    None,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -67,7 +81,28 @@ pub(super) fn build_batch(
             ));
         }
     }
-    let batch = BatchConfig { size, max_bytes, max_in_flight, tick_budget, commit_interval };
+    let order = match raw.order.as_deref().unwrap_or(defaults::BATCH_ORDER) {
+        "key" => Order::Key { columns: raw.order_key.clone() },
+        "none" if raw.order_key.is_some() => {
+            return Err(at.error(
+                "poller.batch.orderKey",
+                "names the key of per-key order, which batch.order \"none\" turns off: leave one of them out",
+            ));
+        }
+        "none" => Order::None,
+        other => {
+            return Err(at.error(
+                "poller.batch.order",
+                format!("{other:?}: expected \"key\" (a key's events in source order, keys in parallel) or \"none\" (batches in any order)"),
+            ));
+        }
+    };
+    if let Some(columns) = &raw.order_key
+        && columns.is_empty()
+    {
+        return Err(at.error("poller.batch.orderKey", "names no column: leave it out for the primary key"));
+    }
+    let batch = BatchConfig { size, max_bytes, max_in_flight, tick_budget, commit_interval, order };
     Ok(batch)
 }
 

@@ -330,8 +330,20 @@ fn batch() -> Vec<Field> {
         field(
             "maxInFlight",
             Kind::size(ranges::MAX_IN_FLIGHT, defaults::MAX_IN_FLIGHT),
-            "Batches sent at once. Above 1, batches may arrive out of order (rows within a batch stay ordered).",
+            "Batches sent at once. Above 1, a key's events still arrive in source order (batch.order).",
             json!(4),
+        ),
+        field(
+            "order",
+            Kind::Choice { values: &["key", "none"], default: Some(defaults::BATCH_ORDER) },
+            "With maxInFlight above 1: key never puts two events of one key in batches in flight at the same time, so each key's events arrive in source order while keys run in parallel; none sends batches as they are read, in any order.",
+            json!("key"),
+        ),
+        field(
+            "orderKey",
+            Kind::List { rule: TextRule::Identifier, unique: true },
+            "The columns whose values make the key of batch.order (their values as the source gives them; a logical source reads them from new, else old). Left out: the primary key (a logical source: each table's replica identity).",
+            json!(["account_id"]),
         ),
         field(
             "tickBudgetSeconds",

@@ -75,6 +75,8 @@ pub(super) struct RawBatch {
     pub(super) max_in_flight: Option<usize>,
     pub(super) tick_budget_seconds: Option<u64>,
     pub(super) commit_interval_ms: Option<u64>,
+    pub(super) order: Option<String>,
+    pub(super) order_key: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]

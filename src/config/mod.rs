@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-pub use self::batch::{BatchConfig, PoisonConfig};
+pub use self::batch::{BatchConfig, Order, PoisonConfig};
 pub use self::connection::{StorageConnection, StorageCredential};
 pub use self::late::LateArrivalsConfig;
 pub use self::sink::{MessageEncoding, MessagePer, QueueConfig, SigningKey, SinkConfig, WebhookConfig};
@@ -307,6 +307,7 @@ pub mod defaults {
     pub const STATE_CONNECTION: &str = "AzureWebJobsStorage";
     pub const STATE_CONTAINER: &str = "db-state";
     pub const POISON_MODE: &str = "quarantine";
+    pub const BATCH_ORDER: &str = "key";
     pub const CURSOR_TIME_ZONE: &str = "UTC";
     pub const MESSAGE_ENCODING: &str = "base64";
     pub const MESSAGE_PER: &str = "row";

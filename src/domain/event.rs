@@ -63,6 +63,9 @@ pub struct SourceRow {
     pub row: RowJson,
     /// What the row says happened to it (`upsert` unless the source has a delete rule).
     pub op: Op,
+    /// Its keys for per-key order, when the source says them (the logical source: the table and
+    /// its replica identity's values); `None`: the position's primary key.
+    pub group: Option<crate::domain::keyed::Group>,
 }
 
 /// What happened to a row. Keyset polling sees the latest state of a row, so it delivers
@@ -306,7 +309,7 @@ impl Batch {
         let mut events = Vec::with_capacity(rows.len());
         let mut positions = Vec::with_capacity(rows.len());
         let mut key = Vec::with_capacity(96);
-        for SourceRow { position, row, op } in rows {
+        for SourceRow { position, row, op, .. } in rows {
             let (cursor, pk) = position_key(&mut key, &position);
             let id = |out: &mut Vec<u8>| ids.write_id_of_key(&key, out);
             events.push(Event::encode(id, op, &key[cursor], &key[pk], row));
@@ -427,6 +430,7 @@ mod tests {
                 position: Position { cursor: CursorValue::Integer(4), pk: vec![("id".into(), PkValue::Integer(7))] },
                 row: RowJson::from_map(json!({"id": 7, "status": "paid"}).as_object().unwrap()),
                 op: Op::Upsert,
+                group: None,
             },
             SourceRow {
                 position: Position {
@@ -443,6 +447,7 @@ mod tests {
                     .unwrap(),
                 ),
                 op: Op::Delete,
+                group: None,
             },
             SourceRow {
                 position: Position {
@@ -451,6 +456,7 @@ mod tests {
                 },
                 row: RowJson::from_map(&Map::new()),
                 op: Op::Insert,
+                group: None,
             },
         ]
     }

@@ -31,6 +31,7 @@ pub mod finding;
 pub mod health;
 pub mod horizon;
 pub mod ids;
+pub mod keyed;
 pub mod lag_series;
 pub mod late;
 pub mod lease;

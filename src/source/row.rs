@@ -301,7 +301,10 @@ impl<'a> RowBuilder<'a> {
         }
         self.json.push(b'}');
         let size = self.json.len() + ROW_OVERHEAD_BYTES;
-        Ok((SourceRow { position: Position { cursor, pk }, row: RowJson::from_encoded(self.json), op }, size))
+        Ok((
+            SourceRow { position: Position { cursor, pk }, row: RowJson::from_encoded(self.json), op, group: None },
+            size,
+        ))
     }
 }
 

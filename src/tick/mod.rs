@@ -35,6 +35,7 @@ pub mod budget;
 mod isolate;
 mod late;
 mod ledger;
+mod ordered;
 mod outcome;
 mod pipeline;
 mod reader;
@@ -403,6 +404,10 @@ impl Poller {
             fingerprint: self.config.fingerprint.clone(),
             fencing_token,
             generation: generation.clone(),
+            grouping: match &self.config.batch.order {
+                crate::config::Order::Key { columns } if self.config.batch.max_in_flight > 1 => Some(columns.clone()),
+                _ => None,
+            },
         });
         if let Some(isolation) = self.resumed_isolation(document, first.rows.as_slice(), &maker) {
             warn!(poller = %self.config.poller_name, attempts = isolation.record.attempts, "going on isolating a poison batch");

@@ -33,6 +33,7 @@ use crate::store::StateWriter;
 use super::Poller;
 use super::isolate::Isolation;
 use super::ledger::HeartbeatFailure;
+use super::ordered::Ordered;
 use super::outcome::{StopReason, TickError, TickOutcome, Totals};
 use super::panic_message;
 use super::reader::{BatchMaker, Prepared, Reader};
@@ -48,10 +49,13 @@ pub(super) struct Sent {
     pub(super) first: Position,
     pub(super) last: Position,
     pub(super) rows: usize,
+    /// The batches it completes: 1 for a batch of today's window; for a run of the ordered
+    /// window, the batches whose every event it brings under the checkpoint.
+    pub(super) batches: usize,
     /// Its rows' keys, for the late-arrival window (empty while the detector is off).
     pub(super) keys: Vec<KeyRow>,
-    /// Aborts its delivery, when a batch before it failed.
-    abort: AbortHandle,
+    /// Aborts its delivery, when a batch before it failed (`None`: a run of the ordered window).
+    abort: Option<AbortHandle>,
 }
 
 /// What a commit over `run` (contiguous acknowledged batches) records; `None` for no batch.
@@ -61,14 +65,15 @@ pub(super) fn delivered(run: &[Sent]) -> Option<Delivered<'_>> {
         last: &last.last,
         last_batch_id: &last.batch_id,
         rows: run.iter().map(|sent| sent.rows).sum(),
-        batches: run.len(),
+        batches: run.iter().map(|sent| sent.batches).sum(),
         quarantined: 0,
     })
 }
 
 fn add_batches(totals: &mut Totals, committed: &[Sent]) {
     if let Some(last) = committed.last() {
-        totals.add(committed.iter().map(|sent| sent.rows).sum(), 0, committed.len(), &last.last);
+        let batches = committed.iter().map(|sent| sent.batches).sum();
+        totals.add(committed.iter().map(|sent| sent.rows).sum(), 0, batches, &last.last);
     }
 }
 
@@ -93,13 +98,20 @@ struct Pipeline {
     /// Acknowledged, contiguous batches not committed yet.
     pending: Vec<Sent>,
     failed: Option<Failed>,
+    /// The ordered window (issue 38), when a key's events must leave in order; `window` and
+    /// `ready` stay empty then.
+    ordered: Option<Ordered>,
+    maker: Arc<BatchMaker>,
 }
 
 impl Pipeline {
     /// Takes a delivery that came back.
-    fn take(&mut self, joined: Result<(u64, Delivery), JoinError>) {
+    fn take(&mut self, joined: Result<(u64, Delivery), JoinError>, poller: &Poller) {
         match joined {
-            Ok((sequence, Ok(()))) => self.pending.extend(self.window.acknowledge(sequence)),
+            Ok((sequence, Ok(()))) => {
+                let acknowledged = self.acknowledged(sequence, poller);
+                self.pending.extend(acknowledged);
+            }
             Ok((sequence, Err((error, batch)))) => self.fail(sequence, error, batch),
             // A batch after a failed one, aborted.
             Err(join_error) if join_error.is_cancelled() => {}
@@ -109,14 +121,85 @@ impl Pipeline {
         }
     }
 
+    /// The batches acknowledged in order once `sequence` is: the window's, or the run of events
+    /// the ordered window's prefix now covers.
+    fn acknowledged(&mut self, sequence: u64, poller: &Poller) -> Vec<Sent> {
+        let Some(ordered) = self.ordered.as_mut() else {
+            return self.window.acknowledge(sequence);
+        };
+        let Some(covered) = ordered.acknowledge(sequence) else {
+            return Vec::new();
+        };
+        let rows = covered.positions.len();
+        let keys = poller.late_keys(&covered.positions);
+        let batches = covered.batches;
+        vec![Sent {
+            batch_id: covered.batch_id,
+            first: covered.first,
+            last: covered.last,
+            rows,
+            batches,
+            keys,
+            abort: None,
+        }]
+    }
+
+    /// Takes a batch read.
+    fn accept(&mut self, read: Option<Prepared>) {
+        match (self.ordered.as_mut(), read) {
+            (Some(ordered), Some(prepared)) => ordered.accept(prepared),
+            (None, read) => self.ready.extend(read),
+            (_, None) => {}
+        }
+    }
+
+    /// Nothing read waits to be sent.
+    fn nothing_ready(&self) -> bool {
+        self.ready.is_empty() && self.ordered.as_ref().is_none_or(|ordered| ordered.waiting() == 0)
+    }
+
+    /// No batch is in the window (acknowledged behind a gap, or unacknowledged).
+    fn window_empty(&self) -> bool {
+        self.window.is_empty() && self.ordered.as_ref().is_none_or(Ordered::idle)
+    }
+
+    fn clear_ready(&mut self) {
+        self.ready.clear();
+        if let Some(ordered) = self.ordered.as_mut() {
+            ordered.clear_waiting();
+        }
+    }
+
+    /// Starts the next read when what was read is sent (the ordered window: when fewer than a
+    /// batch of events wait for their keys).
+    fn read_more(&mut self, batch_rows: usize) {
+        let waiting = match &self.ordered {
+            Some(ordered) => usize::from(ordered.waiting() >= batch_rows),
+            None => self.ready.len(),
+        };
+        self.reader.start(waiting);
+    }
+
     /// Batch `sequence` failed: unless an earlier one did, it is the one the checkpoint stops
-    /// before. Nothing more is read or sent, and the batches after it are given up.
+    /// before. Nothing more is read or sent, and the batches after it are given up. In the
+    /// ordered window, only its keys stop: what was read of other keys is still sent, and the
+    /// batches in flight are waited for.
     fn fail(&mut self, sequence: u64, error: SinkError, batch: Prepared) {
+        if let Some(ordered) = self.ordered.as_mut() {
+            let first = ordered.fail(sequence);
+            self.reader.stop();
+            if self.failed.as_ref().is_none_or(|failed| ordered.first_event(failed.sequence) > first) {
+                self.failed = Some(Failed { sequence, error, batch });
+            }
+            return;
+        }
         if self.failed.as_ref().is_some_and(|failed| failed.sequence < sequence) {
             return;
         }
         for later in self.window.close_after(sequence) {
-            later.abort.abort();
+            if let Some(abort) = later.abort {
+                abort.abort();
+            }
         }
         self.ready.clear();
         self.reader.stop();
@@ -156,10 +239,13 @@ impl Poller {
                 after_first,
                 self.reservations(),
             ),
-            ready: VecDeque::from([Prepared { hold: first_hold, ..maker.prepare(first.rows) }]),
+            ready: VecDeque::new(),
             pending: Vec::new(),
             failed: None,
+            ordered: maker.grouping.as_ref().map(|_| Ordered::new()),
+            maker: maker.clone(),
         };
+        pipeline.accept(Some(Prepared { hold: first_hold, ..maker.prepare(first.rows) }));
         let mut budget_exhausted = false;
         let mut heartbeat_due = false;
         // Commits are spaced by the commit interval (from the tick's start, where the lease was
@@ -172,10 +258,10 @@ impl Poller {
         let mut heartbeat_retry_at: Option<DateTime<Utc>> = None;
         let (mut heartbeat_timer, mut commit_timer) = (Timer::new(), Timer::new());
         loop {
-            if self.clock.now() >= deadline && (!pipeline.ready.is_empty() || !pipeline.reader.done()) {
+            if self.clock.now() >= deadline && (!pipeline.nothing_ready() || !pipeline.reader.done()) {
                 // Out of budget: what is fetched or fetching waits for the next tick.
                 budget_exhausted = true;
-                pipeline.ready.clear();
+                pipeline.clear_ready();
                 pipeline.reader.stop();
             }
 
@@ -184,7 +270,7 @@ impl Poller {
             // a delivery (even at maxInFlight 1, where the receiver still sees batches in order).
             // Commits stay in order, one at a time; a lost lease aborts whatever is in flight.
             self.send_ready(&mut pipeline, deadline);
-            pipeline.reader.start(pipeline.ready.len());
+            pipeline.read_more(self.config.batch.size);
             if pipeline.failed.is_some() && pipeline.in_flight.is_empty() {
                 // Every batch before the failed one is settled: on to the failed one.
                 break;
@@ -195,11 +281,11 @@ impl Poller {
             // running, the commit waits for it (or for the heartbeat): only then is it known
             // whether this commit is the last one, and a tick keeps to 1 GET and k + 1 PUTs.
             if !pipeline.pending.is_empty() {
-                let drained = pipeline.in_flight.is_empty() && pipeline.window.is_empty();
-                let nothing_more = pipeline.ready.is_empty() && pipeline.reader.done();
-                let more_is_known = !pipeline.ready.is_empty() || pipeline.reader.done();
+                let drained = pipeline.in_flight.is_empty() && pipeline.window_empty();
+                let nothing_more = pipeline.nothing_ready() && pipeline.reader.done();
+                let more_is_known = !pipeline.nothing_ready() || pipeline.reader.done();
                 // A tick whose read failed does not end well: its release records the failure.
-                let last = drained && nothing_more && pipeline.reader.failed.is_none();
+                let last = drained && nothing_more && pipeline.reader.failed.is_none() && pipeline.failed.is_none();
                 let release = last && !keep_lease;
                 let interval_over = commit_due || self.clock.now() - last_commit_at >= commit_interval;
                 if last || heartbeat_due || ((!drained || more_is_known) && interval_over) {
@@ -217,13 +303,13 @@ impl Poller {
                                 biased;
                                 result = &mut commit => break result,
                                 joined = pipeline.in_flight.join_next(), if !pipeline.in_flight.is_empty() => {
-                                    pipeline.take(joined.expect("the set is not empty"));
+                                    pipeline.take(joined.expect("the set is not empty"), self);
                                 }
-                                read = pipeline.reader.next(), if pipeline.reader.reading() => pipeline.ready.extend(read),
+                                read = pipeline.reader.next(), if pipeline.reader.reading() => pipeline.accept(read),
                             }
                             if lease::holder_may_act(&lease_before, &self.owner_id, self.clock.now(), &terms) {
                                 self.send_ready(&mut pipeline, deadline);
-                                pipeline.reader.start(pipeline.ready.len());
+                                pipeline.read_more(self.config.batch.size);
                             }
                         }
                     };
@@ -237,7 +323,7 @@ impl Poller {
                             self.absorb(document, &pipeline.pending);
                             while let Some(joined) = pipeline.in_flight.join_next().await {
                                 if let Ok((sequence, Ok(()))) = joined {
-                                    let acknowledged = pipeline.window.acknowledge(sequence);
+                                    let acknowledged = pipeline.acknowledged(sequence, self);
                                     self.absorb(document, &acknowledged);
                                 }
                             }
@@ -310,12 +396,12 @@ impl Poller {
                 biased;
                 joined = pipeline.in_flight.join_next(), if !pipeline.in_flight.is_empty() => {
                     // Take every delivery that has finished by now, so that one commit covers them all.
-                    pipeline.take(joined.expect("the set is not empty"));
+                    pipeline.take(joined.expect("the set is not empty"), self);
                     while let Some(more) = pipeline.in_flight.try_join_next() {
-                        pipeline.take(more);
+                        pipeline.take(more, self);
                     }
                 }
-                read = pipeline.reader.next(), if pipeline.reader.reading() => pipeline.ready.extend(read),
+                read = pipeline.reader.next(), if pipeline.reader.reading() => pipeline.accept(read),
                 _ = heartbeat_timer.wait() => heartbeat_due = true,
                 _ = commit_timer.wait(), if commit_waits => commit_due = true,
             }
@@ -334,20 +420,30 @@ impl Poller {
     /// Sends what has been fetched while the window has room and the budget lasts, unless a batch
     /// failed.
     fn send_ready(&self, pipeline: &mut Pipeline, deadline: DateTime<Utc>) {
-        if pipeline.failed.is_some() {
+        if pipeline.failed.is_some() && pipeline.ordered.is_none() {
             return;
         }
         let max_in_flight = self.config.batch.max_in_flight;
         while pipeline.in_flight.len() < max_in_flight && self.clock.now() < deadline {
-            let Some(prepared) = pipeline.ready.pop_front() else {
-                break;
+            let (sequence, prepared) = match pipeline.ordered.as_mut() {
+                Some(ordered) => {
+                    let (size, bytes) = (self.config.batch.size, self.config.batch.max_bytes);
+                    match ordered.next(&pipeline.maker, size, bytes) {
+                        Some(next) => next,
+                        None => break,
+                    }
+                }
+                None => match pipeline.ready.pop_front() {
+                    Some(prepared) => (pipeline.window.next_sequence(), prepared),
+                    None => break,
+                },
             };
-            let sequence = pipeline.window.next_sequence();
             let batch_id = prepared.batch.batch_id.clone();
             let first = prepared.positions.first().expect("a batch is never empty").clone();
             let last = prepared.positions.last().expect("a batch is never empty").clone();
             let rows = prepared.batch.events.len();
-            let keys = self.late_keys(&prepared.positions);
+            // The ordered window records the late-arrival keys as its prefix moves.
+            let keys = if pipeline.ordered.is_none() { self.late_keys(&prepared.positions) } else { Vec::new() };
             let sink = self.sink.clone();
             // The sink counts its time in its runtime's terms: the budget left, by our clock.
             let sink_deadline = runtime_deadline(deadline, self.clock.now());
@@ -364,8 +460,11 @@ impl Poller {
                 });
                 (sequence, delivered.map_err(|error| (error, prepared)))
             });
-            let opened = pipeline.window.open(Sent { batch_id, first, last, rows, keys, abort });
-            debug_assert_eq!(opened, sequence);
+            if pipeline.ordered.is_none() {
+                let opened =
+                    pipeline.window.open(Sent { batch_id, first, last, rows, batches: 1, keys, abort: Some(abort) });
+                debug_assert_eq!(opened, sequence);
+            }
         }
     }
 
@@ -387,6 +486,25 @@ impl Poller {
                 return totals.lease_lost("a commit found the state document taken over");
             }
             add_batches(&mut totals, &acknowledged);
+        }
+        if let Some(ordered) = &pipeline.ordered {
+            // The ordered window: the failed batch is handled here as today's window would only
+            // when it sits at the checkpoint; otherwise the next tick starts at the checkpoint,
+            // where its first batch is.
+            if !ordered.at_the_checkpoint(failed.sequence) {
+                return Err(TickError::Delivery { error: failed.error, rows_committed: totals.rows });
+            }
+            let positions = &failed.batch.positions;
+            let sent = Sent {
+                batch_id: failed.batch.batch.batch_id.clone(),
+                first: positions.first().expect("a batch is never empty").clone(),
+                last: positions.last().expect("a batch is never empty").clone(),
+                rows: positions.len(),
+                batches: 1,
+                keys: Vec::new(),
+                abort: None,
+            };
+            return self.at_the_checkpoint(writer, document, sent, failed.error, failed.batch, totals, deadline).await;
         }
         let Some(sent) = pipeline.window.take_first_open(failed.sequence) else {
             // Not reached: every batch before it was acknowledged and committed above.

@@ -8,7 +8,9 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 
 use crate::domain::Position;
+use crate::domain::event::position_key;
 use crate::domain::ids::{EventIds, batch_id};
+use crate::domain::keyed::{Group, group_of};
 use crate::sink::Batch;
 use crate::source::{FetchLimit, Source, SourceError, SourceRow};
 
@@ -22,6 +24,9 @@ pub(super) struct BatchMaker {
     pub(super) fingerprint: String,
     pub(super) fencing_token: u64,
     pub(super) generation: Option<serde_json::Value>,
+    /// The ordered window's key (issue 38): `None` when batches go in any order; else the columns
+    /// `batch.orderKey` names (`None` inside: the primary key).
+    pub(super) grouping: Option<Option<Vec<String>>>,
 }
 
 /// A fetched batch ready to send: its events encoded, its rows' positions kept for the window
@@ -31,6 +36,8 @@ pub(super) struct Prepared {
     pub(super) positions: Vec<Position>,
     /// Its bytes in the app's budget, given back when it is dropped (delivered or given up).
     pub(super) hold: super::budget::Hold,
+    /// Each event's keys, for the ordered window (empty when batches go in any order).
+    pub(super) groups: Vec<Group>,
 }
 
 impl BatchMaker {
@@ -39,9 +46,22 @@ impl BatchMaker {
         let first = &rows.first().expect("a batch is never empty").position;
         let last = &rows.last().expect("a batch is never empty").position;
         let id = batch_id(&self.poller, &self.fingerprint, first, last, rows.len());
+        let groups = match &self.grouping {
+            None => Vec::new(),
+            Some(columns) => {
+                let mut key = Vec::new();
+                let columns = columns.as_deref();
+                rows.iter()
+                    .map(|row| {
+                        let (_, pk) = position_key(&mut key, &row.position);
+                        group_of(columns, row.group.as_ref(), &key[pk], row.row.as_bytes())
+                    })
+                    .collect()
+            }
+        };
         let (mut batch, positions) = Batch::from_rows(&self.ids, &self.poller, id, self.fencing_token, rows);
         batch.generation = self.generation.clone();
-        Prepared { batch, positions, hold: super::budget::Hold::default() }
+        Prepared { batch, positions, hold: super::budget::Hold::default(), groups }
     }
 }
 

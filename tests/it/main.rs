@@ -27,6 +27,7 @@ mod matrix;
 mod memory;
 mod operations;
 mod ops;
+mod ordered;
 mod package;
 mod poison;
 mod quarantine;

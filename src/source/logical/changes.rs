@@ -32,6 +32,10 @@ pub struct Change {
     /// A truncate's options.
     pub cascade: bool,
     pub restart_identity: bool,
+    /// The row's key(s) for per-key order, as JSON of the replica identity's columns: the new
+    /// row's and, when an update changed it, the old one's. Empty: the table has no narrower key
+    /// than itself (`REPLICA IDENTITY FULL`, a truncate).
+    pub order_keys: Vec<Vec<u8>>,
 }
 
 /// One committed transaction and its changes, in the order they were made.
@@ -158,6 +162,7 @@ impl Assembler {
                         ordinal,
                         cascade,
                         restart_identity,
+                        order_keys: Vec::new(),
                     });
                 }
                 Ok(None)
@@ -209,6 +214,21 @@ impl Assembler {
                     .collect()
             }),
         };
+        let mut order_keys: Vec<Vec<u8>> = Vec::new();
+        if relation.replica_identity != b'f' {
+            for row in [new.as_ref(), old.as_ref()].into_iter().flatten() {
+                let key: Vec<(&str, &Value)> = relation
+                    .columns
+                    .iter()
+                    .filter(|column| column.key)
+                    .filter_map(|column| row.get(&column.name).map(|value| (column.name.as_str(), value)))
+                    .collect();
+                let key = serde_json::to_vec(&key).expect("JSON values serialize");
+                if !order_keys.contains(&key) {
+                    order_keys.push(key);
+                }
+            }
+        }
         let open = self.open.as_mut().ok_or_else(|| AssembleError::Sequence {
             lsn: values::lsn_text(lsn),
             reason: "a change outside a transaction".into(),
@@ -224,6 +244,7 @@ impl Assembler {
             ordinal,
             cascade: false,
             restart_identity: false,
+            order_keys,
         });
         Ok(())
     }

@@ -200,6 +200,7 @@ mod tests {
             position: position(commit_lsn, ordinal),
             row: crate::domain::event::RowJson::default(),
             op: crate::domain::Op::Insert,
+            group: None,
         };
         ((commit_lsn, ordinal), row)
     }

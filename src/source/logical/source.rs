@@ -8,6 +8,7 @@
 //! [`READ_AHEAD_BATCHES`]); its messages wait in memory, undecoded, until handed out. The SQL
 //! interface returns whole transactions: one larger than the batch is read whole.
 
+use crate::domain::keyed::Group;
 use std::str::FromStr;
 
 use async_trait::async_trait;
@@ -352,6 +353,18 @@ fn new_changes(transaction: &Transaction, after: Option<Key>) -> usize {
     }
 }
 
+/// A change's keys for per-key order: the table with each of its keys; the table alone when it
+/// has no narrower key; every key for a truncate (it waits for all before it).
+fn order_group(change: &crate::source::logical::changes::Change) -> Group {
+    if change.op == crate::domain::Op::Truncate {
+        return Group::All;
+    }
+    if change.order_keys.is_empty() {
+        return Group::one(&[change.table.as_bytes()]);
+    }
+    Group::Keys(change.order_keys.iter().map(|key| Group::key_of(&[change.table.as_bytes(), key])).collect())
+}
+
 /// The rows of a transaction's changes after `after`, in order: the changes move into them.
 fn rows_of(mut transaction: Transaction, after: Option<Key>) -> Vec<(Key, SourceRow)> {
     let commit = CommitFields::of(&transaction);
@@ -362,10 +375,12 @@ fn rows_of(mut transaction: Transaction, after: Option<Key>) -> Vec<(Key, Source
         .map(|change| {
             let key = (commit_lsn, change.ordinal);
             let op = change.op;
+            let group = order_group(&change);
             let row = SourceRow {
                 position: position(key.0, key.1),
                 row: RowJson::from_map(&event_row_of(&commit, change)),
                 op,
+                group: Some(group),
             };
             (key, row)
         })

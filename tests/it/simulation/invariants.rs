@@ -88,8 +88,17 @@ fn accounted(world: &World, index: usize, in_quarantine: &BTreeSet<RowId>, row: 
     acknowledged || in_quarantine.contains(row) || logical.excused.contains(row)
 }
 
+/// A key's versions are first delivered in source order (issue 38), whatever the window.
+fn key_order(world: &World) -> Result<(), Violation> {
+    match world.sink.lock().unwrap().out_of_order.first() {
+        Some(what) => Err(Violation::new("a key's versions are first delivered in source order", what.clone())),
+        None => Ok(()),
+    }
+}
+
 /// After every step.
 pub async fn check(world: &mut World) -> Result<(), Violation> {
+    key_order(world)?;
     if let Some((invariant, what)) = world.store.stale_entries.lock().unwrap().first() {
         return Err(Violation::new(invariant, what.clone()));
     }

@@ -70,7 +70,9 @@
 //! every tick, its newest buckets and a slice of the older ones (a window of 64 rows in buckets of 4,
 //! merged as they age, recounted over 3 checks), through the scripted source's recount and re-read, which take the fault
 //! script like any read; every simulated row commits in order, so whatever it reports is a false
-//! alarm). After every tick: a tick loses its lease only if someone
+//! alarm); a key's versions are first delivered in source order (issue 38: the schedules' windows
+//! of 2 and 3 run the ordered window, so a version first acknowledged after a newer one of its key
+//! breaks it). After every tick: a tick loses its lease only if someone
 //! took it (another owner, a rival, a reset) or one of its writes failed; four ticks in a row that
 //! fail at the same checkpoint (not counting scripted source or store failures, ticks overtaken by
 //! another writer, or failures before an operator acted) leave `status` unhealthy. At the end:

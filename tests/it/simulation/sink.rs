@@ -37,6 +37,10 @@ pub struct SinkState {
     pub acknowledged: BTreeMap<(String, RowId), u64>,
     pub requests: u64,
     pub acknowledged_batches: u64,
+    /// (poller, load, key) -> the newest version (cursor) of the row acknowledged so far.
+    pub newest_version: BTreeMap<(String, u64, i64), i64>,
+    /// A version acknowledged for the first time after a newer version of its key (issue 38).
+    pub out_of_order: Vec<String>,
 }
 
 pub struct ScriptedSink {
@@ -50,6 +54,24 @@ pub fn row_of(row: &serde_json::Map<String, Value>) -> Option<RowId> {
         key: row.get("id")?.as_i64()?,
         cursor: row.get("version")?.as_i64()?,
     })
+}
+
+/// A key's versions are first delivered in source order: a version acknowledged for the first
+/// time must be newer than every version of its key acknowledged before it.
+fn record_first_delivery(state: &mut SinkState, poller: &str, row: &RowId) {
+    if state.acknowledged.contains_key(&(poller.to_string(), *row)) {
+        return;
+    }
+    let newest = state.newest_version.entry((poller.to_string(), row.generation, row.key)).or_insert(row.cursor);
+    if *newest > row.cursor {
+        let newest = *newest;
+        state.out_of_order.push(format!(
+            "{poller}: key {} of load {} version {} first delivered after version {newest}",
+            row.key, row.generation, row.cursor
+        ));
+    }
+    let newest = state.newest_version.get_mut(&(poller.to_string(), row.generation, row.key)).expect("just set");
+    *newest = (*newest).max(row.cursor);
 }
 
 enum Planned {
@@ -110,6 +132,7 @@ impl Sink for ScriptedSink {
             if batch.generation.as_ref().is_some_and(|generation| generation.as_u64() != Some(row.generation)) {
                 continue;
             }
+            record_first_delivery(&mut state, &batch.poller, &row);
             let token = state.acknowledged.entry((batch.poller.clone(), row)).or_insert(0);
             *token = (*token).max(batch.fencing_token);
         }

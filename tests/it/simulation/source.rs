@@ -150,6 +150,7 @@ fn source_row(row: &RowId) -> SourceRow {
         position: position(row),
         row: dbtrigger::source::RowJson::from_map(columns.as_object().expect("an object")),
         op: Op::Upsert,
+        group: None,
     }
 }
 
