@@ -395,7 +395,9 @@ async fn an_unverified_database_connection_is_warned_about_by_check_and_at_start
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_sessions_query_reaches_only_an_operators_status() {
     use sqlx::Connection as _;
-    let url = postgres().fresh_database().await;
+    // A server of its own: the transaction held here would hold every xid poller of a shared one.
+    let server = crate::services::postgres_with_settings(&[]);
+    let url = server.fresh_database().await;
     execute(&url, "CREATE TABLE items (id BIGINT PRIMARY KEY, c xid8 NOT NULL DEFAULT pg_current_xact_id());\n").await;
     let alerts = Receiver::start().await;
     let directory = tempfile::tempdir().unwrap();

@@ -143,7 +143,9 @@ async fn settle_auto_holds_behind_a_prepared_transaction_until_it_commits() {
 /// `horizonHeldAfterSeconds`, saying so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_whose_age_this_role_cannot_see_is_still_reported_by_the_watchdog() {
-    let admin_url = postgres().fresh_database().await;
+    // A server of its own: the transaction held here would hold every xid poller of a shared one.
+    let server = postgres_with_settings(&[]);
+    let admin_url = server.fresh_database().await;
     let reader = format!("reader_{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
     execute(
         &admin_url,
