@@ -13,6 +13,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::plan::{FunctionTimeout, HostingPlan};
 use crate::config::{AppConfig, ConfigError, FunctionConfig, PollerConfig, Settings, StatusConfig};
 use crate::domain::health::PollerHealth;
+use crate::domain::horizon::Audience;
 use crate::domain::schedule::ScheduleZone;
 use crate::protocol::InvocationRequest;
 use crate::tick::{Poller, TickError, TickOutcome, TickReport};
@@ -323,7 +324,9 @@ impl App {
 
     /// The status of every poller of the app (and of every function that cannot run), or of the
     /// one named by its poller or function name; `None` when there is no such poller.
-    pub async fn status(&self, only: Option<&str>) -> Option<Vec<PollerHealth>> {
+    /// `audience` says what it may show of other sessions (an operator's `dbtrigger status`, or
+    /// the status function).
+    pub async fn status(&self, only: Option<&str>, audience: Audience) -> Option<Vec<PollerHealth>> {
         let now = self.clock.now();
         let wanted = |name: &str, poller: Option<&Poller>| match only {
             None => true,
@@ -348,7 +351,7 @@ impl App {
                 continue;
             }
             match function {
-                Function::Poller(poller) => reports.push(crate::status::of_poller_cached(name, poller, now)),
+                Function::Poller(poller) => reports.push(crate::status::of_poller_cached(name, poller, now, audience)),
                 Function::Unusable(reason) => healths.push(PollerHealth::unusable(name, reason.to_string())),
                 _ => {}
             }
@@ -399,7 +402,7 @@ impl App {
                 };
                 let response_binding = config.response_binding.clone();
                 let function = function.to_string();
-                match self.status(only).await {
+                match self.status(only, Audience::Published).await {
                     None => Invocation::Answered {
                         function,
                         response_binding,

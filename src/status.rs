@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
-use crate::domain::health::{self, HorizonHolder, Lag, Observed, PollerHealth};
+use crate::domain::health::{self, Lag, Observed, PollerHealth};
+use crate::domain::horizon::{Audience, HorizonHolder};
 use crate::tick::Poller;
 
 /// Lag is counted up to this many rows ("at least 1,000,000" beyond).
@@ -86,18 +87,26 @@ impl SourceReadCache {
 static STATUS_FUNCTION_READS: LazyLock<SourceReadCache> =
     LazyLock::new(|| SourceReadCache::new(SOURCE_READS_REUSED_FOR));
 
-/// The status of one poller at `now`, its source read afresh (the `status` command, the watchdog).
+/// The status of one poller at `now`, its source read afresh, as published (the watchdog: no
+/// other session's query text, see [`Audience`]).
 pub async fn of_poller(function: &str, poller: &Poller, now: DateTime<Utc>) -> PollerHealth {
-    observe(function, poller, now, None).await
+    observe(function, poller, now, None, Audience::Published).await
 }
 
-/// The status of one poller at `now`, its source reads reused for [`SOURCE_READS_REUSED_FOR`]
-/// (what the status function answers: it is reachable by anyone holding a function key).
-pub async fn of_poller_cached(function: &str, poller: &Poller, now: DateTime<Utc>) -> PollerHealth {
-    observe(function, poller, now, Some(&STATUS_FUNCTION_READS)).await
+/// The status of one poller at `now` for `audience`, its source reads reused for
+/// [`SOURCE_READS_REUSED_FOR`] (the status function is reachable by anyone holding a function
+/// key; `dbtrigger status` is an operator's).
+pub async fn of_poller_cached(function: &str, poller: &Poller, now: DateTime<Utc>, audience: Audience) -> PollerHealth {
+    observe(function, poller, now, Some(&STATUS_FUNCTION_READS), audience).await
 }
 
-async fn observe(function: &str, poller: &Poller, now: DateTime<Utc>, cache: Option<&SourceReadCache>) -> PollerHealth {
+async fn observe(
+    function: &str,
+    poller: &Poller,
+    now: DateTime<Utc>,
+    cache: Option<&SourceReadCache>,
+    audience: Audience,
+) -> PollerHealth {
     let config = &poller.config;
     let read = poller.store.read(&poller.key()).await;
     let document = match &read {
@@ -185,6 +194,7 @@ async fn observe(function: &str, poller: &Poller, now: DateTime<Utc>, cache: Opt
             generation: from_source.generation,
             generation_stops,
             horizon_holder: from_source.horizon_holder,
+            audience,
             slot: from_source.slot,
         },
         now,

@@ -16,7 +16,7 @@ use crate::config::WatchdogConfig;
 use crate::domain::health::PollerHealth;
 use crate::domain::lag_series::{FindingNote, LagPoint};
 use crate::domain::schedule::ScheduleZone;
-use crate::domain::watchdog::{Finding, FindingKind, Memory, judge, judge_horizon};
+use crate::domain::watchdog::{Finding, FindingKind, Memory, judge, judge_horizon, judge_slot};
 use crate::sink::signing::sign;
 use crate::store::{BlobStore, PutMode, StoreError};
 use crate::tick::Poller;
@@ -149,9 +149,13 @@ impl Watchdog {
                 Some(second - first)
             });
             let seen = memory.pollers.get(&health.poller);
-            let (mut findings, remembered) = judge(health, interval, self.config.stalled_after_intervals, seen, now);
-            findings.extend(judge_horizon(health, self.config.horizon_held_after));
-            findings.extend(crate::domain::slot::judge_slot(health, self.config.slot_retention_bytes));
+            let (mut findings, mut remembered) =
+                judge(health, interval, self.config.stalled_after_intervals, seen, now);
+            let held_seen = seen.and_then(|seen| seen.horizon.as_ref());
+            let (held, holder_seen) = judge_horizon(health, self.config.horizon_held_after, held_seen, now);
+            remembered.horizon = holder_seen;
+            findings.extend(held);
+            findings.extend(judge_slot(health, self.config.slot_retention_bytes));
             if findings.iter().any(|finding| finding.kind.kickable()) {
                 report.to_kick.push(function.clone());
             }

@@ -8,13 +8,15 @@ use std::process::ExitCode;
 use anyhow::bail;
 
 use crate::app::App;
-use crate::domain::health::{FingerprintState, Horizon, PollerHealth};
+use crate::domain::health::{FingerprintState, PollerHealth};
+use crate::domain::horizon::{Audience, Horizon};
 use crate::status::lag_text;
 
 pub async fn run(app_root: &Path, json: bool, only: Option<&str>) -> anyhow::Result<ExitCode> {
     let settings = crate::config::Settings::for_app_root(app_root)?;
     let app = App::load(app_root, &settings)?;
-    let Some(healths) = app.status(only).await else {
+    // Run by an operator: the holder of a horizon is shown with the start of its query.
+    let Some(healths) = app.status(only, Audience::Operator).await else {
         bail!(
             "no poller {:?} in {} (functions: {})",
             only.unwrap_or_default(),

@@ -11,6 +11,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::cursor::CursorValue;
+use super::horizon::{Audience, HorizonHolder};
 use super::lease::{self, LeaseStatus, LeaseTerms};
 use super::state::StateDocument;
 use super::transitions::{FingerprintCheck, check_fingerprint};
@@ -51,68 +52,6 @@ pub struct Lag {
     pub rows: u64,
     pub capped: bool,
     pub oldest: Option<CursorValue>,
-}
-
-/// What a poller's read is held behind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Horizon {
-    /// An xid cursor's commit horizon: the oldest transaction that holds an xid, anywhere in the
-    /// cluster, holds every xid poller of the cluster.
-    CommitHorizon,
-    /// `settle: "auto"`: the oldest transaction open in the database (PostgreSQL) or the server
-    /// (InnoDB).
-    SettleBound,
-}
-
-/// The oldest open transaction, which holds a poller's horizon back while rows wait behind it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct HorizonHolder {
-    pub holds: Horizon,
-    /// Its session (PostgreSQL `pid`, MySQL thread id); none for a prepared transaction.
-    pub pid: Option<i64>,
-    pub database: Option<String>,
-    /// How long the transaction has been open (a prepared one: since it was prepared).
-    pub age_seconds: f64,
-    /// `idle in transaction`, `active`, `RUNNING`, `prepared`…
-    pub state: Option<String>,
-    /// The first characters of its query, never more ([`query_prefix`]): the text may hold values.
-    pub query: Option<String>,
-}
-
-/// How many characters of a holder's query `status` and the watchdog show.
-pub const QUERY_PREFIX_CHARS: usize = 40;
-
-/// The first [`QUERY_PREFIX_CHARS`] characters of a query, its runs of white space made one
-/// space, with `…` when it was cut.
-pub fn query_prefix(query: &str) -> String {
-    let collapsed = query.split_whitespace().collect::<Vec<_>>().join(" ");
-    if collapsed.chars().count() <= QUERY_PREFIX_CHARS {
-        return collapsed;
-    }
-    let mut prefix: String = collapsed.chars().take(QUERY_PREFIX_CHARS).collect();
-    prefix.push('…');
-    prefix
-}
-
-impl HorizonHolder {
-    /// `pid 4242 (database orders, idle in transaction, open 612 s): UPDATE orders SET …`.
-    pub fn describe(&self) -> String {
-        let who = match self.pid {
-            Some(pid) => format!("pid {pid}"),
-            None => "a prepared transaction".to_string(),
-        };
-        let mut details = Vec::new();
-        if let Some(database) = &self.database {
-            details.push(format!("database {database}"));
-        }
-        if let Some(state) = &self.state {
-            details.push(state.clone());
-        }
-        details.push(format!("open {} s", self.age_seconds.round() as i64));
-        let query = self.query.as_deref().map(|query| format!(": {query}")).unwrap_or_default();
-        format!("{who} ({}){query}", details.join(", "))
-    }
 }
 
 /// One poller's status: the `status --json` object.
@@ -250,6 +189,8 @@ pub struct Observed<'a> {
     pub generation_stops: bool,
     /// The oldest open transaction, asked for only while rows wait (see [`HorizonHolder`]).
     pub horizon_holder: Option<HorizonHolder>,
+    /// Who reads this status: another session's query text is shown to an operator only.
+    pub audience: Audience,
     /// A logical source's slot (`None`: not one, or not read).
     pub slot: Option<super::slot::SlotView>,
 }
@@ -354,7 +295,8 @@ pub fn assess(observed: Observed<'_>, now: DateTime<Utc>) -> PollerHealth {
             health.oldest_pending_age_seconds =
                 lag.oldest.as_ref().and_then(|oldest| age_seconds(oldest, now, observed.naive_cursors_are_utc));
             if lag.rows > 0 {
-                health.horizon_holder = observed.horizon_holder.clone();
+                health.horizon_holder =
+                    observed.horizon_holder.clone().map(|holder| holder.for_audience(observed.audience));
             }
         }
         Some(Err(reason)) => {
@@ -390,6 +332,7 @@ fn age_seconds(cursor: &CursorValue, now: DateTime<Utc>, naive_is_utc: bool) -> 
 mod tests {
     use super::*;
     use crate::domain::cursor::{PkValue, Position};
+    use crate::domain::horizon::{Horizon, query_prefix};
     use crate::domain::poison::PoisonRecord;
     use crate::domain::transitions::{self, Delivered};
     use chrono::Duration;
@@ -415,6 +358,7 @@ mod tests {
             generation: Ok(None),
             generation_stops: true,
             horizon_holder: None,
+            audience: Audience::Operator,
             slot: None,
         }
     }
@@ -423,15 +367,20 @@ mod tests {
         HorizonHolder {
             holds: Horizon::CommitHorizon,
             pid: Some(4242),
+            gid: None,
+            transaction: Some("731".into()),
             database: Some("shop".into()),
-            age_seconds: 611.6,
+            role: Some("billing".into()),
+            application: Some("psql".into()),
+            age_seconds: Some(611.6),
             state: Some("idle in transaction".into()),
             query: Some(query_prefix("UPDATE orders\n   SET total = 12, card = '4111 1111 1111 1111' WHERE id = 7")),
         }
     }
 
     /// Issue 26, item 3: what holds the horizon is shown while rows wait behind it (and only
-    /// then), with a short prefix of its query, never the whole text.
+    /// then), with a short prefix of its query, never the whole text; issue 36, section 3: the
+    /// query only to an operator, never in what is published (the status function, the watchdog).
     #[test]
     fn the_horizon_holder_is_shown_while_rows_wait_with_a_short_query_prefix() {
         let mut waiting = observed(Ok(None), Ok(lag(3, None)));
@@ -440,10 +389,19 @@ mod tests {
         let shown = health.horizon_holder.expect("rows wait: the holder is shown");
         assert_eq!(
             shown.describe(),
-            "pid 4242 (database shop, idle in transaction, open 612 s): UPDATE orders SET total = 12, card = '41…"
+            "pid 4242 (role billing, application psql, database shop, idle in transaction, open 612 s): UPDATE orders SET total = 12, card = '41…"
         );
         assert!(!shown.query.unwrap().contains("1111 1111 1111"), "never more than a prefix of the query");
         assert!(health.healthy, "a held horizon is shown, the watchdog judges its age");
+        let mut published = observed(Ok(None), Ok(lag(3, None)));
+        published.horizon_holder = Some(holder());
+        published.audience = Audience::Published;
+        let published = assess(published, at(0)).horizon_holder.expect("shown");
+        assert_eq!(published.query, None, "no query text where the status is published");
+        assert_eq!(
+            published.describe(),
+            "pid 4242 (role billing, application psql, database shop, idle in transaction, open 612 s)"
+        );
         let mut idle = observed(Ok(None), Ok(lag(0, None)));
         idle.horizon_holder = Some(holder());
         assert_eq!(assess(idle, at(0)).horizon_holder, None, "nothing waits: nothing is held");

@@ -14,8 +14,12 @@
 //!   what a recount by the database says of it.
 //! - [`lease`]: lease decisions (acquire, renew, release) with the fencing token and skew margin.
 //! - [`ids`]: deterministic event and batch ids, and the source fingerprint.
+//! - [`horizon`]: what holds a poller's horizon back, who may see its query, and what
+//!   `settle: "auto"` may conclude from the server (a replica, a prepared transaction).
+//! - [`slot`]: a logical source's replication slot as `status` shows it.
+//! - [`finding`]: what the watchdog reports, one kind per thing a person should look at.
 //! - [`watchdog`]: what the watchdog concludes about a poller (stalled, abandoned lease, failing,
-//!   quarantine growing, source changed) from its status and what it saw last time.
+//!   quarantine growing, source changed, horizon held, slot) from its status and what it saw last time.
 //! - [`lag_series`]: the bounded lag series and findings the watchdog keeps for the status page.
 //! - [`window`]: batches in flight, acknowledged out of order, committed in order (seed 004).
 //! - [`schedule`]: NCRONTAB and time-span timer schedules (for `dbtrigger dev`).
@@ -23,7 +27,9 @@
 pub mod cursor;
 pub mod endpoint;
 pub mod event;
+pub mod finding;
 pub mod health;
+pub mod horizon;
 pub mod ids;
 pub mod keyed;
 pub mod lag_series;

@@ -12,6 +12,10 @@ pub enum SourceError {
     UnsupportedType { column: String, type_name: String },
     #[error("cursor/key column problem: {0}")]
     Position(String),
+    /// `settle: "auto"` cannot bound this server's rows (a hot standby, a replica, a Galera
+    /// node): the poller stops rather than guess.
+    #[error("{location}: {reason}")]
+    SettleRefused { location: String, reason: String },
     #[error("the query on {location} took longer than {seconds} s (source.queryTimeoutSeconds) and was cancelled")]
     Timeout { location: String, seconds: u64 },
     /// A stored position that does not fit the configured key: never bound.

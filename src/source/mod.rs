@@ -108,7 +108,7 @@ pub trait Source: Send + Sync {
 
     /// What holds the source's commit horizon (or its `settle: "auto"` bound) back: the oldest
     /// transaction the database reports open, when the cursor is read below one; `None` otherwise.
-    async fn horizon_holder(&self) -> Result<Option<crate::domain::health::HorizonHolder>, SourceError> {
+    async fn horizon_holder(&self) -> Result<Option<crate::domain::horizon::HorizonHolder>, SourceError> {
         Ok(None)
     }
 

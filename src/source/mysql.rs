@@ -17,7 +17,7 @@ use super::{Decoded, SourceError, classify, warn_missing_index};
 use crate::config::redact::Redaction;
 use crate::config::{SourceConfig, SourceTarget};
 use crate::domain::CursorValue;
-use crate::domain::health::HorizonHolder;
+use crate::domain::horizon::HorizonHolder;
 
 pub struct MySqlSource {
     /// The connection options of the target; the pool itself is the target's, made at first use.
@@ -119,6 +119,9 @@ impl MySqlSource {
             }
         };
         super::query::check_cursor_rules(&self.config, cursor_type, &cursor_type_name)?;
+        if self.config.settle_mode == crate::config::source::SettleMode::Auto {
+            super::horizon::mysql_check_server(self.pool(), &self.redaction).await?;
+        }
         if let SourceTarget::Table { schema, name } = &self.config.target {
             let indexed: i64 = sqlx::query_scalar(
                 "SELECT COUNT(*) FROM information_schema.statistics \

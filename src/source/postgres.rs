@@ -16,7 +16,7 @@ use super::{Decoded, SourceError, classify, warn_missing_index};
 use crate::config::redact::Redaction;
 use crate::config::{SourceConfig, SourceTarget};
 use crate::domain::CursorValue;
-use crate::domain::health::{Horizon, HorizonHolder};
+use crate::domain::horizon::{Horizon, HorizonHolder, PreparedHold};
 
 pub struct PostgresSource {
     /// The connection options of the target; the pool itself is the target's, made at first use.
@@ -28,6 +28,8 @@ pub struct PostgresSource {
     settle_warned: AtomicBool,
     /// `settle: "auto"` said once that this role cannot see other roles' sessions.
     horizon_warned: AtomicBool,
+    /// `settle: "auto"`: the bound each prepared transaction keeps while it stays prepared.
+    prepared_hold: std::sync::Mutex<PreparedHold>,
     /// The size of the rows read last, to size the next LIMIT by (`batch.maxBytes`).
     row_sizes: super::RowSizes,
 }
@@ -49,6 +51,7 @@ impl PostgresSource {
             query: OnceCell::new(),
             settle_warned: AtomicBool::new(false),
             horizon_warned: AtomicBool::new(false),
+            prepared_hold: std::sync::Mutex::new(PreparedHold::default()),
             row_sizes: super::RowSizes::default(),
         })
     }
@@ -76,6 +79,7 @@ impl PostgresSource {
             seek.cursor_type,
             &self.redaction,
             &self.horizon_warned,
+            &self.prepared_hold,
         )
         .await
     }
@@ -133,6 +137,9 @@ impl PostgresSource {
             }
         };
         super::query::check_cursor_rules(&self.config, cursor_type, &cursor_type_name)?;
+        if self.config.settle_mode == crate::config::source::SettleMode::Auto {
+            super::horizon::postgres_check_server(self.pool(), &self.redaction).await?;
+        }
         let mut placeholder_types = vec![cursor_type_name];
         for key in &self.config.pk {
             placeholder_types.push(type_of(key)?);

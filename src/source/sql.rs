@@ -127,7 +127,7 @@ macro_rules! sql_source {
 
             async fn horizon_holder(
                 &self,
-            ) -> Result<Option<$crate::domain::health::HorizonHolder>, $crate::source::SourceError> {
+            ) -> Result<Option<$crate::domain::horizon::HorizonHolder>, $crate::source::SourceError> {
                 let holder = async {
                     let seek = self.seek().await?;
                     self.holder(seek).await

@@ -8,7 +8,8 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::domain::health::{Horizon, PollerHealth};
+use crate::domain::health::PollerHealth;
+use crate::domain::horizon::Horizon;
 use crate::domain::lag_series::{FindingNote, KEPT_FOR, LagSeries};
 use crate::domain::watchdog::Memory;
 
@@ -157,9 +158,15 @@ fn horizon_text(health: &PollerHealth) -> String {
         Horizon::CommitHorizon => "commit horizon",
         Horizon::SettleBound => "settle bound",
     };
-    let session = holder.pid.map(|pid| format!(" pid {pid}")).unwrap_or_default();
+    let session = match (&holder.gid, holder.pid) {
+        (Some(gid), _) => format!(" prepared {gid}"),
+        (None, Some(pid)) => format!(" pid {pid}"),
+        (None, None) => String::new(),
+    };
     let state = holder.state.as_deref().map(|state| format!(", {state}")).unwrap_or_default();
-    escape(&format!("{kind}: transaction{session} open {}{state}", duration_text(holder.age_seconds)))
+    // An age the server hides (no pg_read_all_stats) is unknown, never 0.
+    let age = holder.age_seconds.map(duration_text).unwrap_or_else(|| "for an unknown time".into());
+    escape(&format!("{kind}: transaction{session} open {age}{state}"))
 }
 
 fn slot_text(health: &PollerHealth) -> String {

@@ -81,9 +81,9 @@ async fn status_shows_the_wal_a_slot_holds_and_the_watchdog_reports_it_past_the_
     assert_eq!(view.wal_status.as_deref(), Some("reserved"));
     let held = view.retained_bytes.expect("a restart position");
     assert!(held > 4 << 20, "20000 rows of 200 bytes are held: {held}");
-    let finding = dbtrigger::domain::slot::judge_slot(&health, 1 << 20).expect("past 1 MiB");
+    let finding = dbtrigger::domain::watchdog::judge_slot(&health, 1 << 20).expect("past 1 MiB");
     assert_eq!(finding.kind, FindingKind::SlotRetention);
-    assert!(dbtrigger::domain::slot::judge_slot(&health, 1 << 30).is_none(), "below 1 GiB");
+    assert!(dbtrigger::domain::watchdog::judge_slot(&health, 1 << 30).is_none(), "below 1 GiB");
     // Caught up, the slot's confirmed position is where the WAL ends.
     while !matches!(poller.tick().await.unwrap(), dbtrigger::tick::TickOutcome::Idle) {}
     let after = dbtrigger::status::of_poller("orders", &poller, chrono::Utc::now()).await;

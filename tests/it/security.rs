@@ -387,3 +387,80 @@ async fn an_unverified_database_connection_is_warned_about_by_check_and_at_start
     assert!(log.contains("WARN") && log.contains("sslmode=prefer") && log.contains("db.example.com"), "{log}");
     assert_no_secret("the start-up log", &log);
 }
+
+/// Issue 36, section 3: another session's SQL (here an `ALTER ROLE … PASSWORD` in the transaction
+/// that holds the commit horizon) reaches an operator's `dbtrigger status` only: the status
+/// function, the watchdog's output and its alert webhook show who holds the horizon (pid, role,
+/// application, state, age), never the query text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_sessions_query_reaches_only_an_operators_status() {
+    use sqlx::Connection as _;
+    // A server of its own: the transaction held here would hold every xid poller of a shared one.
+    let server = crate::services::postgres_with_settings(&[]);
+    let url = server.fresh_database().await;
+    execute(&url, "CREATE TABLE items (id BIGINT PRIMARY KEY, c xid8 NOT NULL DEFAULT pg_current_xact_id());\n").await;
+    let alerts = Receiver::start().await;
+    let directory = tempfile::tempdir().unwrap();
+    let (app, mut settings, _) =
+        crate::horizon::items_app_into(directory.path(), &url, json!({"cursorKind": "xid"}), &alerts.url);
+    settings.push(("ALERT_URL".to_string(), alerts.url.clone()));
+    let state = json!({"connection": "STATE"});
+    write_function(
+        &app.root,
+        "watchdog",
+        json!({"bindings": timer(), "watchdog": {"horizonHeldAfterSeconds": 1, "alert": {"url": "%ALERT_URL%"}, "state": state}}),
+    );
+    write_function(
+        &app.root,
+        "status",
+        json!({"bindings": [{"type": "httpTrigger", "direction": "in", "name": "req", "authLevel": "function"},
+                            {"type": "http", "direction": "out", "name": "res"}],
+               "status": {}}),
+    );
+    let role = format!("r_{}", &uuid::Uuid::new_v4().simple().to_string()[..4]);
+    let mut holder = sqlx::PgConnection::connect(&url).await.unwrap();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut holder).await.unwrap();
+    sqlx::raw_sql("BEGIN").execute(&mut holder).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE ROLE {role}"))).execute(&mut holder).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("ALTER ROLE {role} PASSWORD '{PASSWORD}'")))
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    execute(&url, "INSERT INTO items (id) VALUES (1);\n").await;
+    tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
+
+    // The operator's status: the holder with the start of its query (the oldest holder of the
+    // shared server is named: wait out another test's older transaction).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let operator = loop {
+        let (_, stdout, _) = run_dbtrigger(&app, &settings, &["status"]);
+        if stdout.contains(&format!("held by pid {pid} ")) || std::time::Instant::now() > deadline {
+            break stdout;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert!(operator.contains(&format!("held by pid {pid} (role postgres, ")), "{operator}");
+    assert!(operator.contains(&format!(": ALTER ROLE {role} PASSWORD 'Db-Pass")), "an operator sees it: {operator}");
+
+    // The status function, as the host calls it.
+    let pairs: Vec<(&str, &str)> = settings.iter().map(|(key, value)| (key.as_str(), value.as_str())).collect();
+    let loaded = dbtrigger::app::App::load(&app.root, &dbtrigger::config::Settings::from_pairs(pairs)).unwrap();
+    let answer = loaded.invoke_with("status", &dbtrigger::protocol::InvocationRequest::default()).await;
+    let published = format!("{answer:?}");
+    assert!(published.contains(&format!("Number({pid})")), "the status function names the holder: {published}");
+    // The watchdog, past horizonHeldAfterSeconds: its lines and its alert.
+    let (_, watchdog_stdout, watchdog_stderr) = run_dbtrigger(&app, &settings, &["tick", "watchdog"]);
+    assert!(watchdog_stdout.contains("finding=horizon_held"), "{watchdog_stdout}");
+    let posted: Vec<String> =
+        alerts.all().iter().map(|alert| String::from_utf8_lossy(&alert.body).into_owned()).collect();
+    assert!(posted.iter().any(|payload| payload.contains("horizon_held")), "the watchdog alerted: {posted:?}");
+    for (what, text) in [
+        ("the status function's answer", published),
+        ("the watchdog's output", format!("{watchdog_stdout}{watchdog_stderr}")),
+        ("the alert payload", posted.join("\n")),
+    ] {
+        assert_no_secret(what, &text);
+        assert!(!text.contains("ALTER ROLE"), "{what} shows another session's query:\n{text}");
+    }
+    sqlx::raw_sql("ROLLBACK").execute(&mut holder).await.unwrap();
+}

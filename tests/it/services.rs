@@ -136,6 +136,41 @@ pub struct Postgres {
     directory: PathBuf,
 }
 
+/// The server's programs (initdb's directory) and how to run one as the server's user.
+struct PostgresPrograms {
+    initdb: PathBuf,
+}
+
+impl PostgresPrograms {
+    fn find() -> PostgresPrograms {
+        let initdb = find_program("initdb", &["/usr/lib/postgresql"])
+            .expect("PostgreSQL is not installed (initdb not found): run scripts/test, which installs it");
+        PostgresPrograms { initdb }
+    }
+
+    /// A program beside initdb (or beside the file initdb links to: PATH may hold a few links).
+    fn program(&self, name: &str) -> PathBuf {
+        let beside = self.initdb.with_file_name(name);
+        if beside.is_file() {
+            return beside;
+        }
+        std::fs::canonicalize(&self.initdb).map(|real| real.with_file_name(name)).unwrap_or(beside)
+    }
+
+    /// `program arguments`, as the `postgres` user when running as root (initdb refuses root).
+    fn as_server_user(&self, program: &Path, arguments: &str) -> Command {
+        if is_root() {
+            let mut command = Command::new("su");
+            command.args(["postgres", "-s", "/bin/sh", "-c", &format!("{} {arguments}", program.display())]);
+            command
+        } else {
+            let mut command = Command::new("/bin/sh");
+            command.args(["-c", &format!("{} {arguments}", program.display())]);
+            command
+        }
+    }
+}
+
 /// The shared PostgreSQL server, started on first use.
 pub fn postgres() -> &'static Postgres {
     static SERVER: OnceLock<Postgres> = OnceLock::new();
@@ -147,39 +182,49 @@ pub fn postgres_with_max_connections(max_connections: u32) -> Postgres {
     start_postgres(max_connections)
 }
 
+/// A PostgreSQL server of its own with these `-c name=value` settings beside the usual ones
+/// (`max_prepared_transactions`, say), stopped at exit.
+pub fn postgres_with_settings(settings: &[(&str, &str)]) -> Postgres {
+    let extra: Vec<String> = settings.iter().map(|(name, value)| format!("-c {name}={value}")).collect();
+    start_postgres_with(200, &extra.join(" "))
+}
+
 fn start_postgres(max_connections: u32) -> Postgres {
-    let initdb = find_program("initdb", &["/usr/lib/postgresql"])
-        .expect("PostgreSQL is not installed (initdb not found): run scripts/test, which installs it");
-    let pg_ctl = initdb.with_file_name("pg_ctl");
+    start_postgres_with(max_connections, "")
+}
+
+fn start_postgres_with(max_connections: u32, extra_settings: &str) -> Postgres {
+    let programs = PostgresPrograms::find();
     let directory = std::env::temp_dir().join(format!("dbtrigger-pg-{}", uuid::Uuid::new_v4().simple()));
     let data = directory.join("data");
     std::fs::create_dir_all(&directory).unwrap();
-    let port = free_port();
-    let log = directory.join("server.log");
-    // initdb refuses to run as root: run the server as the `postgres` user then.
-    let as_server_user = |program: &Path, arguments: &str| -> Command {
-        if is_root() {
-            let mut command = Command::new("su");
-            command.args(["postgres", "-s", "/bin/sh", "-c", &format!("{} {arguments}", program.display())]);
-            command
-        } else {
-            let mut command = Command::new("/bin/sh");
-            command.args(["-c", &format!("{} {arguments}", program.display())]);
-            command
-        }
-    };
     if is_root() {
         run(Command::new("chown").args(["-R", "postgres"]).arg(&directory), "chown for postgres");
     }
     run(
-        &mut as_server_user(&initdb, &format!("-D {} -U postgres -A trust --no-sync -E UTF8", data.display())),
+        &mut programs
+            .as_server_user(&programs.initdb, &format!("-D {} -U postgres -A trust --no-sync -E UTF8", data.display())),
         "initdb",
     );
+    start_postgres_data(&programs, directory, max_connections, extra_settings)
+}
+
+/// Starts the server whose data directory is `directory/data` on a free port.
+fn start_postgres_data(
+    programs: &PostgresPrograms,
+    directory: PathBuf,
+    max_connections: u32,
+    extra_settings: &str,
+) -> Postgres {
+    let pg_ctl = programs.program("pg_ctl");
+    let data = directory.join("data");
+    let port = free_port();
+    let log = directory.join("server.log");
     run(
-        &mut as_server_user(
+        &mut programs.as_server_user(
             &pg_ctl,
             &format!(
-                "-D {} -l {} -w -t 60 -o \"-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections={max_connections} -c wal_level=logical -c max_replication_slots=64 -c max_wal_senders=64\" start",
+                "-D {} -l {} -w -t 60 -o \"-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections={max_connections} -c wal_level=logical -c max_replication_slots=64 -c max_wal_senders=64 {extra_settings}\" start",
                 data.display(),
                 log.display(),
                 directory.display()
@@ -188,7 +233,7 @@ fn start_postgres(max_connections: u32) -> Postgres {
         "pg_ctl start",
     );
     wait_for_port(port, "PostgreSQL", &log);
-    let stop_command = as_server_user(&pg_ctl, &format!("-D {} -m immediate stop", data.display()));
+    let stop_command = programs.as_server_user(&pg_ctl, &format!("-D {} -m immediate stop", data.display()));
     let stop_directory = directory.clone();
     let stop = Mutex::new(stop_command);
     at_exit(move || {
@@ -196,6 +241,29 @@ fn start_postgres(max_connections: u32) -> Postgres {
         let _ = std::fs::remove_dir_all(&stop_directory);
     });
     Postgres { port, directory }
+}
+
+/// A hot standby of `primary` (a server of its own: `pg_basebackup -R` into a temporary
+/// directory, started on a free port, streaming from the primary), stopped at exit.
+pub fn hot_standby_of(primary: &Postgres) -> Postgres {
+    let programs = PostgresPrograms::find();
+    let directory = std::env::temp_dir().join(format!("dbtrigger-pg-standby-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&directory).unwrap();
+    if is_root() {
+        run(Command::new("chown").args(["-R", "postgres"]).arg(&directory), "chown for postgres");
+    }
+    run(
+        &mut programs.as_server_user(
+            &programs.program("pg_basebackup"),
+            &format!(
+                "-h 127.0.0.1 -p {} -U postgres -D {} -R -X stream -c fast --no-sync",
+                primary.port,
+                directory.join("data").display()
+            ),
+        ),
+        "pg_basebackup",
+    );
+    start_postgres_data(&programs, directory, 200, "-c hot_standby=on")
 }
 
 impl Postgres {
@@ -218,6 +286,15 @@ pub struct MariaDb {
     directory: PathBuf,
 }
 
+/// How to start a MariaDB server of its own beside the usual options.
+#[derive(Default)]
+pub struct MariaDbOptions<'a> {
+    /// More `--name=value` options (`--log-bin`, `--server-id=2`, `--read-only`…).
+    pub arguments: &'a [&'a str],
+    /// The server's system time zone (`TZ`), e.g. `Europe/Paris`; the machine's when `None`.
+    pub system_time_zone: Option<&'a str>,
+}
+
 /// The shared MariaDB server, started on first use.
 pub fn mariadb() -> &'static MariaDb {
     static SERVER: OnceLock<MariaDb> = OnceLock::new();
@@ -229,7 +306,16 @@ pub fn mariadb_with_max_connections(max_connections: u32) -> MariaDb {
     start_mariadb(max_connections)
 }
 
+/// A MariaDB server of its own started with `options` (stopped at exit).
+pub fn mariadb_with(options: &MariaDbOptions<'_>) -> MariaDb {
+    start_mariadb_with(300, options)
+}
+
 fn start_mariadb(max_connections: u32) -> MariaDb {
+    start_mariadb_with(max_connections, &MariaDbOptions::default())
+}
+
+fn start_mariadb_with(max_connections: u32, options: &MariaDbOptions<'_>) -> MariaDb {
     let install = find_program("mariadb-install-db", &[])
         .expect("MariaDB is not installed (mariadb-install-db not found): run scripts/test, which installs it");
     let server = find_program("mariadbd", &[])
@@ -260,10 +346,14 @@ fn start_mariadb(max_connections: u32) -> MariaDb {
         .arg("--skip-name-resolve")
         .arg("--innodb-flush-log-at-trx-commit=0")
         .arg(format!("--max-connections={max_connections}"))
+        .args(options.arguments)
         .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
         .stderr(Stdio::from(std::fs::File::create(directory.join("server.err")).unwrap()));
     if is_root() {
         server_command.arg("--user=root");
+    }
+    if let Some(zone) = options.system_time_zone {
+        server_command.env("TZ", zone);
     }
     let child: Child = server_command.spawn().expect("mariadbd starts");
     stop_at_exit(child, directory.clone());

@@ -1,23 +1,8 @@
 //! What the watchdog concludes about one poller, from its status, what the watchdog saw at its
 //! previous run, and `now`. Pure: reading and reporting happen elsewhere.
 //!
-//! | finding              | when                                                                   |
-//! |----------------------|------------------------------------------------------------------------|
-//! | `config_error`       | the function cannot run                                                |
-//! | `unreadable`         | its state document or its source cannot be read                       |
-//! | `stalled`            | rows wait and the checkpoint has not moved for `stalledAfterIntervals` of its schedule |
-//! | `lease_abandoned`    | a lease expired (past the skew margin) without being released: a tick died mid-work and nobody resumed |
-//! | `failing`            | ticks fail at the checkpoint (`attempts` above zero: the batch there, or the source, the store…), growing or not |
-//! | `endpoint_refused`   | the receiver refuses every row alike (a 401, a gateway's 404, a redirect, a queue's 403): the poller holds, nothing is quarantined (in place of `failing`) |
-//! | `quarantine_grew`    | more rows quarantined than at the previous run                        |
-//! | `fingerprint_changed`| the source definition changed: the poller stops until reset or accepted |
-//! | `generation_changed` | the source generation moved and the poller stops (`onChange: stop`)     |
-//! | `late_arrivals`      | the late-arrival detector found (and delivered) more rows than at the previous run |
-//! | `horizon_held`       | rows wait behind a transaction open longer than `horizonHeldAfterSeconds` ([`judge_horizon`]) |
-//! | `slot_retention`     | a logical source's slot holds more WAL than `slotRetentionBytes` ([`super::slot::judge_slot`]) |
-//! | `slot_lost`          | the server invalidated a logical source's slot: a gap                  |
-//!
-//! `stalled` and `lease_abandoned` are what a tick can fix, so `kick` runs one for them.
+//! The findings and when each is made: [`super::finding`]. Beside [`judge`]: [`judge_horizon`]
+//! (a held commit horizon or settle bound) and [`judge_slot`] (a logical source's slot).
 
 use std::collections::BTreeMap;
 
@@ -25,7 +10,13 @@ use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::health::{FingerprintState, Horizon, PollerHealth};
+mod held;
+mod slot;
+
+pub use super::finding::{Finding, FindingKind};
+use super::health::{FingerprintState, PollerHealth};
+pub use held::{HeldSeen, judge_horizon};
+pub use slot::judge_slot;
 
 /// What the watchdog saw of one poller at its previous run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -39,6 +30,10 @@ pub struct Seen {
     /// Rows found late so far.
     #[serde(default)]
     pub late_arrivals: u64,
+    /// The transaction that held the horizon, and since when the watchdog has seen it hold
+    /// ([`judge_horizon`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub horizon: Option<HeldSeen>,
 }
 
 /// What the watchdog keeps between runs, by poller name.
@@ -52,58 +47,6 @@ pub struct Memory {
     /// The findings of the last run, for the status page.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub findings: Vec<super::lag_series::FindingNote>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FindingKind {
-    ConfigError,
-    Unreadable,
-    Stalled,
-    LeaseAbandoned,
-    Failing,
-    EndpointRefused,
-    QuarantineGrew,
-    FingerprintChanged,
-    GenerationChanged,
-    LateArrivals,
-    HorizonHeld,
-    SlotRetention,
-    SlotLost,
-}
-
-impl FindingKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            FindingKind::ConfigError => "config_error",
-            FindingKind::Unreadable => "unreadable",
-            FindingKind::Stalled => "stalled",
-            FindingKind::LeaseAbandoned => "lease_abandoned",
-            FindingKind::Failing => "failing",
-            FindingKind::EndpointRefused => "endpoint_refused",
-            FindingKind::QuarantineGrew => "quarantine_grew",
-            FindingKind::FingerprintChanged => "fingerprint_changed",
-            FindingKind::GenerationChanged => "generation_changed",
-            FindingKind::LateArrivals => "late_arrivals",
-            FindingKind::HorizonHeld => "horizon_held",
-            FindingKind::SlotRetention => "slot_retention",
-            FindingKind::SlotLost => "slot_lost",
-        }
-    }
-
-    /// A tick can fix it.
-    pub fn kickable(self) -> bool {
-        matches!(self, FindingKind::Stalled | FindingKind::LeaseAbandoned)
-    }
-}
-
-/// One thing a person should look at.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Finding {
-    pub kind: FindingKind,
-    pub function: String,
-    pub poller: String,
-    pub message: String,
 }
 
 /// The findings about one poller, and what to remember of it.
@@ -214,6 +157,7 @@ pub fn judge(
         checkpoint,
         waiting_since,
         late_arrivals: health.late_arrivals,
+        horizon: None,
     };
     (findings, remembered)
 }
@@ -239,31 +183,10 @@ fn late_arrivals_message(health: &PollerHealth, before: u64) -> String {
     )
 }
 
-/// `horizon_held`: rows wait behind a transaction open for `threshold` or longer. The commit
-/// horizon (an xid cursor) is the cluster's: one long transaction anywhere holds every xid poller
-/// of it; a tick cannot fix it, a person (or the application) must end that transaction.
-pub fn judge_horizon(health: &PollerHealth, threshold: Duration) -> Option<Finding> {
-    let holder = health.horizon_holder.as_ref()?;
-    let waiting = health.lag_rows.filter(|rows| *rows > 0)?;
-    if holder.age_seconds < threshold.num_seconds() as f64 {
-        return None;
-    }
-    let what = match holder.holds {
-        Horizon::CommitHorizon => "the commit horizon (cluster-wide: it holds every xid poller of the server)",
-        Horizon::SettleBound => "the settle \"auto\" bound",
-    };
-    Some(Finding {
-        kind: FindingKind::HorizonHeld,
-        function: health.function.clone(),
-        poller: health.poller.clone(),
-        message: format!("{waiting} rows wait behind {what}, held by {}", holder.describe()),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::health::{CheckpointView, HorizonHolder, LeaseView};
+    use crate::domain::health::{CheckpointView, LeaseView};
 
     fn at(seconds: i64) -> DateTime<Utc> {
         DateTime::from_timestamp(1_780_000_000 + seconds, 0).unwrap()
@@ -394,31 +317,5 @@ mod tests {
         // A memory written before this field existed reads as none seen.
         let old: Seen = serde_json::from_value(serde_json::json!({"quarantined": 0, "attempts": 0})).unwrap();
         assert_eq!(old.late_arrivals, 0);
-    }
-
-    /// Issue 26, item 3: rows waiting behind a transaction open past the threshold are reported
-    /// (not kicked: a tick cannot end someone's transaction); younger, or nothing waiting, is not.
-    #[test]
-    fn a_horizon_held_past_the_threshold_is_reported_not_kicked() {
-        let mut health = healthy(12);
-        health.horizon_holder = Some(HorizonHolder {
-            holds: Horizon::CommitHorizon,
-            pid: Some(4242),
-            database: Some("reports".into()),
-            age_seconds: 301.0,
-            state: Some("idle in transaction".into()),
-            query: Some("SELECT * FROM ledger FOR UPDATE".into()),
-        });
-        let finding = judge_horizon(&health, Duration::minutes(5)).expect("held past five minutes");
-        assert_eq!(finding.kind, FindingKind::HorizonHeld);
-        assert!(!finding.kind.kickable());
-        assert_eq!(
-            finding.message,
-            "12 rows wait behind the commit horizon (cluster-wide: it holds every xid poller of the server), held by pid 4242 (database reports, idle in transaction, open 301 s): SELECT * FROM ledger FOR UPDATE"
-        );
-        assert_eq!(judge_horizon(&health, Duration::minutes(6)), None, "younger than the threshold");
-        health.lag_rows = Some(0);
-        assert_eq!(judge_horizon(&health, Duration::minutes(5)), None, "nothing waits");
-        assert_eq!(judge_horizon(&healthy(3), Duration::zero()), None, "no holder");
     }
 }
