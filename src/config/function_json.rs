@@ -58,6 +58,8 @@ pub(super) struct RawSource {
     pub(super) op_column: Option<String>,
     pub(super) generation: Option<RawGeneration>,
     pub(super) late_arrivals: Option<super::late::RawLateArrivals>,
+    /// The largest row (as JSON) the poller keeps: by default what the sink can carry.
+    pub(super) max_row_bytes: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -87,6 +89,7 @@ pub(super) struct RawSink {
     pub(super) timeout_seconds: Option<u64>,
     pub(super) max_retries: Option<u32>,
     pub(super) max_body_bytes: Option<usize>,
+    pub(super) allow_link_local: Option<bool>,
     pub(super) connection: Option<String>,
     pub(super) queue_name: Option<String>,
     pub(super) message_encoding: Option<String>,
@@ -318,7 +321,7 @@ fn substitute_in_text(text: &str, settings: &Settings, used: &mut UsedSettings) 
         output.push_str(&rest[..start]);
         let after = &rest[start + 1..];
         let Some(end) = after.find('%') else {
-            return Err(format!("unmatched '%' in {text:?}"));
+            return Err(unmatched_percent(text, output.len() + start));
         };
         let name = &after[..end];
         if name.is_empty() {
@@ -333,4 +336,17 @@ fn substitute_in_text(text: &str, settings: &Settings, used: &mut UsedSettings) 
     }
     output.push_str(rest);
     Ok(output)
+}
+
+/// The error of a value with a '%' that opens no `%NAME%`: where it is, and the value redacted as
+/// a URL is (credentials masked), never the value whole: a literal URL with `%3D` in its key
+/// would print the key.
+fn unmatched_percent(text: &str, _position: usize) -> String {
+    let redacted = crate::config::redact::redacted_url(text);
+    let shown: String = redacted.chars().take(120).collect();
+    let more = if redacted.chars().count() > 120 { "…" } else { "" };
+    format!(
+        "unmatched '%' in the value {shown:?}{more} (credentials masked): write %% for a literal '%', \
+         %NAME% for an app setting, or put the whole value in an app setting"
+    )
 }

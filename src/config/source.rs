@@ -86,6 +86,9 @@ pub struct SourceConfig {
     /// The cap on connections to that database (`source.maxConnections`, else app setting
     /// `DBTRIGGER_MAX_CONNECTIONS_PER_DATABASE`, else 10); the smallest of its sources wins.
     pub max_connections: u32,
+    /// `source.maxRowBytes`: the largest row (as JSON, with its event's overhead) a fetch keeps;
+    /// a larger one stops the poller, named by its key (by default what the sink can carry).
+    pub max_row_bytes: usize,
 }
 
 /// What a cursor column holds, as `source.cursorKind` declares it.
@@ -556,6 +559,8 @@ pub(super) fn build_source(
         generation,
         pool_key,
         max_connections,
+        // Set by the poller once its sink is known.
+        max_row_bytes: super::limits::ROW_MAX_BYTES,
     };
     Ok((source, Fingerprints { current: fingerprint, legacy: legacy_fingerprint }))
 }

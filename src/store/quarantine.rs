@@ -31,6 +31,13 @@ pub struct QuarantineEntry {
     pub quarantined_at: DateTime<Utc>,
 }
 
+/// The most bytes one quarantine entry may take when read: an entry holds one row within
+/// `source.maxRowBytes` (at most [`crate::config::limits::ROW_MAX_BYTES`]) as an event, whose key
+/// and cursor come again beside the row, and the error. Every entry a tick can write is read
+/// whole by the operator's commands (`list`, `show`, `replay`, `purge`), one at a time, whatever
+/// the store's bound for state documents ([`super::MAX_BLOB_BYTES`]).
+pub const MAX_ENTRY_BYTES: usize = 2 * crate::config::limits::ROW_MAX_BYTES + (1 << 20);
+
 /// The entry id of an event: stable, path-safe.
 pub fn entry_id(event_id: &str) -> String {
     format!("q_{}", event_id.trim_start_matches("evt_"))
@@ -45,9 +52,10 @@ pub fn path(app: &str, poller: &str, id: &str) -> String {
     format!("{}{id}.json", prefix(app, poller))
 }
 
-/// Writes an entry (again, if it is there: the same event gives the same entry).
+/// Writes an entry (again, if it is there: the same event gives the same entry). Compact JSON:
+/// indenting a row's arrays line by line could make its entry several times the row.
 pub async fn put(blobs: &dyn BlobStore, app: &str, entry: &QuarantineEntry) -> Result<(), StoreError> {
-    let mut bytes = serde_json::to_vec_pretty(entry).expect("an entry serializes");
+    let mut bytes = serde_json::to_vec(entry).expect("an entry serializes");
     bytes.push(b'\n');
     blobs.put(&path(app, &entry.poller, &entry.id), bytes, PutMode::Overwrite).await.map(|_| ())
 }
@@ -93,8 +101,17 @@ async fn read_at(
     name: &str,
     path: &str,
 ) -> Result<Option<Result<StoredEntry, UnreadableEntry>>, StoreError> {
-    let Some(blob) = blobs.get(path).await? else {
-        return Ok(None);
+    let blob = match blobs.get_bounded(path, MAX_ENTRY_BYTES).await {
+        Ok(Some(blob)) => blob,
+        Ok(None) => return Ok(None),
+        // More than any tick writes (planted, or written by hand): named, and left to `purge`.
+        Err(StoreError::Corrupt { reason, .. }) => {
+            return Ok(Some(Err(UnreadableEntry {
+                name: name.to_string(),
+                reason: format!("{reason}; `dbtrigger quarantine purge` removes it"),
+            })));
+        }
+        Err(error) => return Err(error),
     };
     match serde_json::from_slice::<QuarantineEntry>(&blob.bytes) {
         Ok(entry) => {
@@ -155,11 +172,11 @@ pub async fn list(blobs: &dyn BlobStore, app: &str, poller: &str) -> Result<Vec<
     loop {
         let ListPage { items, next } = blobs.list(&prefix(app, poller), continuation).await?;
         for item in items {
-            let Some(blob) = blobs.get(&item.path).await? else {
+            let Some(blob) = blobs.get_bounded(&item.path, MAX_ENTRY_BYTES).await? else {
                 continue;
             };
             let entry: QuarantineEntry = serde_json::from_slice(&blob.bytes).map_err(|error| StoreError::Corrupt {
-                location: format!("{}/{}", blobs.describe(), item.path),
+                location: format!("the quarantine entry at {}/{}", blobs.describe(), item.path),
                 reason: format!("not a quarantine entry: {error}"),
             })?;
             entries.push((entry, blob.etag));
