@@ -178,7 +178,9 @@ pub(super) fn outbound_url(
     let handler_port = settings.get(HANDLER_PORT_SETTING).and_then(|port| port.trim().parse::<u16>().ok());
     if !allow_link_local && let Some(reason) = outbound_refusal(&url, handler_port) {
         let allow = field.rsplit_once('.').map(|(section, _)| format!("{section}.allowLinkLocal")).unwrap_or_default();
-        return Err(at.error(field, format!("{reason}; set `{allow}: true` if this is meant (docs/deploy.md, Security)")));
+        return Err(
+            at.error(field, format!("{reason}; set `{allow}: true` if this is meant (docs/deploy.md, Security)"))
+        );
     }
     Ok(OutboundUrl(url))
 }
@@ -198,7 +200,12 @@ pub fn outbound_refusal(url: &url::Url, handler_port: Option<u16>) -> Option<Str
     let (loopback, why) = match host {
         url::Host::Ipv4(address) => {
             let v4: Ipv4Addr = address;
-            (v4.is_loopback(), v4.is_link_local().then(|| format!("{v4} is a link-local address (169.254.0.0/16: cloud metadata and identity endpoints)")))
+            (
+                v4.is_loopback(),
+                v4.is_link_local().then(|| {
+                    format!("{v4} is a link-local address (169.254.0.0/16: cloud metadata and identity endpoints)")
+                }),
+            )
         }
         url::Host::Ipv6(address) => {
             let v6: Ipv6Addr = address;
@@ -215,7 +222,9 @@ pub fn outbound_refusal(url: &url::Url, handler_port: Option<u16>) -> Option<Str
             let loopback = v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback());
             (loopback, why)
         }
-        url::Host::Domain(name) => (name.eq_ignore_ascii_case("localhost") || name.to_ascii_lowercase().ends_with(".localhost"), None),
+        url::Host::Domain(name) => {
+            (name.eq_ignore_ascii_case("localhost") || name.to_ascii_lowercase().ends_with(".localhost"), None)
+        }
     };
     if why.is_some() {
         return why;
@@ -360,7 +369,9 @@ mod tests {
         assert!(refusal("http://127.0.0.1:7071/api/status", Some(7071)).is_some());
         assert!(refusal("http://localhost:7071/", Some(7071)).is_some());
         assert!(refusal("http://[::1]:7071/", Some(7071)).is_some());
-        for allowed in ["http://127.0.0.1:7072/hook", "https://hooks.example/x", "http://10.0.0.4/", "http://[fec0::1]/"] {
+        for allowed in
+            ["http://127.0.0.1:7072/hook", "https://hooks.example/x", "http://10.0.0.4/", "http://[fec0::1]/"]
+        {
             assert_eq!(refusal(allowed, Some(7071)), None, "{allowed}");
         }
     }

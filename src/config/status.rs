@@ -115,10 +115,22 @@ mod tests {
     /// host may take as anonymous (`0`, `"0"`, `"Anonymous"`) is refused, as is `null`.
     #[test]
     fn auth_level_is_an_allow_list() {
-        for accepted in [None, Some(json!("function")), Some(json!("Function")), Some(json!("admin")), Some(json!("ADMIN"))] {
+        for accepted in
+            [None, Some(json!("function")), Some(json!("Function")), Some(json!("admin")), Some(json!("ADMIN"))]
+        {
             assert_eq!(check_auth_level(accepted.as_ref()), Ok(()), "{accepted:?}");
         }
-        for refused in [json!(0), json!(1), json!("0"), json!("anonymous"), json!("Anonymous"), json!(""), json!(null), json!(true), json!("system")] {
+        for refused in [
+            json!(0),
+            json!(1),
+            json!("0"),
+            json!("anonymous"),
+            json!("Anonymous"),
+            json!(""),
+            json!(null),
+            json!(true),
+            json!("system"),
+        ] {
             let reason = check_auth_level(Some(&refused)).expect_err(&refused.to_string());
             assert!(reason.contains("function") && reason.contains("admin"), "{refused}: {reason}");
         }

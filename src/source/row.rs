@@ -357,10 +357,8 @@ impl<'a> RowBuilder<'a> {
             return Err(SourceError::InRow { row: self.describe_key(), error: Box::new(error.clone()) });
         }
         if let Some(counted) = self.oversized {
-            let error = SourceError::RowTooLarge {
-                bytes: counted + 2 + ROW_OVERHEAD_BYTES,
-                limit: self.config.max_row_bytes,
-            };
+            let error =
+                SourceError::RowTooLarge { bytes: counted + 2 + ROW_OVERHEAD_BYTES, limit: self.config.max_row_bytes };
             return Err(SourceError::InRow { row: self.describe_key(), error: Box::new(error) });
         }
         let cursor = self.cursor.ok_or_else(|| {

@@ -124,6 +124,26 @@ async fn read_at(
     }
 }
 
+/// `stored` read again, whole, by its path: `Ok(None)` when it is gone. A replay chooses entries
+/// without keeping their rows, and reads each again, alone, to deliver it.
+pub async fn read_again(
+    blobs: &dyn BlobStore,
+    stored: &StoredEntry,
+) -> Result<Option<Result<StoredEntry, UnreadableEntry>>, StoreError> {
+    read_at(blobs, &stored.name, &stored.path).await
+}
+
+impl StoredEntry {
+    /// The entry without its row (`event.row` set to null): what a selection keeps of each entry
+    /// it chose, so that memory holds one row at a time, however many entries are chosen.
+    pub fn without_row(mut self) -> StoredEntry {
+        if let Some(row) = self.entry.event.get_mut("row") {
+            *row = Value::Null;
+        }
+        self
+    }
+}
+
 /// The entry named `name` (as `list` names it), read alone: `Ok(None)` when there is none. No
 /// entry has a name that [`is_entry_name`] refuses: such a name never comes near a path.
 pub async fn read_entry(
@@ -147,22 +167,53 @@ pub async fn page(
     poller: &str,
     continuation: Option<String>,
 ) -> Result<EntryPage, StoreError> {
-    let folder = prefix(app, poller);
-    let ListPage { items, next } = blobs.list(&folder, continuation).await?;
+    let (listed, next) = listed_page(blobs, app, poller, continuation).await?;
     let mut page = EntryPage { next, ..EntryPage::default() };
-    for item in items {
-        let file = item.path.strip_prefix(&folder).unwrap_or(&item.path);
-        let Some(name) = file.strip_suffix(".json").filter(|name| !name.contains('/')) else {
-            // Not an entry (a folder below, a file of another kind): not ours to act on.
-            continue;
-        };
-        match read_at(blobs, name, &item.path).await? {
+    for listed in listed {
+        match read_listed(blobs, &listed).await? {
             None => {}
             Some(Ok(stored)) => page.entries.push(stored),
             Some(Err(unreadable)) => page.unreadable.push(unreadable),
         }
     }
     Ok(page)
+}
+
+/// An entry as a listing names it, not read yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedEntry {
+    pub name: String,
+    pub path: String,
+}
+
+/// One page of a poller's entries as the store lists them, none read: a caller reads them one at
+/// a time ([`read_listed`]), so that memory holds one entry, whatever their sizes and number.
+pub async fn listed_page(
+    blobs: &dyn BlobStore,
+    app: &str,
+    poller: &str,
+    continuation: Option<String>,
+) -> Result<(Vec<ListedEntry>, Option<String>), StoreError> {
+    let folder = prefix(app, poller);
+    let ListPage { items, next } = blobs.list(&folder, continuation).await?;
+    let mut listed = Vec::with_capacity(items.len());
+    for item in items {
+        let file = item.path.strip_prefix(&folder).unwrap_or(&item.path);
+        let Some(name) = file.strip_suffix(".json").filter(|name| !name.contains('/')) else {
+            // Not an entry (a folder below, a file of another kind): not ours to act on.
+            continue;
+        };
+        listed.push(ListedEntry { name: name.to_string(), path: item.path.clone() });
+    }
+    Ok((listed, next))
+}
+
+/// The entry a listing named: `Ok(None)` when it is gone since.
+pub async fn read_listed(
+    blobs: &dyn BlobStore,
+    listed: &ListedEntry,
+) -> Result<Option<Result<StoredEntry, UnreadableEntry>>, StoreError> {
+    read_at(blobs, &listed.name, &listed.path).await
 }
 
 /// Every entry of a poller, in id order, with the ETag each was read at.
