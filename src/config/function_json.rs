@@ -321,7 +321,7 @@ fn substitute_in_text(text: &str, settings: &Settings, used: &mut UsedSettings) 
         output.push_str(&rest[..start]);
         let after = &rest[start + 1..];
         let Some(end) = after.find('%') else {
-            return Err(unmatched_percent(text, output.len() + start));
+            return Err(unmatched_percent(text, text.len() - rest.len() + start));
         };
         let name = &after[..end];
         if name.is_empty() {
@@ -338,15 +338,39 @@ fn substitute_in_text(text: &str, settings: &Settings, used: &mut UsedSettings) 
     Ok(output)
 }
 
-/// The error of a value with a '%' that opens no `%NAME%`: where it is, and the value redacted as
-/// a URL is (credentials masked), never the value whole: a literal URL with `%3D` in its key
-/// would print the key.
-fn unmatched_percent(text: &str, _position: usize) -> String {
-    let redacted = crate::config::redact::redacted_url(text);
-    let shown: String = redacted.chars().take(120).collect();
-    let more = if redacted.chars().count() > 120 { "…" } else { "" };
+/// The error of a value with a '%' that opens no `%NAME%`: where the '%' is (its character
+/// position), and of the value only what a URL shows safely (scheme, host and port), never the
+/// value whole: a literal URL with `%3D` in its key would print the key.
+fn unmatched_percent(text: &str, byte_position: usize) -> String {
+    let position = text.get(..byte_position).map(|before| before.chars().count() + 1).unwrap_or(0);
+    let shown = match url::Url::parse(text) {
+        Ok(url) if url.host_str().is_some() => {
+            format!(" of the URL {}/… (the rest not shown: it may hold a key)", super::sink::shown_endpoint(&url))
+        }
+        _ => " of the value (not shown: it may hold a secret)".to_string(),
+    };
     format!(
-        "unmatched '%' in the value {shown:?}{more} (credentials masked): write %% for a literal '%', \
-         %NAME% for an app setting, or put the whole value in an app setting"
+        "unmatched '%' at character {position}{shown}: write %% for a literal '%', %NAME% for an app setting, \
+         or put the whole value in an app setting"
     )
+}
+
+#[cfg(test)]
+mod unmatched_percent_tests {
+    use super::substitute_in_text;
+    use crate::settings::Settings;
+
+    /// Regression (issue 36, section 3): a literal value with an unmatched '%' is not quoted
+    /// whole: a URL shows its scheme, host and port only, anything else nothing.
+    #[test]
+    fn an_unmatched_percent_quotes_nothing_secret() {
+        let settings = Settings::from_pairs(Vec::<(String, String)>::new());
+        let mut used = super::UsedSettings::default();
+        let error =
+            substitute_in_text("https://fn.example/api/hook/T0KEN?code=K3y%3D", &settings, &mut used).unwrap_err();
+        assert!(!error.contains("T0KEN") && !error.contains("K3y") && !error.contains("/api"), "{error}");
+        assert!(error.contains("https://fn.example") && error.contains("character 43"), "{error}");
+        let error = substitute_in_text("pass%word", &settings, &mut used).unwrap_err();
+        assert!(!error.contains("pass") && !error.contains("word") && error.contains("character 5"), "{error}");
+    }
 }
