@@ -60,6 +60,8 @@ pub(super) struct RawSource {
     pub(super) late_arrivals: Option<super::late::RawLateArrivals>,
     /// The largest row (as JSON) the poller keeps: by default what the sink can carry.
     pub(super) max_row_bytes: Option<usize>,
+    /// `"stop"` or `"quarantineReference"`: what a row over the bound does.
+    pub(super) oversized_rows: Option<String>,
 }
 
 #[derive(Deserialize)]

@@ -46,8 +46,8 @@ pub use self::sink::{
     shown_endpoint,
 };
 pub use self::source::{
-    Engine, GenerationConfig, LOGICAL_CURSOR, LOGICAL_KEY, OnGenerationChange, OpRule, SourceConfig, SourceTarget,
-    validate_identifier,
+    Engine, GenerationConfig, LOGICAL_CURSOR, LOGICAL_KEY, OnGenerationChange, OpRule, OversizedRows, SourceConfig,
+    SourceTarget, validate_identifier,
 };
 pub use self::state::{StateConfig, StateLocation};
 pub use self::status::StatusConfig;

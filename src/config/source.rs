@@ -89,6 +89,8 @@ pub struct SourceConfig {
     /// `source.maxRowBytes`: the largest row (as JSON, with its event's overhead) a fetch keeps;
     /// a larger one stops the poller, named by its key (by default what the sink can carry).
     pub max_row_bytes: usize,
+    /// `source.oversizedRows`: what a row over `max_row_bytes` does.
+    pub oversized_rows: OversizedRows,
 }
 
 /// What a cursor column holds, as `source.cursorKind` declares it.
@@ -109,6 +111,16 @@ impl CursorKind {
             CursorKind::Xid => "xid",
         }
     }
+}
+
+/// What a row over `source.maxRowBytes` does (`source.oversizedRows`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OversizedRows {
+    /// The poller stops at it, named by its key, until the row or the configuration changes.
+    #[default]
+    Stop,
+    /// It is kept as a reference (its key, cursor and size, not its payload) and quarantined.
+    QuarantineReference,
 }
 
 /// How far a timestamp cursor reads (`source.settle`).
@@ -448,6 +460,16 @@ pub(super) fn build_source(
     if let Some(where_clause) = &raw.where_clause {
         validate_fragment(where_clause).map_err(|reason| at.error("poller.source.where", reason))?;
     }
+    let oversized_rows = match raw.oversized_rows.as_deref() {
+        None | Some("stop") => OversizedRows::Stop,
+        Some("quarantineReference") => OversizedRows::QuarantineReference,
+        Some(other) => {
+            return Err(at.error(
+                "poller.source.oversizedRows",
+                format!("{other:?}: expected \"stop\" or \"quarantineReference\""),
+            ));
+        }
+    };
     let ops = match (raw.soft_delete.clone(), raw.op_column.clone()) {
         (Some(_), Some(_)) => {
             return Err(at.error("poller.source", "give `softDelete` or `opColumn`, not both"));
@@ -561,6 +583,7 @@ pub(super) fn build_source(
         max_connections,
         // Set by the poller once its sink is known.
         max_row_bytes: super::limits::ROW_MAX_BYTES,
+        oversized_rows,
     };
     Ok((source, Fingerprints { current: fingerprint, legacy: legacy_fingerprint }))
 }

@@ -5,7 +5,7 @@ use chrono::{DateTime, NaiveDateTime, Utc};
 use serde_json::Value;
 
 use super::SourceError;
-use crate::config::{OpRule, SourceConfig};
+use crate::config::{OpRule, OversizedRows, SourceConfig};
 use crate::domain::event::{Op, RowJson, SourceRow};
 use crate::domain::{CursorValue, PkValue, Position};
 
@@ -189,6 +189,11 @@ impl Layout {
         };
         let mut columns: Vec<LayoutColumn> = Vec::new();
         for name in names {
+            if name == crate::domain::event::OVERSIZED_ROW_KEY {
+                return Err(format!(
+                    "the result has a column named {name:?}, the key dbtrigger keeps for a row too large to keep: rename it (AS)"
+                ));
+            }
             if columns.iter().any(|column| column.name == name) {
                 return Err(format!(
                     "the result has two columns named {name:?}: a row is a JSON object, give them distinct names (AS)"
@@ -356,9 +361,11 @@ impl<'a> RowBuilder<'a> {
         if let Some(error) = &self.error {
             return Err(SourceError::InRow { row: self.describe_key(), error: Box::new(error.clone()) });
         }
-        if let Some(counted) = self.oversized {
-            let error =
-                SourceError::RowTooLarge { bytes: counted + 2 + ROW_OVERHEAD_BYTES, limit: self.config.max_row_bytes };
+        let oversized = self.oversized.map(|counted| (counted + 2 + ROW_OVERHEAD_BYTES, self.config.max_row_bytes));
+        if let Some((bytes, limit)) = oversized
+            && self.config.oversized_rows == OversizedRows::Stop
+        {
+            let error = SourceError::RowTooLarge { bytes, limit };
             return Err(SourceError::InRow { row: self.describe_key(), error: Box::new(error) });
         }
         let cursor = self.cursor.ok_or_else(|| {
@@ -371,9 +378,16 @@ impl<'a> RowBuilder<'a> {
             })?;
             pk.push((name.clone(), key));
         }
-        self.json.push(b'}');
-        let size = self.json.len() + ROW_OVERHEAD_BYTES;
-        Ok((SourceRow { position: Position { cursor, pk }, row: RowJson::from_encoded(self.json), op }, size))
+        let row = match oversized {
+            // Kept aside as a reference: its key and cursor (the position) and its size only.
+            Some((bytes, limit)) => RowJson::oversized_reference(bytes, limit),
+            None => {
+                self.json.push(b'}');
+                RowJson::from_encoded(self.json)
+            }
+        };
+        let size = row.len() + ROW_OVERHEAD_BYTES;
+        Ok((SourceRow { position: Position { cursor, pk }, row, op }, size))
     }
 }
 

@@ -188,3 +188,51 @@ async fn a_row_over_the_bound_stops_the_poller_naming_its_key() {
     assert_eq!(ids, [1, 2, 3, 4, 5, 6]);
     assert_eq!(accepted[3].1, 2 * 1048576);
 }
+
+/// Regression (issue 36, section 2): with `source.oversizedRows: "quarantineReference"`, a row
+/// over the bound is quarantined as a reference (its key, cursor and size, never its payload), the
+/// rows around it are delivered and the poller goes on; a replay of the reference is refused again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_over_the_bound_can_be_quarantined_as_a_reference() {
+    let directory = tempfile::tempdir().unwrap();
+    let orders = Orders::create(directory.path()).await;
+    orders.insert(1..=6, 1).await;
+    sqlx::query("UPDATE orders SET note = hex(zeroblob(1048576)) WHERE id = 4").execute(&orders.pool).await.unwrap();
+    let (url, receiver) = refusing_receiver().await;
+    let poller = json!({
+        "source": {"connection": "ORDERS_DB", "table": "orders", "cursor": "version", "pk": ["id"],
+                   "oversizedRows": "quarantineReference"},
+        "batch": {"size": 2},
+        "sink": {"type": "webhook", "url": "%ORDERS_WEBHOOK%"},
+        "state": {"connection": "ORDERS_STATE"}
+    });
+    let app = AppRoot::write(directory.path(), poller);
+    let settings = settings(&app, &orders, &url);
+
+    let said = tick_until_caught_up(&app, &settings, 3);
+    let accepted: Vec<i64> = receiver.accepted.lock().unwrap().iter().map(|(id, _)| *id).collect();
+    assert_eq!(accepted, [1, 2, 3, 5, 6], "every row but the oversized one: {said}");
+    let document = app.state_document().await.unwrap();
+    assert_eq!(document["checkpoint"]["cursor"]["tiebreaker"]["id"], 6);
+
+    let folder = app.state_dir.join(format!("quarantine/{}/orders", app.app_name));
+    let files: Vec<_> = std::fs::read_dir(&folder)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|extension| extension == "json"))
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let stored = std::fs::read(&files[0]).unwrap();
+    assert!(stored.len() < 2048, "a reference, not the payload: {} bytes", stored.len());
+    let entry: Value = serde_json::from_slice(&stored).unwrap();
+    assert_eq!(entry["event"]["pk"], json!({"id": 4}));
+    let reference = &entry["event"]["row"]["$dbtrigger_oversized"];
+    assert_eq!(reference["limit"], 1048576, "{entry:#}");
+    assert!(reference["bytes"].as_u64().unwrap() > 2 * 1048576, "{entry:#}");
+    assert_eq!(entry["status"], 413);
+    assert!(entry["error"].as_str().unwrap().contains("maxRowBytes"), "{entry:#}");
+
+    let (ok, stdout, stderr) = run_dbtrigger(&app, &settings, &["quarantine", "replay", "orders", "--all", "--yes"]);
+    assert!(!ok && stdout.contains("replayed 0 rows, 1 kept") && stderr.contains("reference"), "{stdout}{stderr}");
+    assert_eq!(receiver.accepted.lock().unwrap().len(), 5, "the receiver never gets a stand-in");
+}
