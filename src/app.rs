@@ -67,6 +67,8 @@ pub enum Invocation {
         status_code: u16,
         body: Value,
         summary: String,
+        /// The page for a browser (`Accept: text/html` or `?format=html`), sent instead of `body`.
+        page: Option<String>,
     },
     /// A watchdog ran: its report's lines (a summary, one per finding, notes, kicks).
     Watched {
@@ -356,6 +358,25 @@ impl App {
         if only.is_some() && healths.is_empty() { None } else { Some(healths) }
     }
 
+    /// The status page of `healths`, with what the app's watchdog remembers (its findings, the
+    /// lag series), read from its memory document.
+    async fn status_page(&self, healths: &[PollerHealth]) -> String {
+        use crate::status::page::{WatchdogView, render};
+        let now = self.clock.now();
+        let watchdog = self.functions.iter().find_map(|(_, function)| match function {
+            Function::Watchdog(watchdog) => Some(watchdog.clone()),
+            _ => None,
+        });
+        let Some(watchdog) = watchdog else {
+            return render(healths, WatchdogView::None, now);
+        };
+        match watchdog.memory().await {
+            Ok(Some(memory)) => render(healths, WatchdogView::Remembered(&memory), now),
+            Ok(None) => render(healths, WatchdogView::NotYet, now),
+            Err(reason) => render(healths, WatchdogView::Unreadable(&reason), now),
+        }
+    }
+
     /// Runs `function` once, as a manual run (no request data): the CLI's `tick`.
     pub async fn invoke(&self, function: &str) -> Invocation {
         self.invoke_with(function, &InvocationRequest::default()).await
@@ -371,6 +392,11 @@ impl App {
             Some(Function::Status(config)) => {
                 let query = request.http_query(&config.request_binding);
                 let only = query.get("poller").map(String::as_str);
+                let accept = request.http_header(&config.request_binding, "Accept").unwrap_or_default();
+                let wants_page = match query.get("format").map(String::as_str) {
+                    Some(format) => format.eq_ignore_ascii_case("html"),
+                    None => accept.to_ascii_lowercase().contains("text/html"),
+                };
                 let response_binding = config.response_binding.clone();
                 let function = function.to_string();
                 match self.status(only).await {
@@ -380,15 +406,21 @@ impl App {
                         status_code: 404,
                         body: serde_json::json!({"error": format!("no poller {:?} in this app", only.unwrap_or_default())}),
                         summary: format!("no poller {:?}", only.unwrap_or_default()),
+                        page: None,
                     },
                     Some(healths) => {
                         let unhealthy = healths.iter().filter(|health| !health.healthy).count();
+                        let page = match wants_page {
+                            true => Some(self.status_page(&healths).await),
+                            false => None,
+                        };
                         Invocation::Answered {
                             function,
                             response_binding,
                             status_code: if unhealthy == 0 { 200 } else { 503 },
                             summary: format!("status of {} pollers, {unhealthy} unhealthy", healths.len()),
                             body: serde_json::to_value(&healths).unwrap_or(Value::Null),
+                            page,
                         }
                     }
                 }

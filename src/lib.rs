@@ -15,7 +15,7 @@
 //! | [`azure`]    | Azure Storage clients from a validated connection; Shared Key signing.         |
 //! | [`source`]   | `Source`: the keyset query: PostgreSQL, MySQL/MariaDB (sqlx), SQLite (rusqlite)|
 //! | [`sink`]     | `Sink`: webhook and Storage queue (a recording sink for tests).                |
-//! | [`status`]   | what `status` reads of each poller (state, lag), for the CLI and the app.     |
+//! | [`status`]   | what `status` reads of each poller (state, lag), for the CLI and the app; the page.|
 //! | [`tick`]     | one tick: the orchestrator that carries out the domain's decisions.            |
 //! | [`watchdog`] | the watchdog function's run: judge every poller, remember, report, alert.    |
 //! | [`operations`]| operator commands as library code: plan (pure), apply by CAS; quarantine.   |

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::FromArgMatches;
-use dbtrigger::cli::{Cli, Command};
+use dbtrigger::cli::Cli;
 
 /// mimalloc rather than the C library's allocator: a batch's rows and events are allocated by the
 /// task that reads them and freed by the one that delivers them, on another thread, and the C
@@ -16,9 +16,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn main() -> ExitCode {
     // The derived command line, with its commands grouped and an example under each (cli::help).
     let cli = Cli::from_arg_matches(&dbtrigger::cli::command().get_matches()).unwrap_or_else(|error| error.exit());
-    // The demo prints its own story; its library logs would drown it.
-    let default_level = if matches!(cli.command, Command::Demo { .. }) { "warn" } else { "info" };
-    dbtrigger::logging::init(default_level, cli.command.log_stream());
+    // Operator commands and the demo: warnings and errors only unless -v (cli::Cli::log_level).
+    dbtrigger::logging::init(cli.log_level(), cli.command.log_stream());
     match dbtrigger::cli::run(cli).await {
         Ok(code) => code,
         Err(error) => {

@@ -86,6 +86,18 @@ impl InvocationRequest {
         query
     }
 
+    /// The value of header `name` (any case) of the HTTP request in binding `binding`: the host
+    /// sends `Headers` as an object of arrays (or of strings); several values are joined by ", ".
+    pub fn http_header(&self, binding: &str, name: &str) -> Option<String> {
+        let headers = self.data.get(binding)?.get("Headers")?.as_object()?;
+        let (_, value) = headers.iter().find(|(key, _)| key.eq_ignore_ascii_case(name))?;
+        match value {
+            Value::String(text) => Some(text.clone()),
+            Value::Array(items) => Some(items.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(", ")),
+            _ => None,
+        }
+    }
+
     /// `IsPastDue` of the first timer binding, if the host sent one.
     pub fn timer_is_past_due(&self) -> bool {
         self.data.values().filter_map(|binding| binding.get("IsPastDue")).any(|flag| flag.as_bool() == Some(true))

@@ -1,7 +1,10 @@
 //! `status`: reads what the pure [`crate::domain::health`] decides from. For each poller: its
 //! state document (one blob read), and from its source the rows after the checkpoint, counted up
 //! to [`LAG_CAP`] so that the question stays cheap on a deep backlog, and the first of them. Used
-//! by `dbtrigger status` and by the app's `status` HTTP function alike.
+//! by `dbtrigger status` and by the app's `status` HTTP function alike; [`page`] is the function's
+//! page for a browser.
+
+pub mod page;
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};

@@ -14,6 +14,7 @@ use tracing::{error, info, warn};
 
 use crate::config::WatchdogConfig;
 use crate::domain::health::PollerHealth;
+use crate::domain::lag_series::{FindingNote, LagPoint};
 use crate::domain::schedule::ScheduleZone;
 use crate::domain::watchdog::{Finding, FindingKind, Memory, judge, judge_horizon};
 use crate::sink::signing::sign;
@@ -84,6 +85,16 @@ impl Watchdog {
         Ok(Watchdog { config, blobs, client })
     }
 
+    /// What the watchdog remembers (its findings and the lag series), for the status page;
+    /// `None` before its first run.
+    pub async fn memory(&self) -> Result<Option<Memory>, String> {
+        let found = self.blobs.get(&self.memory_path()).await.map_err(|error| error.to_string())?;
+        match found {
+            None => Ok(None),
+            Some(blob) => serde_json::from_slice(&blob.bytes).map(Some).map_err(|error| error.to_string()),
+        }
+    }
+
     fn memory_path(&self) -> String {
         format!("watchdog/{}/{}.json", self.config.app_name, self.config.function_name)
     }
@@ -146,7 +157,23 @@ impl Watchdog {
             }
             report.findings.extend(findings);
             memory.pollers.insert(health.poller.clone(), remembered);
+            memory.lag.entry(health.poller.clone()).or_default().record(LagPoint {
+                at: now,
+                rows: health.lag_rows,
+                age_seconds: health.oldest_pending_age_seconds,
+            });
         }
+        memory.lag.retain(|poller, _| pollers.iter().any(|(_, kept)| &kept.config.poller_name == poller));
+        memory.findings = report
+            .findings
+            .iter()
+            .map(|finding| FindingNote {
+                kind: finding.kind.name().to_string(),
+                function: finding.function.clone(),
+                poller: finding.poller.clone(),
+                message: finding.message.clone(),
+            })
+            .collect();
         // A disabled poller starts afresh when it is enabled again, not judged against what it
         // was before it stopped.
         for poller in disabled {
@@ -168,7 +195,8 @@ impl Watchdog {
             }
             Err(error) => report.notes.push(format!("watchdog note: cannot list the state documents: {error}")),
         }
-        // Written only when it changed: a quiet app costs one GET per run, no PUT.
+        // Written only when it changed: a quiet app costs one GET per run, no PUT (a lag point
+        // of an unchanged lag is added every half hour only: `lag_series`).
         let bytes = serde_json::to_vec_pretty(&memory).expect("the memory serializes");
         if remembered.as_deref() != Some(bytes.as_slice())
             && let Err(error) = self.blobs.put(&memory_path, bytes, PutMode::Overwrite).await

@@ -6,7 +6,8 @@ It does the three things every receiver must do:
   2. fence: refuse a delivery whose fencing_token is lower than one already accepted;
   3. de-duplicate on event_id: delivery is at least once, so the same row may come twice.
 
-Run: python3 receiver.py --port 8080 --secret whsec_...   (GET /stats shows what it kept)
+Run: python3 receiver.py --port 8080 --secret whsec_...
+It prints one line per event it applies (and per duplicate it skips); GET /stats shows what it kept.
 Replace `apply` with your own idempotent side effect (an upsert, a message, ...).
 """
 
@@ -54,6 +55,13 @@ def apply(store, event):
     store.applied.append(event["pk"])
 
 
+def describe(poller, event):
+    """One line about an event, for a person watching the receiver: poller, op, key, event id."""
+    late = " late" if event.get("late") else ""
+    pk = json.dumps(event.get("pk"), sort_keys=True)
+    return f"{poller} {event.get('op', '?')}{late} pk={pk} event_id={event['event_id']}"
+
+
 def make_handler(key, store):
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):
@@ -70,9 +78,11 @@ def make_handler(key, store):
                 for event in envelope["events"]:
                     if event["event_id"] in store.seen_event_ids:
                         store.duplicates += 1
+                        print(f"duplicate skipped: {describe(poller, event)}", flush=True)
                         continue
                     apply(store, event)
                     store.seen_event_ids.add(event["event_id"])
+                    print(f"applied: {describe(poller, event)}", flush=True)
             self.answer(200, {"ok": True})
 
         def do_GET(self):

@@ -37,6 +37,39 @@ Delivery is at least once, so handlers must be idempotent (de-duplicate on event
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// More log lines on stderr: -v for what the app does (INFO), -vv for debugging. Operator
+    /// commands show only warnings and errors by default; `RUST_LOG` overrides both.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+}
+
+impl Cli {
+    /// The log level when `RUST_LOG` is not set: the handler's commands (`serve`, `dev`, `tick`)
+    /// log what they do (INFO), since the host and the person running them read it; an operator
+    /// command answers on stdout and says only what went wrong on stderr (warnings and errors),
+    /// as kubectl and cargo do, unless asked for more with `-v`; the demo tells its own story.
+    pub fn log_level(&self) -> &'static str {
+        let quiet = matches!(
+            self.command,
+            Command::Demo { .. }
+                | Command::Quarantine { .. }
+                | Command::Package { .. }
+                | Command::Inspect { .. }
+                | Command::Sql { .. }
+                | Command::Status { .. }
+                | Command::New { .. }
+                | Command::Check { .. }
+                | Command::Schema { .. }
+                | Command::Reset { .. }
+                | Command::Clone { .. }
+                | Command::Fingerprint { .. }
+        );
+        match (quiet, self.verbose) {
+            (_, 2..) => "debug",
+            (true, 0) => "warn",
+            _ => "info",
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]

@@ -134,7 +134,12 @@ pub const APP_SETTINGS: [AppSetting; 20] = [
         example: "`ORDERS_SCHEDULE=0 */1 * * * *`",
         meaning: "Any setting a text field refers to as `%NAME%`.",
     },
-    AppSetting { name: "RUST_LOG", default: "`info`", example: "`dbtrigger=debug`", meaning: "The log filter." },
+    AppSetting {
+        name: "RUST_LOG",
+        default: "`info` (operator commands: `warn`, `-v` for `info`)",
+        example: "`dbtrigger=debug`",
+        meaning: "The log filter.",
+    },
 ];
 
 /// docs/configuration.md.

@@ -3,7 +3,8 @@
 //!
 //! A poller is unhealthy when something needs a person: its configuration is unusable, its state
 //! document cannot be read, its source cannot be counted, its fingerprint changed, or the batch at
-//! its checkpoint has failed (`attempts` above zero).
+//! its checkpoint has failed (`attempts` above zero; `endpoint_refused` when the receiver refuses
+//! every row alike and the poller holds, issue 36).
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -143,6 +144,10 @@ pub struct PollerHealth {
     pub last_success_at: Option<DateTime<Utc>>,
     /// Failed ticks on the batch at the checkpoint.
     pub attempts: u32,
+    /// The HTTP status with which the endpoint refuses every row alike (a 401, a gateway's 404, a
+    /// redirect, a queue's 403): the poller holds at its checkpoint and quarantines nothing until
+    /// the URL or the credential is fixed.
+    pub endpoint_refused: Option<u16>,
     pub last_error: Option<String>,
     /// Rows isolated as poison so far (`dbtrigger quarantine list`).
     pub quarantined: u64,
@@ -200,6 +205,7 @@ impl PollerHealth {
             lease: None,
             last_success_at: None,
             attempts: 0,
+            endpoint_refused: None,
             last_error: None,
             quarantined: 0,
             rows_delivered: 0,
@@ -213,6 +219,16 @@ impl PollerHealth {
             last_late_arrival_at: None,
         }
     }
+}
+
+/// What `status` and the watchdog say of a poller held because its endpoint refuses every row
+/// alike: the status, what it means and what to do; never the URL (its path may hold a token).
+pub fn endpoint_refused_problem(status: u16, attempts: u32) -> String {
+    format!(
+        "the receiver refuses every row alike (HTTP {status}): the endpoint (its URL, credential or a gateway in front of it), not the rows. \
+         The poller holds at its checkpoint ({attempts} ticks so far) and quarantines nothing; fix the URL or the credential, \
+         the next tick then delivers from the checkpoint"
+    )
 }
 
 /// What was read about one poller.
@@ -290,6 +306,10 @@ pub fn assess(observed: Observed<'_>, now: DateTime<Utc>) -> PollerHealth {
             if let Some(poison) = &document.poison {
                 health.attempts = poison.attempts;
                 health.last_error = Some(poison.last_error.clone());
+                health.endpoint_refused = poison.endpoint_refused;
+                if let Some(status) = poison.endpoint_refused {
+                    health.problems.push(endpoint_refused_problem(status, poison.attempts));
+                }
                 if poison.attempts > 0 {
                     health.problems.push(format!(
                         "the batch at the checkpoint failed {} times, last: {}",
@@ -475,11 +495,21 @@ mod tests {
             first_failure_at: at(1),
             last_failure_at: at(2),
             isolating: None,
+            endpoint_refused: None,
         });
         let failing = assess(observed(Ok(Some(&document)), Ok(lag(3, None))), at(10));
         assert!(!failing.healthy);
-        assert_eq!(failing.attempts, 2);
+        assert_eq!((failing.attempts, failing.endpoint_refused), (2, None));
         assert!(failing.problems[0].contains("failed 2 times, last: HTTP 503"), "{:?}", failing.problems);
+
+        // Issue 36: the endpoint refuses every row alike; the status says so, with what to do.
+        let held = crate::domain::poison::held_for_endpoint(document.poison.clone().unwrap(), 401);
+        document.poison = Some(held);
+        let refused = assess(observed(Ok(Some(&document)), Ok(lag(3, None))), at(10));
+        assert!(!refused.healthy);
+        assert_eq!(refused.endpoint_refused, Some(401));
+        assert!(refused.problems[0].contains("refuses every row alike (HTTP 401)"), "{:?}", refused.problems);
+        assert!(refused.problems[0].contains("fix the URL or the credential"), "{:?}", refused.problems);
 
         let mut moved = committed("a", at(0), true);
         moved.source_fingerprint = "sha256:b".into();

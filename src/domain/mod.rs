@@ -7,6 +7,7 @@
 //!   heartbeat, release; reset, clone, fingerprint accept with their audit trail).
 //! - [`health`]: what `status` says of a poller (lag, lease, attempts, fingerprint), and whether
 //!   it is healthy.
+//! - [`endpoint`]: whether a refusal is about the endpoint (hold) or the rows (isolate): a table.
 //! - [`poison`]: counting a batch's failed attempts, when to isolate it, and the isolation's plan
 //!   (parts in row order, what halts it, what the next tick goes on with) (seed 001 case I).
 //! - [`late`]: the late-arrival detector: the window of delivered keys behind the checkpoint, and
@@ -15,13 +16,16 @@
 //! - [`ids`]: deterministic event and batch ids, and the source fingerprint.
 //! - [`watchdog`]: what the watchdog concludes about a poller (stalled, abandoned lease, failing,
 //!   quarantine growing, source changed) from its status and what it saw last time.
+//! - [`lag_series`]: the bounded lag series and findings the watchdog keeps for the status page.
 //! - [`window`]: batches in flight, acknowledged out of order, committed in order (seed 004).
 //! - [`schedule`]: NCRONTAB and time-span timer schedules (for `dbtrigger dev`).
 
 pub mod cursor;
+pub mod endpoint;
 pub mod event;
 pub mod health;
 pub mod ids;
+pub mod lag_series;
 pub mod late;
 pub mod lease;
 pub mod poison;

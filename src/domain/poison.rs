@@ -5,7 +5,10 @@
 //! in halves down to single rows. A row the sink refuses for good alone is quarantined (kept, with its
 //! error) or, with `poison.mode: stop`, held at. A transient failure never sends a row to the
 //! quarantine: a row failing transiently alone, or two parts in a row failing transiently, stop the
-//! isolation for this tick (the sink looks down or flaky). The rows settled so far (delivered or
+//! isolation for this tick (the sink looks down or flaky). Nor does a refusal about the endpoint
+//! rather than the rows ([`super::endpoint`]: a 401, a gateway's 404, a redirect, a queue SAS without
+//! add rights): it is never isolated, and it stops an isolation under way; the poller holds at its
+//! checkpoint until the endpoint answers again (issue 36). The rows settled so far (delivered or
 //! quarantined) form a prefix of the batch that the tick commits as it grows, and the parts still to
 //! try are kept in the record, so an isolation that outlasts one tick goes on where it stopped.
 //! These are the pure decisions; the tick carries them out.
@@ -34,6 +37,10 @@ pub struct PoisonRecord {
     /// An isolation under way: what the next tick needs to go straight on with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isolating: Option<Isolating>,
+    /// The last failure was a refusal about the endpoint, with this HTTP status: the poller holds
+    /// at its checkpoint, nothing is quarantined (`status` and the watchdog say `endpoint_refused`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint_refused: Option<u16>,
 }
 
 /// Where an unfinished isolation stands: the parts still to try, as row counts from the
@@ -51,6 +58,9 @@ pub enum FailureKind {
     Permanent,
     /// A timeout, a refused connection, 408, 429, 5xx: it may pass.
     Transient,
+    /// Refused for good with this HTTP status, for a reason about the endpoint, not the rows
+    /// ([`super::endpoint::blame`]): every row would get the same answer.
+    Endpoint(u16),
 }
 
 /// What to do with poison, from `poison.mode`.
@@ -69,6 +79,9 @@ pub enum Verdict {
     Retry,
     /// Split the batch to find the rows that fail alone.
     Isolate,
+    /// The endpoint refuses (with this status): keep the checkpoint, isolate nothing, quarantine
+    /// nothing; the next tick tries the same batch again.
+    Hold(u16),
 }
 
 /// The record after one more failed tick on the batch from `first` to `last`: the attempts of the
@@ -93,6 +106,7 @@ pub fn record_failure(
             first_failure_at: previous.first_failure_at,
             last_failure_at: now,
             isolating: None,
+            endpoint_refused: None,
         },
         _ => PoisonRecord {
             batch_id: batch_id.to_string(),
@@ -104,13 +118,16 @@ pub fn record_failure(
             first_failure_at: now,
             last_failure_at: now,
             isolating: None,
+            endpoint_refused: None,
         },
     }
 }
 
-/// Isolate at once on a permanent refusal; after `max_attempts` failed ticks on a transient one.
+/// Isolate at once on a permanent refusal; after `max_attempts` failed ticks on a transient one;
+/// never on a refusal about the endpoint, however many ticks it lasts.
 pub fn verdict(kind: FailureKind, attempts: u32, max_attempts: u32) -> Verdict {
     match kind {
+        FailureKind::Endpoint(status) => Verdict::Hold(status),
         FailureKind::Permanent => Verdict::Isolate,
         FailureKind::Transient if attempts >= max_attempts => Verdict::Isolate,
         FailureKind::Transient => Verdict::Retry,
@@ -141,7 +158,12 @@ pub fn resume(record: &PoisonRecord, positions: &[Position], mode: PoisonMode) -
 
 /// The record as a tick that goes on with an unfinished isolation counts it: one more attempt.
 pub fn resumed(record: &PoisonRecord, now: DateTime<Utc>) -> PoisonRecord {
-    PoisonRecord { attempts: record.attempts.saturating_add(1), last_failure_at: now, ..record.clone() }
+    PoisonRecord {
+        attempts: record.attempts.saturating_add(1),
+        last_failure_at: now,
+        endpoint_refused: None,
+        ..record.clone()
+    }
 }
 
 /// The record kept while an isolation is under way: the checkpoint is before `next_first`, and
@@ -154,9 +176,15 @@ pub fn in_progress(record: &PoisonRecord, next_first: &Position, plan: &Isolatio
     }
 }
 
-/// The record after an isolation stopped for this tick, saying why.
-pub fn stopped(record: &PoisonRecord, error: &str, now: DateTime<Utc>) -> PoisonRecord {
-    PoisonRecord { last_error: error.to_string(), last_failure_at: now, ..record.clone() }
+/// The record after an isolation stopped for this tick, saying why (and, when the endpoint refused,
+/// with which status).
+pub fn stopped(record: &PoisonRecord, error: &str, endpoint_refused: Option<u16>, now: DateTime<Utc>) -> PoisonRecord {
+    PoisonRecord { last_error: error.to_string(), last_failure_at: now, endpoint_refused, ..record.clone() }
+}
+
+/// The record of a batch held because the endpoint refused it with `status`.
+pub fn held_for_endpoint(record: PoisonRecord, status: u16) -> PoisonRecord {
+    PoisonRecord { endpoint_refused: Some(status), ..record }
 }
 
 /// Rows `start..end` of the rows under isolation, delivered as one request.
@@ -207,6 +235,9 @@ pub enum Halt {
     Transient,
     /// `poison.mode: stop`: this row is refused for good alone; nothing after it is delivered.
     RefusedAlone(usize),
+    /// The endpoint refused a part with this status ([`FailureKind::Endpoint`]): no smaller part
+    /// would pass, and no row is to blame.
+    Endpoint(u16),
 }
 
 /// The isolation of the rows of one batch, in row order: the next part to try is always the
@@ -290,6 +321,9 @@ impl IsolationPlan {
                 self.transient_in_a_row = 0;
                 self.split_front();
             }
+            // Whatever its size, and whatever was delivered before it: the endpoint refuses, so no
+            // row of the part is settled and none is quarantined.
+            PartOutcome::Failed(FailureKind::Endpoint(status)) => self.halted = Some(Halt::Endpoint(status)),
             PartOutcome::Failed(FailureKind::Transient) => {
                 self.transient_in_a_row += 1;
                 // One transient failure of several rows may be their size (a request too big for
@@ -415,6 +449,9 @@ mod tests {
             (FailureKind::Transient, 5, 5, Verdict::Isolate),
             (FailureKind::Transient, 9, 5, Verdict::Isolate),
             (FailureKind::Transient, 1, 1, Verdict::Isolate),
+            (FailureKind::Endpoint(401), 1, 5, Verdict::Hold(401)),
+            (FailureKind::Endpoint(404), 5, 5, Verdict::Hold(404)),
+            (FailureKind::Endpoint(308), 99, 1, Verdict::Hold(308)),
         ] {
             assert_eq!(verdict(kind, attempts, max), expected, "{kind:?} attempt {attempts} of {max}");
         }
@@ -441,6 +478,49 @@ mod tests {
         assert_eq!(late.next(), Next::Halt(Halt::Transient));
         assert!(late.refused().is_empty());
         assert_eq!((late.settled(), late.delivered()), (2, 2));
+    }
+
+    /// Regression (issue 36, item 1): a refusal about the endpoint halts the isolation where it is,
+    /// at the first part or after rows got through, and never settles or quarantines a row for it.
+    #[test]
+    fn an_endpoint_refusal_halts_the_isolation_and_quarantines_nothing() {
+        for mode in [PoisonMode::Quarantine, PoisonMode::Stop] {
+            let at_once = IsolationPlan::after_batch_failed(10, FailureKind::Endpoint(401), mode);
+            assert_eq!(at_once.next(), Next::Halt(Halt::Endpoint(401)));
+            assert_eq!((at_once.settled(), at_once.remaining_parts()), (0, vec![10]), "the batch is kept whole");
+            // The token rotates while a poison row is being isolated: rows 0-4 got through, the
+            // rest is held, not quarantined row by row.
+            let mut mid_way = IsolationPlan::after_batch_failed(10, FailureKind::Permanent, mode);
+            mid_way.record(PartOutcome::Delivered);
+            mid_way.record(PartOutcome::Failed(FailureKind::Endpoint(401)));
+            assert_eq!(mid_way.next(), Next::Halt(Halt::Endpoint(401)));
+            assert_eq!((mid_way.settled(), mid_way.delivered()), (5, 5));
+            assert_eq!(mid_way.remaining_parts(), vec![5]);
+            assert!(mid_way.refused().is_empty());
+            // A single row refused alone about the endpoint is not poison either.
+            let mut one = IsolationPlan::after_batch_failed(2, FailureKind::Permanent, mode);
+            one.record(PartOutcome::Failed(FailureKind::Endpoint(403)));
+            assert_eq!(one.next(), Next::Halt(Halt::Endpoint(403)));
+            assert!(one.refused().is_empty() && one.settled() == 0);
+        }
+    }
+
+    #[test]
+    fn an_endpoint_hold_is_recorded_and_cleared_by_the_next_attempt() {
+        let rows = positions(4);
+        let failed = record_failure(None, "bat_1", &rows[0], &rows[3], "HTTP 401", at(0));
+        assert_eq!(failed.endpoint_refused, None);
+        let held = held_for_endpoint(failed.clone(), 401);
+        assert_eq!((held.endpoint_refused, held.attempts), (Some(401), 1));
+        let again = record_failure(Some(&held), "bat_1", &rows[0], &rows[3], "HTTP 422", at(60));
+        assert_eq!((again.endpoint_refused, again.attempts), (None, 2), "another failure, another verdict");
+        let stopped_there = stopped(&failed, "refused", Some(404), at(5));
+        assert_eq!(stopped_there.endpoint_refused, Some(404));
+        assert_eq!(resumed(&stopped_there, at(9)).endpoint_refused, None);
+        // An older build's record (without the field) still reads.
+        let mut json = serde_json::to_value(&failed).unwrap();
+        json.as_object_mut().unwrap().remove("endpoint_refused");
+        assert_eq!(serde_json::from_value::<PoisonRecord>(json).unwrap(), failed);
     }
 
     #[test]
@@ -570,6 +650,49 @@ mod tests {
                 plan = resume(&record, &all[offset..], PoisonMode::Quarantine).expect("same rows");
             }
             prop_assert!(refused.is_subset(&bad), "{:?} quarantined, {:?} bad", refused, bad);
+            prop_assert_eq!(refused, bad);
+        }
+
+        /// Regression (issue 36, item 1): an endpoint that refuses everything for stretches of
+        /// requests (a rotated token, a gateway) never sends a row to the quarantine, whatever the
+        /// poison rows and however the stretches fall; once it answers again only the poison rows
+        /// are quarantined.
+        #[test]
+        fn an_endpoint_refusing_everything_never_quarantines_a_row(
+            rows in 1usize..120,
+            bad in proptest::collection::btree_set(0usize..120, 0..6),
+            refusing in proptest::collection::vec(any::<bool>(), 0..200),
+            first_kind in prop_oneof![Just(FailureKind::Permanent), Just(FailureKind::Endpoint(401))],
+        ) {
+            let bad: BTreeSet<usize> = bad.into_iter().filter(|row| *row < rows).collect();
+            let all = positions(rows);
+            let failed = record_failure(None, "bat_1", &all[0], &all[rows - 1], "HTTP 401", at(0));
+            let mut plan = IsolationPlan::after_batch_failed(rows, first_kind, PoisonMode::Quarantine);
+            let mut offset = 0;
+            let mut refused = BTreeSet::new();
+            let mut answers = refusing.into_iter();
+            let mut ticks = 0;
+            loop {
+                while let Next::Try(part) = plan.next() {
+                    let outcome = if answers.next().unwrap_or(false) {
+                        PartOutcome::Failed(FailureKind::Endpoint(401))
+                    } else {
+                        answer(part, &bad, offset)
+                    };
+                    plan.record(outcome);
+                }
+                prop_assert!(plan.refused().iter().all(|row| bad.contains(&(row + offset))));
+                refused.extend(plan.refused().iter().map(|row| row + offset));
+                if plan.next() == Next::Done {
+                    break;
+                }
+                prop_assert_eq!(plan.next(), Next::Halt(Halt::Endpoint(401)));
+                ticks += 1;
+                prop_assert!(ticks < 300, "the isolation ends once the endpoint answers");
+                offset += plan.settled();
+                let record = in_progress(&failed, &all[offset], &plan);
+                plan = resume(&record, &all[offset..], PoisonMode::Quarantine).expect("same rows");
+            }
             prop_assert_eq!(refused, bad);
         }
     }

@@ -8,6 +8,7 @@
 //! | `stalled`            | rows wait and the checkpoint has not moved for `stalledAfterIntervals` of its schedule |
 //! | `lease_abandoned`    | a lease expired (past the skew margin) without being released: a tick died mid-work and nobody resumed |
 //! | `failing`            | ticks fail at the checkpoint (`attempts` above zero: the batch there, or the source, the store…), growing or not |
+//! | `endpoint_refused`   | the receiver refuses every row alike (a 401, a gateway's 404, a redirect, a queue's 403): the poller holds, nothing is quarantined (in place of `failing`) |
 //! | `quarantine_grew`    | more rows quarantined than at the previous run                        |
 //! | `fingerprint_changed`| the source definition changed: the poller stops until reset or accepted |
 //! | `generation_changed` | the source generation moved and the poller stops (`onChange: stop`)     |
@@ -45,6 +46,12 @@ pub struct Seen {
 pub struct Memory {
     #[serde(default)]
     pub pollers: BTreeMap<String, Seen>,
+    /// Each poller's lag over the last hours, for the status page (bounded: `lag_series`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub lag: BTreeMap<String, super::lag_series::LagSeries>,
+    /// The findings of the last run, for the status page.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub findings: Vec<super::lag_series::FindingNote>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -55,6 +62,7 @@ pub enum FindingKind {
     Stalled,
     LeaseAbandoned,
     Failing,
+    EndpointRefused,
     QuarantineGrew,
     FingerprintChanged,
     GenerationChanged,
@@ -72,6 +80,7 @@ impl FindingKind {
             FindingKind::Stalled => "stalled",
             FindingKind::LeaseAbandoned => "lease_abandoned",
             FindingKind::Failing => "failing",
+            FindingKind::EndpointRefused => "endpoint_refused",
             FindingKind::QuarantineGrew => "quarantine_grew",
             FindingKind::FingerprintChanged => "fingerprint_changed",
             FindingKind::GenerationChanged => "generation_changed",
@@ -140,7 +149,11 @@ pub fn judge(
         );
     }
     let previous = seen.cloned().unwrap_or_default();
-    if health.attempts > 0 {
+    if let Some(status) = health.endpoint_refused {
+        // The status and what to do; the URL never (its path or query may hold a token), nor the
+        // receiver's body (it is in `status` for whoever may read it).
+        found(FindingKind::EndpointRefused, super::health::endpoint_refused_problem(status, health.attempts));
+    } else if health.attempts > 0 {
         let trend = if health.attempts > previous.attempts && seen.is_some() {
             format!(" (was {} at the previous check)", previous.attempts)
         } else {
@@ -332,6 +345,18 @@ mod tests {
         // The same again: still failing, but the quarantine did not grow.
         let (findings, _) = judge(&health, Some(MINUTE), 3, Some(&remembered), at(60));
         assert_eq!(kinds(&findings), [FindingKind::FingerprintChanged, FindingKind::Failing]);
+        // Issue 36: held because the endpoint refuses every row alike: `endpoint_refused` in place
+        // of `failing`, naming the status and never the receiver's answer.
+        let mut refused = healthy(40);
+        refused.attempts = 3;
+        refused.endpoint_refused = Some(401);
+        refused.last_error = Some("HTTP 401: {\"error\": \"token T0KEN expired\"}".into());
+        let (findings, _) = judge(&refused, Some(MINUTE), 3, None, at(0));
+        assert_eq!(kinds(&findings), [FindingKind::EndpointRefused]);
+        assert_eq!(findings[0].kind.name(), "endpoint_refused");
+        assert!(findings[0].message.contains("HTTP 401") && findings[0].message.contains("3 ticks"), "{findings:?}");
+        assert!(!findings[0].message.contains("T0KEN"), "{findings:?}");
+        assert!(!findings[0].kind.kickable(), "a tick cannot fix a credential");
         let mut reloaded = healthy(0);
         reloaded.generation = Some(serde_json::json!(8));
         reloaded.generation_changed = true;

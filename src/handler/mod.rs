@@ -86,16 +86,24 @@ async fn invoke(
             debug!(function = %function, invocation = %invocation_id, findings, "{}", lines[0]);
             json_response(StatusCode::OK, json!({"Outputs": {}, "Logs": lines, "ReturnValue": null}))
         }
-        Invocation::Answered { response_binding, status_code, body, .. } => {
+        Invocation::Answered { response_binding, status_code, body, page, .. } => {
             debug!(function = %function, invocation = %invocation_id, status = status_code, "{line}");
             // The host takes the HTTP answer from the output binding; a 2xx here says the
             // invocation itself worked (a non-2xx would make the host drop the Outputs).
-            let text = serde_json::to_string_pretty(body).unwrap_or_default();
+            let answer = match page {
+                // The page loads nothing and runs nothing: the policy says so to the browser.
+                Some(page) => json!({"statusCode": status_code, "body": page, "headers": {
+                    "Content-Type": "text/html; charset=utf-8",
+                    "Content-Security-Policy": crate::status::page::CONTENT_SECURITY_POLICY,
+                    "X-Content-Type-Options": "nosniff",
+                    "Cache-Control": "no-store"}}),
+                None => {
+                    let text = serde_json::to_string_pretty(body).unwrap_or_default();
+                    json!({"statusCode": status_code, "body": text, "headers": {"Content-Type": "application/json"}})
+                }
+            };
             let mut outputs = serde_json::Map::new();
-            outputs.insert(
-                response_binding.clone(),
-                json!({"statusCode": status_code, "body": text, "headers": {"Content-Type": "application/json"}}),
-            );
+            outputs.insert(response_binding.clone(), answer);
             json_response(StatusCode::OK, json!({"Outputs": outputs, "Logs": [line], "ReturnValue": null}))
         }
         Invocation::Ticked { outcome, .. } => {

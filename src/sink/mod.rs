@@ -17,8 +17,9 @@ use async_trait::async_trait;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SinkError {
-    /// The receiver refused the batch for good (a 4xx other than 408/429): retrying the same
-    /// batch will not help.
+    /// The receiver refused the batch for good (a 4xx other than 408/429, a redirect): retrying the
+    /// same batch will not help. Whether the refusal is about the endpoint (hold) or the rows
+    /// (isolate) is `domain::endpoint`'s table, from `status`.
     #[error("the receiver rejected batch {batch_id}: HTTP {status}: {body}")]
     Rejected { batch_id: String, status: u16, body: String },
     /// A failure that may pass: a timeout, a refused connection, 408, 429, 5xx.

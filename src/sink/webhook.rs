@@ -1,6 +1,7 @@
 //! The HTTP webhook sink: one POST of the JSON envelope per batch (or per part, when the body would
 //! exceed `maxBodyBytes`). 2xx means delivered; 408, 429, 5xx, timeouts and connection errors are
-//! retried with backoff within the tick; any other status is a permanent rejection.
+//! retried with backoff within the tick; any other status is a permanent rejection (about the
+//! endpoint or the rows: `domain::endpoint` says which).
 
 use std::time::{Duration, SystemTime};
 

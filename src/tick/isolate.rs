@@ -10,6 +10,8 @@
 //! - What is settled (delivered or quarantined) is committed at each heartbeat, and when the
 //!   isolation ends or stops; a stop keeps the parts still to try in the poison record, so the next
 //!   tick goes straight on with them.
+//! - A part the endpoint refuses (a status about the endpoint, not the rows: `domain::endpoint`)
+//!   stops the isolation like a transient failure: no row of it is quarantined (issue 36).
 
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
@@ -33,7 +35,7 @@ use super::Poller;
 use super::ledger::HeartbeatFailure;
 use super::outcome::{StopReason, TickError, TickOutcome, Totals};
 use super::panic_message;
-use super::pipeline::{HEARTBEAT_RETRY_DELAY, failure_kind};
+use super::pipeline::HEARTBEAT_RETRY_DELAY;
 use super::reader::Prepared;
 use super::timer::{Timer, runtime_deadline};
 
@@ -63,8 +65,9 @@ struct Committed {
 enum Settle {
     /// The isolation goes on: the lease is renewed, the record kept with the parts still to try.
     Progress,
-    /// It stopped for this tick (why, in words): the lease is released, the record kept.
-    Stopped(String),
+    /// It stopped for this tick (why, in words; the status, when the endpoint refused): the lease
+    /// is released, the record kept.
+    Stopped { why: String, endpoint_refused: Option<u16> },
     /// It ended: the lease is released, the record cleared.
     Finished,
 }
@@ -156,7 +159,7 @@ impl Poller {
             match delivery {
                 Delivery::Delivered => isolation.plan.record(PartOutcome::Delivered),
                 Delivery::Failed(error) => {
-                    let kind = failure_kind(&error);
+                    let kind = self.failure_kind(&error);
                     if part.len() == 1 && kind == FailureKind::Permanent {
                         row_errors.insert(part.start, error.clone());
                     }
@@ -299,9 +302,9 @@ impl Poller {
         let record = match &settle {
             Settle::Finished => None,
             Settle::Progress => Some(poison::in_progress(&isolation.record, &positions[settled], plan)),
-            Settle::Stopped(why) => {
+            Settle::Stopped { why, endpoint_refused } => {
                 let kept = poison::in_progress(&isolation.record, &positions[settled], plan);
-                Some(poison::stopped(&kept, why, self.clock.now()))
+                Some(poison::stopped(&kept, why, *endpoint_refused, self.clock.now()))
             }
         };
         let release = !matches!(settle, Settle::Progress);
@@ -423,6 +426,7 @@ impl Poller {
     ) -> Result<TickOutcome, TickError> {
         let settled = isolation.plan.settled();
         let attempts = isolation.record.attempts;
+        let mut endpoint_refused = None;
         let (why, error) = match halt {
             Halt::Transient => {
                 let error = isolation.last_error.clone().unwrap_or_else(|| SinkError::Transient {
@@ -440,9 +444,22 @@ impl Poller {
                 let why = format!("poison.mode is stop: the row with primary key {pk} fails alone: {error}");
                 (why, TickError::PoisonStop { pk, error })
             }
+            Halt::Endpoint(status) => {
+                endpoint_refused = Some(status);
+                let error = isolation.last_error.clone().unwrap_or_else(|| SinkError::Rejected {
+                    batch_id: isolation.record.batch_id.clone(),
+                    status,
+                    body: String::new(),
+                });
+                let meaning = crate::domain::endpoint::meaning(self.receiver(), status);
+                let why = format!(
+                    "{error}; the receiver refuses every row alike (HTTP {status}: {meaning}): the endpoint, not the rows; held, nothing quarantined"
+                );
+                (why, TickError::EndpointRefused { status, meaning, error, attempts })
+            }
         };
         warn!(poller = %self.config.poller_name, settled, attempts, "isolation stopped: {why}");
-        let settle = Settle::Stopped(why);
+        let settle = Settle::Stopped { why, endpoint_refused };
         if !self.settle(writer, document, isolation, row_errors, committed, &mut totals, settle).await? {
             return totals.lease_lost("a commit found the state document taken over");
         }
@@ -465,7 +482,7 @@ impl Poller {
             attempts: isolation.record.attempts,
         };
         warn!(poller = %self.config.poller_name, "{error}");
-        let settle = Settle::Stopped(error.to_string());
+        let settle = Settle::Stopped { why: error.to_string(), endpoint_refused: None };
         if !self.settle(writer, document, isolation, row_errors, committed, &mut totals, settle).await? {
             return totals.lease_lost("a commit found the state document taken over");
         }

@@ -198,6 +198,14 @@ pub enum TickError {
          the checkpoint holds before it. Fix the receiver or the row, or reset the poller past it"
     )]
     PoisonStop { pk: String, error: SinkError },
+    /// The endpoint refuses (a status about the endpoint, not the rows: `domain::endpoint`): the
+    /// poller holds at its checkpoint and quarantines nothing until it answers again (issue 36).
+    #[error(
+        "{error}; the receiver refuses every row alike (HTTP {status}: {meaning}): that is the endpoint, not the rows. \
+         Nothing is quarantined; the checkpoint holds (attempt {attempts}) and the next tick tries the same rows again. \
+         Fix the URL or the credential (sink.url, the SAS or the connection)"
+    )]
+    EndpointRefused { status: u16, meaning: &'static str, error: SinkError, attempts: u32 },
     /// `source.generation.onChange: stop` and the generation moved since the checkpoint.
     #[error(
         "the source generation changed from {stored} to {current} (a truncate and reload?): source.generation.onChange is stop, \

@@ -18,6 +18,8 @@ use futures::FutureExt;
 use tokio::task::{AbortHandle, JoinError, JoinSet};
 use tracing::warn;
 
+use crate::config::SinkConfig;
+use crate::domain::endpoint::{self, Blame, Receiver};
 use crate::domain::late::KeyRow;
 use crate::domain::lease;
 use crate::domain::poison::{self, FailureKind, IsolationPlan, PoisonMode, Verdict};
@@ -396,7 +398,8 @@ impl Poller {
     /// The batch at the checkpoint failed: its failure is counted in the document (seed 001 case
     /// I) and, when it is poison (refused for good, or failing for `poison.maxAttempts` ticks), it
     /// is isolated. Otherwise the lease is released with the failure recorded and the next tick
-    /// retries the same batch.
+    /// retries the same batch: so too when the endpoint refused it (issue 36), however long that
+    /// lasts, since every row would be refused alike and none is to blame.
     #[allow(clippy::too_many_arguments)]
     async fn at_the_checkpoint(
         &self,
@@ -408,7 +411,7 @@ impl Poller {
         totals: Totals,
         deadline: DateTime<Utc>,
     ) -> Result<TickOutcome, TickError> {
-        let kind = failure_kind(&error);
+        let kind = self.failure_kind(&error);
         let record = poison::record_failure(
             document.poison.as_ref(),
             &sent.batch_id,
@@ -419,6 +422,13 @@ impl Poller {
         );
         let poison_config = self.config.poison;
         let verdict = poison::verdict(kind, record.attempts, poison_config.max_attempts);
+        if let Verdict::Hold(status) = verdict {
+            let attempts = record.attempts;
+            let meaning = endpoint::meaning(self.receiver(), status);
+            warn!(poller = %self.config.poller_name, attempts, status, "the endpoint refuses the batch at the checkpoint ({meaning}); holding, nothing quarantined");
+            self.write_failure(writer, document, poison::held_for_endpoint(record, status)).await;
+            return Err(TickError::EndpointRefused { status, meaning, error, attempts });
+        }
         let nowhere_to_keep = poison_config.mode == PoisonMode::Quarantine && self.quarantine.is_none();
         if verdict == Verdict::Retry || nowhere_to_keep {
             warn!(poller = %self.config.poller_name, attempts = record.attempts, "batch at the checkpoint failed; the next tick retries it");
@@ -432,9 +442,24 @@ impl Poller {
     }
 }
 
-pub(super) fn failure_kind(error: &SinkError) -> FailureKind {
-    match error {
-        SinkError::Rejected { .. } => FailureKind::Permanent,
-        SinkError::Transient { .. } => FailureKind::Transient,
+impl Poller {
+    /// What kind of receiver the sink is, for [`endpoint::blame`].
+    pub(super) fn receiver(&self) -> Receiver {
+        match self.config.sink {
+            SinkConfig::Webhook(_) => Receiver::Webhook,
+            SinkConfig::Queue(_) => Receiver::StorageQueue,
+        }
+    }
+
+    /// How a delivery failed, as poison handling sees it: a refusal for good is about the endpoint
+    /// or about the rows, as [`endpoint::blame`]'s table says.
+    pub(super) fn failure_kind(&self, error: &SinkError) -> FailureKind {
+        match error {
+            SinkError::Rejected { status, .. } => match endpoint::blame(self.receiver(), *status) {
+                Blame::Endpoint => FailureKind::Endpoint(*status),
+                Blame::Rows => FailureKind::Permanent,
+            },
+            SinkError::Transient { .. } => FailureKind::Transient,
+        }
     }
 }

@@ -34,6 +34,10 @@ struct Rules {
     flaky: BTreeSet<i64>,
     /// From this request on (numbered from 1), every answer is 503: an outage that begins mid-way.
     down_from_request: Option<u64>,
+    /// From this request on, every answer is 401: a token rotated mid-way (issue 36).
+    unauthorized_from_request: Option<u64>,
+    /// The status a batch holding a poison row is refused with (422 unless set).
+    poison_status: Option<u16>,
     /// Answers 409 to a fencing token below the highest it has seen, as fencing receivers do.
     fencing: bool,
     highest_token: u64,
@@ -63,6 +67,9 @@ async fn receive(State(rules): State<Arc<Mutex<Rules>>>, body: axum::body::Bytes
     if rules.down || outage || ids.iter().any(|id| rules.flaky.contains(id)) {
         return (StatusCode::SERVICE_UNAVAILABLE, "down for maintenance".into());
     }
+    if rules.unauthorized_from_request.is_some_and(|first| rules.requests >= first) {
+        return (StatusCode::UNAUTHORIZED, "{\"error\": \"token expired\"}".into());
+    }
     if rules.fencing {
         if token < rules.highest_token {
             return (StatusCode::CONFLICT, format!("{{\"error\": \"token {token} is stale\"}}"));
@@ -70,7 +77,8 @@ async fn receive(State(rules): State<Arc<Mutex<Rules>>>, body: axum::body::Bytes
         rules.highest_token = token;
     }
     if let Some(bad) = ids.iter().find(|id| rules.poison.contains(id)) {
-        return (StatusCode::UNPROCESSABLE_ENTITY, format!("{{\"error\": \"order {bad} has no address\"}}"));
+        let status = StatusCode::from_u16(rules.poison_status.unwrap_or(422)).unwrap();
+        return (status, format!("{{\"error\": \"order {bad} has no address\"}}"));
     }
     rules.accepted.extend(&ids);
     rules.accepted_tokens.extend(ids.iter().map(|_| token));
@@ -610,4 +618,46 @@ async fn an_outage_that_begins_mid_isolation_quarantines_no_good_row() {
     tick_until_caught_up(&setup.poller, 4).await;
     assert_eq!(setup.quarantined().await, BTreeSet::from([5]));
     assert_eq!(setup.accepted(), (1..=40).filter(|id| *id != 5).collect());
+}
+
+/// Regression (issue 36, item 1): the receiver's token is rotated while a poison row is being
+/// isolated: every part after it is refused with 401. The isolation stops there (what was delivered
+/// before is committed), no good row is quarantined for the 401s, the poller holds and says the
+/// endpoint refuses; once the token is fixed, only the poison row (refused alone with 413, a row
+/// too big for the receiver: about the row, not the endpoint) is quarantined and every other row
+/// arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_rotated_mid_isolation_quarantines_no_good_row() {
+    let setup = setup(40, 40, json!({"maxAttempts": 5})).await;
+    {
+        let mut rules = setup.rules.lock().unwrap();
+        rules.poison = BTreeSet::from([5]);
+        rules.poison_status = Some(413);
+        // The batch, then halves down to rows 1-2, which get through; from the sixth request on,
+        // 401.
+        rules.unauthorized_from_request = Some(6);
+    }
+    let error = setup.poller.tick().await.unwrap_err();
+    assert!(matches!(error, TickError::EndpointRefused { status: 401, attempts: 1, .. }), "{error:?}");
+    assert_eq!(setup.rules.lock().unwrap().requests, 6, "the first 401 stops the isolation");
+    assert!(setup.quarantined().await.is_empty(), "no row quarantined for a 401");
+    let held = document(&setup.store);
+    assert_eq!(held.checkpoint.unwrap().cursor.tiebreaker["id"], json!(2), "rows 1 and 2 committed");
+    let poison = held.poison.unwrap();
+    assert_eq!((poison.attempts, poison.endpoint_refused), (1, Some(401)));
+    assert!(poison.isolating.is_some(), "the parts still to try are kept");
+
+    // Still rotated: one request a tick, nothing quarantined.
+    let requests = setup.rules.lock().unwrap().requests;
+    assert!(matches!(setup.poller.tick().await.unwrap_err(), TickError::EndpointRefused { status: 401, .. }));
+    assert_eq!(setup.rules.lock().unwrap().requests, requests + 1);
+    assert!(setup.quarantined().await.is_empty());
+
+    setup.rules.lock().unwrap().unauthorized_from_request = None;
+    tick_until_caught_up(&setup.poller, 4).await;
+    let entries = quarantine::list(setup.store.as_ref(), "it", "orders").await.unwrap();
+    assert_eq!(setup.quarantined().await, BTreeSet::from([5]));
+    assert_eq!(entries[0].0.status, Some(413), "a row too big alone is the row's, and quarantined");
+    assert_eq!(setup.accepted(), (1..=40).filter(|id| *id != 5).collect());
+    assert_eq!(document(&setup.store).poison, None);
 }

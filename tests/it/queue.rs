@@ -40,7 +40,7 @@ fn queue_poller(orders: &Orders, directory: &std::path::Path, queue: &str, sink_
 }
 
 /// Takes every message off the queue (as a consumer would), returning their texts.
-async fn drain(queue: &str) -> Vec<String> {
+pub async fn drain(queue: &str) -> Vec<String> {
     let connection = StorageConnection::parse_connection_string(&azurite().connection_string()).unwrap();
     let mut url = connection.queue_endpoint.clone();
     url.path_segments_mut().unwrap().push(queue);
@@ -70,7 +70,7 @@ async fn drain(queue: &str) -> Vec<String> {
     }
 }
 
-fn queue_name() -> String {
+pub fn queue_name() -> String {
     format!("q{}", &uuid::Uuid::new_v4().simple().to_string()[..20])
 }
 

@@ -159,6 +159,8 @@ async fn a_batch_over_the_body_limit_is_split_into_ordered_parts() {
 struct PythonReceiver {
     child: std::process::Child,
     url: String,
+    /// What it printed after its first line, read as it comes (so its pipe never fills).
+    lines: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl PythonReceiver {
@@ -170,10 +172,32 @@ impl PythonReceiver {
             .stdout(std::process::Stdio::piped())
             .spawn()
             .expect("python3 runs the example receiver");
+        let mut reader = std::io::BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
-        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.as_mut().unwrap()), &mut line).unwrap();
+        std::io::BufRead::read_line(&mut reader, &mut line).unwrap();
         assert!(line.starts_with("listening"), "{line}");
-        PythonReceiver { child, url: format!("http://127.0.0.1:{port}/") }
+        let lines = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let collected = lines.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufRead::lines(reader).map_while(Result::ok) {
+                collected.lock().unwrap().push(line);
+            }
+        });
+        PythonReceiver { child, url: format!("http://127.0.0.1:{port}/"), lines }
+    }
+
+    /// The lines it printed that start with `prefix`, once there are `count` (or after 5 s: its
+    /// lines are flushed before each answer, the reading thread may lag a moment behind).
+    fn printed(&self, prefix: &str, count: usize) -> Vec<String> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let lines: Vec<String> =
+                self.lines.lock().unwrap().iter().filter(|line| line.starts_with(prefix)).cloned().collect();
+            if lines.len() >= count || std::time::Instant::now() > deadline {
+                return lines;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
@@ -219,6 +243,12 @@ async fn the_documented_example_receiver_verifies_and_deduplicates() {
     let applied: Vec<i64> = stats["applied"].as_array().unwrap().iter().map(|pk| pk["id"].as_i64().unwrap()).collect();
     assert_eq!(applied, (1..=25).collect::<Vec<i64>>(), "each row applied once");
     assert_eq!(stats["duplicates"], json!(25), "the redelivery was recognised");
+    // A person watching the receiver sees each row land (issue 40): a line per applied event, a
+    // line per duplicate skipped. Its stdout is flushed per line before the answer goes out.
+    let applied_lines = receiver.printed("applied: ", 25);
+    assert_eq!(applied_lines.len(), 25, "{applied_lines:?}");
+    assert!(applied_lines[0].starts_with("applied: orders upsert pk={\"id\": 1} event_id=evt_"), "{applied_lines:?}");
+    assert_eq!(receiver.printed("duplicate skipped: ", 25).len(), 25);
 
     // A sender with the wrong key is refused, permanently.
     let error =

@@ -105,6 +105,14 @@ pub async fn check(world: &mut World) -> Result<(), Violation> {
                     format!("{name}: entry {id} (row {row:?}) was quarantined for a transient failure"),
                 ));
             }
+            // The receiver refuses a row itself only with 422: a 401 is the endpoint refusing
+            // everything (issue 36), a 409 a stale fencing token; neither is the row's doing.
+            if *status != Some(422) {
+                return Err(Violation::new(
+                    "a row is quarantined only for a refusal about the row",
+                    format!("{name}: entry {id} (row {row:?}) was quarantined for HTTP {status:?}"),
+                ));
+            }
         }
         let in_quarantine: BTreeSet<RowId> = entries.iter().map(|(row, ..)| *row).collect();
         let Some(document) = document(world, index).await else {

@@ -10,7 +10,8 @@
 //!   an operator cloned it, tick concurrently as tasks. A crash drops a tick at whatever await it is
 //!   in (a scripted instant raced against the tick, or a `Crash` step aborting its task).
 //! - The schedule ([`schedule`]) interleaves ticks, time, crashes, lease expiries (long `Run`s),
-//!   receiver latency, slow rows, 503 outages, timeouts, per-row refusals (422), store faults (a
+//!   receiver latency, slow rows, 503 outages, timeouts, stretches of 401s (the endpoint refusing
+//!   everything, issue 36), per-row refusals (422), store faults (a
 //!   write refused, a write that landed but answered an error, a rival taking the lease), source
 //!   faults (a delay, an error, a panic per read), inserts, updates, reloads, and operator commands
 //!   (reset to the beginning, clone, an edited definition and `fingerprint accept`, quarantine
@@ -61,7 +62,9 @@
 //! Invariants after every step: the checkpoint passes only rows delivered (acknowledged for that
 //! poller under their own load), quarantined, or excused (purged by an operator, or before the
 //! checkpoint a copy was cloned at); it only moves forward within a load unless reset; a quarantine
-//! entry holds only a refused row (an HTTP status, never a transient failure); every entry is
+//! entry holds only a refused row (an HTTP status, never a transient failure), and only for a
+//! refusal about the row (422: never the 401s of an endpoint refusing everything, nor a fencing
+//! 409; issue 36, scenario `an_endpoint_refusing_everything_quarantines_nothing`); every entry is
 //! written while its token is the document's, and never for a row already delivered under a newer
 //! token; no panic but the scripted ones; no row reported late (the late-arrival detector checks at
 //! every tick, its newest buckets and a slice of the older ones (a window of 64 rows in buckets of 4,

@@ -3,7 +3,9 @@
 //! each breaks the invariant named in its documentation.
 
 use super::schedule::Command::{Clone, PurgeAll};
-use super::schedule::Step::{self, Insert, Latency, Operator, Outage, Reload, Run, Store, Tick, Timeouts};
+use super::schedule::Step::{
+    self, Insert, Latency, Operator, Outage, Reload, Run, Store, Tick, Timeouts, Unauthorized,
+};
 use super::schedule::Variant;
 use super::store::StoreFault;
 use super::{describe, run_fixed};
@@ -150,4 +152,29 @@ fn a_failure_record_that_landed_but_answered_an_error_is_not_erased_by_the_relea
         steps.extend([Timeouts { next: 1 }, tick(owner), Store(StoreFault::LandNextWriteButFail), Run { ms: 45_000 }]);
     }
     assert_keeps_every_invariant(variant(2, 1, 40), &steps);
+}
+
+/// Regression (issue 36, item 1): a receiver answering 401 to everything for a minute, over a
+/// backlog holding a poison row, ticked by two owners: the poller holds (nothing quarantined for
+/// the 401s: "a row is quarantined only for a refusal about the row"), is reported unhealthy while
+/// it holds, and once the endpoint answers again delivers every row and quarantines the poison
+/// one. Before the fix every row tried alone during the 401s was quarantined.
+#[test]
+fn an_endpoint_refusing_everything_quarantines_nothing() {
+    let steps = [
+        Insert { rows: 6, poison: None, slow: None },
+        Unauthorized { ms: 60_000 },
+        tick(0),
+        Run { ms: 3_000 },
+        Insert { rows: 5, poison: Some(2), slow: None },
+        tick(1),
+        Run { ms: 20_000 },
+        tick(0),
+        Run { ms: 20_000 },
+        tick(1),
+        Run { ms: 30_000 },
+        tick(0),
+        Run { ms: 10_000 },
+    ];
+    assert_keeps_every_invariant(variant(3, 2, 60), &steps);
 }

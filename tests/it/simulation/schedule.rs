@@ -78,6 +78,10 @@ pub enum Step {
     Outage {
         ms: u64,
     },
+    /// The receiver refuses every request with 401 for this long (a rotated token, issue 36).
+    Unauthorized {
+        ms: u64,
+    },
     /// The next requests hang until they time out.
     Timeouts {
         next: u8,
@@ -164,6 +168,7 @@ pub fn next(rng: &mut fastrand::Rng, view: &View) -> Step {
         Reload,
         Latency,
         Outage,
+        Unauthorized,
         Timeouts,
         Heal,
         Store,
@@ -183,6 +188,7 @@ pub fn next(rng: &mut fastrand::Rng, view: &View) -> Step {
             (Kind::Reload, 2),
             (Kind::Latency, 4),
             (Kind::Outage, 3),
+            (Kind::Unauthorized, 2),
             (Kind::Timeouts, 2),
             (Kind::Heal, 1),
             (Kind::Store, 3),
@@ -214,6 +220,7 @@ pub fn next(rng: &mut fastrand::Rng, view: &View) -> Step {
         Kind::Reload => Step::Reload { rows: rng.u8(0..=10) },
         Kind::Latency => latency(rng, view.slow_receiver),
         Kind::Outage => Step::Outage { ms: pick(rng, &[(1_000, 1), (5_000, 2), (20_000, 2), (60_000, 1)]) },
+        Kind::Unauthorized => Step::Unauthorized { ms: pick(rng, &[(5_000, 1), (20_000, 2), (60_000, 1)]) },
         Kind::Timeouts => Step::Timeouts { next: rng.u8(1..=3) },
         Kind::Heal => Step::Heal,
         Kind::Store => {

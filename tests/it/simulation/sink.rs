@@ -1,5 +1,6 @@
 //! The scripted receiver: latency (more for a batch holding a slow row), an outage (503s),
-//! timeouts, per-row permanent refusals (a 422 for any batch holding a poison row), and fencing as
+//! timeouts, an endpoint refusing everything (401s: a rotated token, issue 36), per-row permanent
+//! refusals (a 422 for any batch holding a poison row), and fencing as
 //! the README asks of receivers (a batch whose token is below the highest one seen is refused with
 //! a 409). It records what it acknowledged, with the batch's fencing token.
 
@@ -23,6 +24,8 @@ pub struct SinkState {
     /// Added to a batch that holds a slow row.
     pub slow_latency: Duration,
     pub outage_until: Option<Instant>,
+    /// Until then every request is refused with 401, whatever it holds: the endpoint, not a row.
+    pub unauthorized_until: Option<Instant>,
     /// The next this many requests time out.
     pub timeouts: u32,
     /// Rows (load, key) the receiver refuses for good, whatever their version.
@@ -90,6 +93,9 @@ impl Sink for ScriptedSink {
         }
         let rejected =
             |status: u16, body: String| SinkError::Rejected { batch_id: batch.batch_id.clone(), status, body };
+        if state.unauthorized_until.is_some_and(|until| Instant::now() < until) {
+            return Err(rejected(401, "invalid or expired token".to_string()));
+        }
         if let Some(bad) = rows.iter().find(|row| state.poison.contains(&(row.generation, row.key))) {
             return Err(rejected(422, format!("row {} of load {} is refused", bad.key, bad.generation)));
         }

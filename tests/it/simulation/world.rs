@@ -238,6 +238,9 @@ impl World {
             Step::Outage { ms } => {
                 self.sink.lock().unwrap().outage_until = Some(Instant::now() + Duration::from_millis(ms))
             }
+            Step::Unauthorized { ms } => {
+                self.sink.lock().unwrap().unauthorized_until = Some(Instant::now() + Duration::from_millis(ms))
+            }
             Step::Timeouts { next } => self.sink.lock().unwrap().timeouts += next as u32,
             Step::Heal => self.sink.lock().unwrap().poison.clear(),
             Step::Store(fault) => self.store.faults.lock().unwrap().push_back(fault),
@@ -425,6 +428,7 @@ impl World {
         {
             let mut sink = self.sink.lock().unwrap();
             sink.outage_until = None;
+            sink.unauthorized_until = None;
             sink.timeouts = 0;
         }
         self.store.faults.lock().unwrap().clear();
