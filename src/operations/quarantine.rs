@@ -34,9 +34,9 @@ pub enum Selection {
     Names(Vec<String>),
 }
 
-/// The entries a selection names, as read (without their rows: [`StoredEntry::without_row`];
-/// a replay reads each again, whole, when it delivers it), and those that are there but cannot be
-/// read.
+/// The entries a selection names, as read (a large one without its row:
+/// [`StoredEntry::for_selection`]; a replay reads each again, whole, when it delivers it), and
+/// those that are there but cannot be read.
 #[derive(Debug, Clone, Default)]
 pub struct Chosen {
     pub entries: Vec<StoredEntry>,
@@ -61,7 +61,7 @@ pub async fn choose(
                 for listed in &listed {
                     match quarantine::read_listed(blobs, listed).await? {
                         None => {}
-                        Some(Ok(entry)) => chosen.entries.push(entry.without_row()),
+                        Some(Ok(entry)) => chosen.entries.push(entry.for_selection()),
                         Some(Err(unreadable)) => chosen.unreadable.push(unreadable),
                     }
                 }
@@ -79,7 +79,7 @@ pub async fn choose(
                 }
                 seen.push(name);
                 match quarantine::read_entry(blobs, app, poller, name).await? {
-                    Some(Ok(entry)) => chosen.entries.push(entry.without_row()),
+                    Some(Ok(entry)) => chosen.entries.push(entry.for_selection()),
                     Some(Err(unreadable)) => chosen.unreadable.push(unreadable),
                     None => {
                         return Err(OperationError::Invalid(format!(

@@ -133,11 +133,17 @@ pub async fn read_again(
     read_at(blobs, &stored.name, &stored.path).await
 }
 
+/// The largest entry a selection keeps whole ([`StoredEntry::for_selection`]).
+pub const KEPT_WHOLE_BYTES: usize = 64 * 1024;
+
 impl StoredEntry {
-    /// The entry without its row (`event.row` set to null): what a selection keeps of each entry
-    /// it chose, so that memory holds one row at a time, however many entries are chosen.
-    pub fn without_row(mut self) -> StoredEntry {
-        if let Some(row) = self.entry.event.get_mut("row") {
+    /// What a selection keeps of an entry it chose: the entry itself when it is small, else the
+    /// entry without its row (`event.row` set to null), so that memory holds about one large row
+    /// at a time however many entries are chosen; a replay reads every entry again, whole.
+    pub fn for_selection(mut self) -> StoredEntry {
+        if let Some(row) = self.entry.event.get_mut("row")
+            && serde_json::to_vec(row).map(|bytes| bytes.len()).unwrap_or(usize::MAX) > KEPT_WHOLE_BYTES
+        {
             *row = Value::Null;
         }
         self
