@@ -237,14 +237,14 @@ impl Watchdog {
         let timestamp = Utc::now().timestamp();
         let mut request = self
             .client
-            .post(alert.url.clone())
+            .post(alert.url.expose().clone())
             .header("content-type", "application/json")
             .header("webhook-id", &id)
             .header("webhook-timestamp", timestamp.to_string());
         if let Some(key) = &alert.signing_key {
             request = request.header("webhook-signature", sign(key, &id, timestamp, &body));
         }
-        let host = alert.url.host_str().unwrap_or("?").to_string();
+        let host = alert.url.expose().host_str().unwrap_or("?").to_string();
         match request.body(body).send().await {
             Ok(response) if response.status().is_success() => None,
             Ok(response) => Some(format!("watchdog note: the alert webhook at {host} answered {}", response.status())),

@@ -23,8 +23,18 @@ use crate::config::AppConfig;
 struct Entry {
     /// Path inside the zip, `/`-separated.
     name: String,
-    source: PathBuf,
+    content: Content,
     executable: bool,
+}
+
+/// Where an entry's bytes come from.
+#[derive(Debug)]
+enum Content {
+    /// Read once, from the file itself (never through a link), when the plan was made: what was
+    /// checked is what is packed.
+    Read(Vec<u8>),
+    /// The running binary, read as the zip is written.
+    Binary(PathBuf),
 }
 
 /// What goes into the zip, and what was seen and left out (names relative to the app root; a
@@ -76,11 +86,9 @@ pub fn run(app_root: &Path, out: &Path, binary: Option<&Path>) -> anyhow::Result
 /// by; everything else in the app root and in the function folders is listed as left out.
 fn plan(app_root: &Path, config: &AppConfig, binary: &Path) -> anyhow::Result<Plan> {
     let host_json = app_root.join("host.json");
-    refuse_link(&host_json, "host.json")?;
-    let host: Value = serde_json::from_str(
-        &std::fs::read_to_string(&host_json).with_context(|| format!("{}: cannot read", host_json.display()))?,
-    )
-    .with_context(|| format!("{}: invalid JSON", host_json.display()))?;
+    let host_bytes = read_packed(&host_json, "host.json")?;
+    let host: Value =
+        serde_json::from_slice(&host_bytes).with_context(|| format!("{}: invalid JSON", host_json.display()))?;
     let executable_name =
         host.pointer("/customHandler/description/defaultExecutablePath").and_then(Value::as_str).with_context(
             || format!("{}: customHandler.description.defaultExecutablePath is missing", host_json.display()),
@@ -91,15 +99,16 @@ fn plan(app_root: &Path, config: &AppConfig, binary: &Path) -> anyhow::Result<Pl
             host_json.display()
         );
     }
-    let mut entries = vec![Entry { name: "host.json".into(), source: host_json, executable: false }];
+    let executable_name = executable_name.to_string();
+    let mut entries = vec![Entry { name: "host.json".into(), content: Content::Read(host_bytes), executable: false }];
     let mut left_out = Vec::new();
     for function in config.functions.keys() {
         let folder = app_root.join(function);
         refuse_link(&folder, function)?;
         let function_json = folder.join("function.json");
         let name = format!("{function}/function.json");
-        refuse_link(&function_json, &name)?;
-        entries.push(Entry { name, source: function_json, executable: false });
+        let bytes = read_packed(&function_json, &name)?;
+        entries.push(Entry { name, content: Content::Read(bytes), executable: false });
         for other in folder_entries(&folder)? {
             if other != "function.json" {
                 left_out.push(format!("{function}/{other}"));
@@ -113,12 +122,38 @@ fn plan(app_root: &Path, config: &AppConfig, binary: &Path) -> anyhow::Result<Pl
         }
     }
     left_out.sort();
-    entries.push(Entry { name: executable_name.to_string(), source: binary.to_path_buf(), executable: true });
+    entries.push(Entry { name: executable_name, content: Content::Binary(binary.to_path_buf()), executable: true });
     Ok(Plan { entries, left_out })
 }
 
-/// A packed file must be the file itself: a symbolic link could carry anything on this machine
-/// into the zip.
+/// A packed file's bytes, from one open of the file itself: opened without following a link
+/// (`O_NOFOLLOW`: a link there fails the open), and the opened handle checked to be a regular
+/// file, then read from that same handle. Nothing is looked up twice, so nothing can be swapped
+/// for a link between a check and the read.
+fn read_packed(path: &Path, name: &str) -> anyhow::Result<Vec<u8>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let opened = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path);
+    let mut file = match opened {
+        Ok(file) => file,
+        Err(error) if error.raw_os_error() == Some(libc::ELOOP) => {
+            bail!(
+                "{name} is a symbolic link ({}): package never follows links; put the file itself there",
+                path.display()
+            )
+        }
+        Err(error) => return Err(error).with_context(|| format!("{}: cannot read", path.display())),
+    };
+    let metadata = file.metadata().with_context(|| format!("{}: cannot read", path.display()))?;
+    if !metadata.file_type().is_file() {
+        bail!("{name} is not a regular file ({}): package packs only the file itself", path.display());
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(metadata.len()).unwrap_or(0));
+    file.read_to_end(&mut bytes).with_context(|| format!("{}: cannot read", path.display()))?;
+    Ok(bytes)
+}
+
+/// A function folder must be the folder itself: a symbolic link could carry anything on this
+/// machine into the zip.
 fn refuse_link(path: &Path, name: &str) -> anyhow::Result<()> {
     let metadata = std::fs::symlink_metadata(path).with_context(|| format!("{}: cannot read", path.display()))?;
     if metadata.file_type().is_symlink() {
@@ -155,12 +190,44 @@ fn write_zip(out: &Path, entries: &[Entry]) -> anyhow::Result<()> {
         let options =
             SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated).unix_permissions(mode);
         zip.start_file(entry.name.as_str(), options).with_context(|| format!("{}: cannot add", entry.name))?;
-        let mut bytes = Vec::new();
-        File::open(&entry.source)
-            .and_then(|mut source| source.read_to_end(&mut bytes))
-            .with_context(|| format!("{}: cannot read", entry.source.display()))?;
-        zip.write_all(&bytes)?;
+        match &entry.content {
+            Content::Read(bytes) => zip.write_all(bytes)?,
+            Content::Binary(path) => {
+                let mut bytes = Vec::new();
+                File::open(path)
+                    .and_then(|mut source| source.read_to_end(&mut bytes))
+                    .with_context(|| format!("{}: cannot read", path.display()))?;
+                zip.write_all(&bytes)?;
+            }
+        }
     }
     zip.finish().context("cannot finish the zip")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_packed;
+
+    /// Regression (issue 36, section 3): a packed file is opened once, without following a link,
+    /// and what was opened is checked: a link (even to a good file), a folder and a FIFO are
+    /// refused; the file itself is read from that same open.
+    #[test]
+    fn a_packed_file_is_opened_once_never_through_a_link() {
+        let directory = tempfile::tempdir().unwrap();
+        let file = directory.path().join("function.json");
+        std::fs::write(&file, b"{}").unwrap();
+        assert_eq!(read_packed(&file, "f").unwrap(), b"{}");
+        let link = directory.path().join("link.json");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        let refused = read_packed(&link, "orders/function.json").unwrap_err().to_string();
+        assert!(refused.contains("is a symbolic link"), "{refused}");
+        let refused = read_packed(directory.path(), "folder").unwrap_err().to_string();
+        assert!(refused.contains("not a regular file"), "{refused}");
+        let fifo = directory.path().join("fifo");
+        let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+        let refused = read_packed(&fifo, "fifo").unwrap_err().to_string();
+        assert!(refused.contains("not a regular file"), "{refused}");
+    }
 }

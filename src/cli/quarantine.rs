@@ -66,19 +66,28 @@ pub async fn list(app_root: &Path, poller_name: &str, as_json: bool) -> anyhow::
         println!("{:<36}  {:<20}  {:<26}  {:>6}  {:>8}  error", "id", "pk", "cursor", "status", "attempts");
     }
     loop {
-        let page = quarantine::page(blobs.as_ref(), &config.app_name, &config.poller_name, continuation).await?;
-        report_unreadable(&page.unreadable);
-        unreadable += page.unreadable.len();
-        for stored in &page.entries {
+        let (listed, next) =
+            quarantine::listed_page(blobs.as_ref(), &config.app_name, &config.poller_name, continuation).await?;
+        // One entry read at a time, printed, and let go: an entry holds a whole row.
+        for listed in &listed {
+            let stored = match quarantine::read_listed(blobs.as_ref(), listed).await? {
+                None => continue,
+                Some(Ok(stored)) => stored,
+                Some(Err(entry)) => {
+                    report_unreadable(std::slice::from_ref(&entry));
+                    unreadable += 1;
+                    continue;
+                }
+            };
             if as_json {
                 let separator = if count == 0 { "\n" } else { ",\n" };
-                print!("{separator}{}", indent(&serde_json::to_string_pretty(&summary(stored))?));
+                print!("{separator}{}", indent(&serde_json::to_string_pretty(&summary(&stored))?));
             } else {
-                print_row(stored);
+                print_row(&stored);
             }
             count += 1;
         }
-        match page.next {
+        match next {
             Some(next) => continuation = Some(next),
             None => break,
         }

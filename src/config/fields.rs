@@ -227,6 +227,9 @@ fn source() -> Vec<Field> {
         field("cursorTimeZone", Kind::Text { rule: TextRule::TimeZone, default: Some(defaults::CURSOR_TIME_ZONE) }, "The zone of a timestamp-without-time-zone cursor, for settle only. PostgreSQL: a zone name or an offset; MySQL: an offset like +02:00; SQLite: UTC only.", json!("Europe/Paris")),
         field("queryTimeoutSeconds", Kind::integer(ranges::QUERY_TIMEOUT_SECONDS, defaults::QUERY_TIMEOUT_SECONDS), "A fetch is cancelled after this long (PostgreSQL also gets it as statement_timeout) and the tick fails with that reason.", json!(60)),
         field("maxConnections", Kind::integer(ranges::MAX_CONNECTIONS, defaults::MAX_CONNECTIONS_PER_DATABASE), "The most connections the app opens to this source's database, shared by every poller of the app that reads it (the same host, port, database, user and options); when its pollers disagree, the smallest wins. Defaults to app setting DBTRIGGER_MAX_CONNECTIONS_PER_DATABASE, else 10. A tick that finds them all busy waits (its summary line says how long), within its tick budget.", json!(10)),
+        field("maxRowBytes", Kind::size(ranges::ROW_MAX_BYTES, defaults::WEBHOOK_MAX_BODY_BYTES), "The largest row a polling source keeps, as an event (its JSON and about 128 bytes around it). A larger row is never read whole into memory and never skipped: the poller stops at it, naming its key, and status shows it unhealthy until the row shrinks, source.columns leaves its large columns out, or this (and sink.maxBodyBytes) is raised. A row within it that the receiver refuses is quarantined whole.", json!(16777216))
+            .when_absent("what the sink can carry: sink.maxBodyBytes for a webhook; 49152 for a queue (base64), 65536 with messageEncoding none"),
+        field("oversizedRows", Kind::Choice { values: &["stop", "quarantineReference"], default: Some("stop") }, "What a row over maxRowBytes does: stop holds the poller at it, named by its key; quarantineReference keeps it aside as a reference (its key, cursor and size as an event whose row is {\"$dbtrigger_oversized\": {\"bytes\": N, \"limit\": M}}, never its payload), quarantined as refused (413), and the poller goes on. A replay of a reference is refused again: fix the row, then purge the entry.", json!("quarantineReference")),
         field("softDelete", Kind::text(TextRule::Identifier), "A column marking deleted rows: a row whose value is not NULL (nor false or 0) is delivered with op \"delete\". Not with `opColumn`.", json!("deleted_at")),
         field("opColumn", Kind::text(TextRule::Identifier), "A column saying each row's operation (insert, update, upsert, delete): an outbox or tombstone table. Not with `softDelete`.", json!("op")),
         field("lateArrivals", Kind::Object { fields: late_arrivals(), rules: vec![] }, "The late-arrival detector: a count and key hash per cursor bucket behind the checkpoint, recounted by the source; a bucket that grew is delivered again with `late: true` (docs/late-arrivals.md: how it checks, how soon, what it costs).", json!({"enabled": true, "windowSeconds": 900, "windowRows": 100000, "everyTicks": 1, "sweepChecks": 1000}))
@@ -401,6 +404,12 @@ fn sink() -> Vec<Field> {
             json!(1048576),
         ),
         field(
+            "allowLinkLocal",
+            Kind::Boolean { default: false },
+            "webhook: allow a url at a link-local or cloud metadata address (169.254.0.0/16, fd00:ec2::254, fe80::/10) or at the handler's own port on the loopback, which are refused otherwise (docs/deploy.md, Security).",
+            json!(true),
+        ),
+        field(
             "connection",
             Kind::SettingName { default: Some(defaults::STATE_CONNECTION) },
             "queue: the app setting naming the Storage account (a connection string, or NAME__queueServiceUri / NAME__accountName for an identity).",
@@ -422,7 +431,8 @@ fn sink() -> Vec<Field> {
     ]
 }
 
-pub(crate) const WEBHOOK_ONLY: [&str; 5] = ["url", "secret", "timeoutSeconds", "maxRetries", "maxBodyBytes"];
+pub(crate) const WEBHOOK_ONLY: [&str; 6] =
+    ["url", "secret", "timeoutSeconds", "maxRetries", "maxBodyBytes", "allowLinkLocal"];
 pub(crate) const QUEUE_ONLY: [&str; 4] = ["connection", "queueName", "messageEncoding", "messagePer"];
 
 /// A sink of one type: its needed field holds text, and the other type's fields are left out
@@ -578,6 +588,12 @@ fn alert() -> Vec<Field> {
             Kind::integer(ranges::ALERT_TIMEOUT_SECONDS, defaults::ALERT_TIMEOUT_SECONDS),
             "Per request.",
             json!(10),
+        ),
+        field(
+            "allowLinkLocal",
+            Kind::Boolean { default: false },
+            "Allow a url at a link-local or cloud metadata address, or at the handler's own port on the loopback, which are refused otherwise (docs/deploy.md, Security).",
+            json!(true),
         ),
     ]
 }

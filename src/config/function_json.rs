@@ -58,6 +58,10 @@ pub(super) struct RawSource {
     pub(super) op_column: Option<String>,
     pub(super) generation: Option<RawGeneration>,
     pub(super) late_arrivals: Option<super::late::RawLateArrivals>,
+    /// The largest row (as JSON) the poller keeps: by default what the sink can carry.
+    pub(super) max_row_bytes: Option<usize>,
+    /// `"stop"` or `"quarantineReference"`: what a row over the bound does.
+    pub(super) oversized_rows: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -89,6 +93,7 @@ pub(super) struct RawSink {
     pub(super) timeout_seconds: Option<u64>,
     pub(super) max_retries: Option<u32>,
     pub(super) max_body_bytes: Option<usize>,
+    pub(super) allow_link_local: Option<bool>,
     pub(super) connection: Option<String>,
     pub(super) queue_name: Option<String>,
     pub(super) message_encoding: Option<String>,
@@ -320,7 +325,7 @@ fn substitute_in_text(text: &str, settings: &Settings, used: &mut UsedSettings) 
         output.push_str(&rest[..start]);
         let after = &rest[start + 1..];
         let Some(end) = after.find('%') else {
-            return Err(format!("unmatched '%' in {text:?}"));
+            return Err(unmatched_percent(text, text.len() - rest.len() + start));
         };
         let name = &after[..end];
         if name.is_empty() {
@@ -335,4 +340,41 @@ fn substitute_in_text(text: &str, settings: &Settings, used: &mut UsedSettings) 
     }
     output.push_str(rest);
     Ok(output)
+}
+
+/// The error of a value with a '%' that opens no `%NAME%`: where the '%' is (its character
+/// position), and of the value only what a URL shows safely (scheme, host and port), never the
+/// value whole: a literal URL with `%3D` in its key would print the key.
+fn unmatched_percent(text: &str, byte_position: usize) -> String {
+    let position = text.get(..byte_position).map(|before| before.chars().count() + 1).unwrap_or(0);
+    let shown = match url::Url::parse(text) {
+        Ok(url) if url.host_str().is_some() => {
+            format!(" of the URL {}/… (the rest not shown: it may hold a key)", super::sink::shown_endpoint(&url))
+        }
+        _ => " of the value (not shown: it may hold a secret)".to_string(),
+    };
+    format!(
+        "unmatched '%' at character {position}{shown}: write %% for a literal '%', %NAME% for an app setting, \
+         or put the whole value in an app setting"
+    )
+}
+
+#[cfg(test)]
+mod unmatched_percent_tests {
+    use super::substitute_in_text;
+    use crate::settings::Settings;
+
+    /// Regression (issue 36, section 3): a literal value with an unmatched '%' is not quoted
+    /// whole: a URL shows its scheme, host and port only, anything else nothing.
+    #[test]
+    fn an_unmatched_percent_quotes_nothing_secret() {
+        let settings = Settings::from_pairs(Vec::<(String, String)>::new());
+        let mut used = super::UsedSettings::default();
+        let error =
+            substitute_in_text("https://fn.example/api/hook/T0KEN?code=K3y%3D", &settings, &mut used).unwrap_err();
+        assert!(!error.contains("T0KEN") && !error.contains("K3y") && !error.contains("/api"), "{error}");
+        assert!(error.contains("https://fn.example") && error.contains("character 43"), "{error}");
+        let error = substitute_in_text("pass%word", &settings, &mut used).unwrap_err();
+        assert!(!error.contains("pass") && !error.contains("word") && error.contains("character 5"), "{error}");
+    }
 }

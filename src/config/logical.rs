@@ -59,6 +59,8 @@ pub(super) fn build(
         // A logical source reads its slot on a session of its own, outside the shared pools.
         pool_key: logical_pool_key,
         max_connections: 1,
+        max_row_bytes: super::limits::ROW_MAX_BYTES,
+        oversized_rows: super::source_types::OversizedRows::Stop,
     };
     Ok((source, Fingerprints { current: fingerprint, legacy: None }))
 }
@@ -87,6 +89,8 @@ fn check(raw: &RawSource, engine: Engine, at: &Located<'_>) -> Result<(String, S
         ("generation", raw.generation.is_some()),
         // A logical source reads its slot on one session of its own, outside the shared pools.
         ("maxConnections", raw.max_connections.is_some()),
+        ("maxRowBytes", raw.max_row_bytes.is_some()),
+        ("oversizedRows", raw.oversized_rows.is_some()),
     ];
     if let Some((name, _)) = polling_only.iter().find(|(_, given)| *given) {
         return Err(at.error(

@@ -45,10 +45,13 @@ use serde_json::Value;
 pub use self::batch::{BatchConfig, Order, PoisonConfig};
 pub use self::connection::{StorageConnection, StorageCredential};
 pub use self::late::LateArrivalsConfig;
-pub use self::sink::{MessageEncoding, MessagePer, QueueConfig, SigningKey, SinkConfig, WebhookConfig};
+pub use self::sink::{
+    MessageEncoding, MessagePer, OutboundUrl, QueueConfig, SigningKey, SinkConfig, WebhookConfig, outbound_refusal,
+    shown_endpoint,
+};
 pub use self::source::{
-    Engine, GenerationConfig, LOGICAL_CURSOR, LOGICAL_KEY, OnGenerationChange, OpRule, SourceConfig, SourceTarget,
-    validate_identifier,
+    Engine, GenerationConfig, LOGICAL_CURSOR, LOGICAL_KEY, OnGenerationChange, OpRule, OversizedRows, SourceConfig,
+    SourceTarget, validate_identifier,
 };
 pub use self::state::{StateConfig, StateLocation};
 pub use self::status::StatusConfig;
@@ -305,6 +308,8 @@ pub mod defaults {
     /// with an older timestamp is still read (the classic keyset-polling loss).
     pub const SETTLE_SECONDS: u64 = 2;
     pub const WEBHOOK_MAX_BODY_BYTES: usize = 1024 * 1024;
+    /// What one Azure Storage queue message may hold (64 KiB, as the service counts it).
+    pub const QUEUE_MESSAGE_BYTES: usize = 64 * 1024;
     pub const LEASE_TTL_SECONDS: u64 = 60;
     pub const LEASE_HEARTBEAT_SECONDS: u64 = 15;
     pub const LEASE_CLOCK_SKEW_SECONDS: u64 = 5;
@@ -411,6 +416,10 @@ pub mod limits {
     pub const SECONDS: u64 = 86_400;
     pub const BATCH_MAX_BYTES: usize = 1024 * 1024 * 1024;
     pub const WEBHOOK_MAX_BODY_BYTES: usize = 256 * 1024 * 1024;
+    /// The largest row a poller may be told to keep (`source.maxRowBytes`): the largest body a
+    /// webhook may be allowed. A quarantine entry holds one row, so this also bounds what the
+    /// operator's quarantine commands read ([`crate::store::quarantine::MAX_ENTRY_BYTES`]).
+    pub const ROW_MAX_BYTES: usize = WEBHOOK_MAX_BODY_BYTES;
 }
 
 /// The range of every number of function.json: what the loader refuses outside of, and what the
@@ -431,6 +440,7 @@ pub mod ranges {
     pub const WEBHOOK_TIMEOUT_SECONDS: RangeInclusive<u64> = 1..=limits::SECONDS;
     pub const WEBHOOK_MAX_RETRIES: RangeInclusive<u32> = 0..=20;
     pub const WEBHOOK_MAX_BODY_BYTES: RangeInclusive<usize> = 1024..=limits::WEBHOOK_MAX_BODY_BYTES;
+    pub const ROW_MAX_BYTES: RangeInclusive<usize> = 1024..=limits::ROW_MAX_BYTES;
     pub const LEASE_TTL_SECONDS: RangeInclusive<u64> = 3..=limits::SECONDS;
     pub const LEASE_HEARTBEAT_SECONDS: RangeInclusive<u64> = 1..=limits::SECONDS;
     pub const LEASE_CLOCK_SKEW_SECONDS: RangeInclusive<u64> = 0..=limits::SECONDS;
@@ -482,6 +492,7 @@ fn build(
 
     let mut late_arrivals = late::build_late_arrivals(raw.source.late_arrivals.as_ref(), at)?;
     let late_arrivals_asked = late::asked_for(raw.source.late_arrivals.as_ref());
+    let raw_max_row_bytes = raw.source.max_row_bytes;
     let (source, fingerprints) = build_any_source(raw.source, settings, app_root, at)?;
     if source.cursor_kind == Some(CursorKind::Xid) {
         // Below the commit horizon no row can commit behind the checkpoint: there is nothing to
@@ -497,6 +508,14 @@ fn build(
 
     let batch = build_batch(&raw.batch, function_timeout, at)?;
     let sink = build_sink(raw.sink, settings, at)?;
+    let mut source = source;
+    source.max_row_bytes = in_range(
+        at,
+        "poller.source.maxRowBytes",
+        raw_max_row_bytes,
+        sink::default_max_row_bytes(&sink),
+        ranges::ROW_MAX_BYTES,
+    )?;
     let lease = build_lease(&raw.lease, at)?;
     let poison = build_poison(&raw.poison, at)?;
 

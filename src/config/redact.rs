@@ -141,16 +141,18 @@ impl Redaction {
         Redaction { location: redacted_url(url), secrets: url_secrets(url) }
     }
 
-    /// `text` with every secret of the URL replaced by `***`, and escaped as text from a peer
-    /// ([`escape_peer_text`]): what is scrubbed is a driver's or a server's message.
+    /// `text` with every secret of the URL replaced by `***`, then escaped as text from a peer
+    /// ([`escape_peer_text`]): what is scrubbed is a driver's or a server's message. Replaced
+    /// first: a secret holding a character the escaping rewrites (a control or bidi character)
+    /// would no longer match once escaped, and would leak in its escaped form.
     pub fn scrub(&self, text: &str) -> String {
-        let mut scrubbed = escape_peer_text(text);
+        let mut scrubbed = text.to_string();
         for secret in &self.secrets {
             if scrubbed.contains(secret.as_str()) {
                 scrubbed = scrubbed.replace(secret.as_str(), MASK);
             }
         }
-        scrubbed
+        escape_peer_text(&scrubbed)
     }
 }
 
@@ -192,6 +194,16 @@ mod tests {
         assert_eq!(escape_peer_text("plain text"), "plain text");
         let redaction = Redaction::of_url("postgres://app:S3cret@db/orders");
         assert_eq!(redaction.scrub("bad\npassword S3cret"), "bad\\npassword ***");
+    }
+
+    /// Regression (issue 36, section 3): a password holding a control or bidi character is
+    /// replaced before the text is escaped, so it never leaks in its escaped form.
+    #[test]
+    fn a_secret_with_control_or_bidi_characters_is_replaced_before_escaping() {
+        let redaction = Redaction::of_url("postgres://app:Se%0Acr%E2%80%AEet@db/orders");
+        let scrubbed = redaction.scrub("auth failed for Se\ncr\u{202e}et\nINFO forged");
+        assert_eq!(scrubbed, "auth failed for ***\\nINFO forged");
+        assert!(!scrubbed.contains("Se\\ncr") && !scrubbed.contains("et\\n"), "{scrubbed}");
     }
 
     #[test]

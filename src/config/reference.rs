@@ -182,8 +182,8 @@ pub fn configuration_markdown() -> String {
     page.push_str(
         "\n## Bindings\n\nA poller and a watchdog have one `timerTrigger` binding (`schedule`: NCRONTAB with six \
          fields or five, or a `hh:mm:ss` time span, `%NAME%` allowed; `runOnStartup`; `useMonitor`; never \
-         `functionName`). A status function has an `httpTrigger` (`authLevel` `function` or `admin`, never \
-         `anonymous`) and an `http` output with a name (not `$return`). Types and directions are matched \
+         `functionName`). A status function has an `httpTrigger` (`authLevel` left out, `function` or `admin`; \
+         anything else, `anonymous`, `0` or `\"0\"`, is refused) and an `http` output with a name (not `$return`). Types and directions are matched \
          without regard to case, as the host matches them.\n",
     );
     page.push_str("\n## App settings\n\n| setting | default | example | meaning |\n|---|---|---|---|\n");

@@ -7,7 +7,7 @@ use super::function_json::RawSource;
 pub(super) use super::source_types::Fingerprints;
 pub use super::source_types::{
     AUTO_SETTLE_SECONDS, CursorKind, Engine, GenerationConfig, LOGICAL_CURSOR, LOGICAL_KEY, OnGenerationChange, OpRule,
-    SettleMode, SourceConfig, SourceTarget, validate_identifier,
+    OversizedRows, SettleMode, SourceConfig, SourceTarget, validate_identifier,
 };
 use super::{ConfigError, Located, defaults, in_range, ranges};
 use crate::domain::ids::{FingerprintInput, source_fingerprint};
@@ -197,6 +197,7 @@ pub(super) fn build_source(
     let (cursor, pk) = cursor_and_key(&raw, at)?;
     let target = polling_target(raw.table.clone(), raw.query.clone(), at)?;
     check_columns_and_filter(&raw, &cursor, &pk, at)?;
+    let oversized_rows = oversized_rows(&raw, at)?;
     let ops = op_rule(&raw, &cursor, &pk, at)?;
     let generation = generation(&raw, at)?;
     let engine = url.identity.engine;
@@ -234,8 +235,22 @@ pub(super) fn build_source(
         generation,
         pool_key,
         max_connections,
+        // Set by the poller once its sink is known.
+        max_row_bytes: super::limits::ROW_MAX_BYTES,
+        oversized_rows,
     };
     Ok((source, fingerprints))
+}
+
+/// `source.oversizedRows`: what a row over `source.maxRowBytes` does.
+fn oversized_rows(raw: &RawSource, at: &Located<'_>) -> Result<OversizedRows, ConfigError> {
+    match raw.oversized_rows.as_deref() {
+        None | Some("stop") => Ok(OversizedRows::Stop),
+        Some("quarantineReference") => Ok(OversizedRows::QuarantineReference),
+        Some(other) => Err(
+            at.error("poller.source.oversizedRows", format!("{other:?}: expected \"stop\" or \"quarantineReference\""))
+        ),
+    }
 }
 
 /// A logical source's fields are refused on a polling source, by name.

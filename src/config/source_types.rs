@@ -83,6 +83,21 @@ pub struct SourceConfig {
     /// The cap on connections to that database (`source.maxConnections`, else app setting
     /// `DBTRIGGER_MAX_CONNECTIONS_PER_DATABASE`, else 10); the smallest of its sources wins.
     pub max_connections: u32,
+    /// `source.maxRowBytes`: the largest row (as JSON, with its event's overhead) a fetch keeps;
+    /// a larger one stops the poller, named by its key (by default what the sink can carry).
+    pub max_row_bytes: usize,
+    /// `source.oversizedRows`: what a row over `max_row_bytes` does.
+    pub oversized_rows: OversizedRows,
+}
+
+/// What a row over `source.maxRowBytes` does (`source.oversizedRows`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OversizedRows {
+    /// The poller stops at it, named by its key, until the row or the configuration changes.
+    #[default]
+    Stop,
+    /// It is kept as a reference (its key, cursor and size, not its payload) and quarantined.
+    QuarantineReference,
 }
 
 /// What a cursor column holds, as `source.cursorKind` declares it.

@@ -44,13 +44,8 @@ pub(super) fn build_status(
         // Types and directions without regard to case, as the host matches them.
         match (binding_is(binding, "httpTrigger", "in"), binding_is(binding, "http", "out")) {
             (true, _) => {
-                let level = binding.get("authLevel").and_then(Value::as_str).unwrap_or("function");
-                if level.eq_ignore_ascii_case("anonymous") {
-                    return Err(at.error(
-                        &format!("bindings[{index}].authLevel"),
-                        "must not be anonymous: status shows checkpoints, lease owners and errors; use function (a function key) or admin",
-                    ));
-                }
+                check_auth_level(binding.get("authLevel"))
+                    .map_err(|reason| at.error(&format!("bindings[{index}].authLevel"), reason))?;
                 request = Some(name.ok_or_else(|| at.error(&format!("bindings[{index}].name"), "missing"))?);
             }
             (false, true) => {
@@ -76,4 +71,68 @@ pub(super) fn build_status(
         request_binding,
         response_binding,
     })
+}
+
+/// A status function's `authLevel`, by an allow-list: left out (the host's default, `function`),
+/// `"function"` or `"admin"`, in any case. Anything else is refused, not only `"anonymous"`: the
+/// host may read a number (`0`) or a text it does not know (`"0"`) as anonymous, and status shows
+/// checkpoints, lease owners and errors to whoever may call it.
+pub(super) fn check_auth_level(level: Option<&Value>) -> Result<(), String> {
+    const REASON: &str = "status shows checkpoints, lease owners and errors: use \"function\" (a function key) or \"admin\" (the master key), or leave it out (function)";
+    match level {
+        None => Ok(()),
+        Some(Value::String(text)) if text.eq_ignore_ascii_case("function") || text.eq_ignore_ascii_case("admin") => {
+            Ok(())
+        }
+        Some(Value::String(text)) if text.eq_ignore_ascii_case("anonymous") => {
+            Err(format!("must not be anonymous: {REASON}"))
+        }
+        Some(Value::String(text)) => {
+            let shown: String = text.chars().take(40).collect();
+            Err(format!("{shown:?} is not an auth level dbtrigger accepts: {REASON}"))
+        }
+        Some(other) => Err(format!("must be a text, not {}: {REASON}", json_kind(other))),
+    }
+}
+
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a text",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_auth_level;
+    use serde_json::json;
+
+    /// Regression (issue 36, section 3): `authLevel` is an allow-list. A number or a text the
+    /// host may take as anonymous (`0`, `"0"`, `"Anonymous"`) is refused, as is `null`.
+    #[test]
+    fn auth_level_is_an_allow_list() {
+        for accepted in
+            [None, Some(json!("function")), Some(json!("Function")), Some(json!("admin")), Some(json!("ADMIN"))]
+        {
+            assert_eq!(check_auth_level(accepted.as_ref()), Ok(()), "{accepted:?}");
+        }
+        for refused in [
+            json!(0),
+            json!(1),
+            json!("0"),
+            json!("anonymous"),
+            json!("Anonymous"),
+            json!(""),
+            json!(null),
+            json!(true),
+            json!("system"),
+        ] {
+            let reason = check_auth_level(Some(&refused)).expect_err(&refused.to_string());
+            assert!(reason.contains("function") && reason.contains("admin"), "{refused}: {reason}");
+        }
+    }
 }

@@ -52,7 +52,7 @@ fn a_valid_poller_gets_its_defaults_and_settings() {
     assert_eq!(config.source.engine, Engine::Sqlite);
     assert_eq!(config.source.target, SourceTarget::Table { schema: Some("main".into()), name: "orders".into() });
     let SinkConfig::Webhook(webhook) = &config.sink else { panic!("a webhook sink") };
-    assert_eq!(webhook.url.as_str(), "http://127.0.0.1:9/hook");
+    assert_eq!(webhook.url.expose().as_str(), "http://127.0.0.1:9/hook");
     match &config.state.location {
         StateLocation::File(path) => assert_eq!(path, &root.path().join("state")),
         other => panic!("expected a file store, got {other:?}"),

@@ -11,7 +11,7 @@ use super::function_json::{
     RawState, UsedSettings, WATCHDOG_SETTING_NAME_FIELDS, check_setting_name_fields, substitute_settings,
     timer_schedule,
 };
-use super::sink::{SigningKey, http_url, signing_key};
+use super::sink::{OutboundUrl, SigningKey, outbound_url, signing_key};
 use super::state::{StateConfig, build_state};
 use super::{ConfigError, Located, defaults, in_range, ranges};
 use crate::domain::schedule::Schedule;
@@ -41,7 +41,7 @@ pub struct WatchdogConfig {
 /// An optional webhook the findings are posted to, signed like the sink.
 #[derive(Debug, Clone)]
 pub struct AlertConfig {
-    pub url: url::Url,
+    pub url: OutboundUrl,
     pub signing_key: Option<SigningKey>,
     pub timeout: Duration,
 }
@@ -64,6 +64,7 @@ pub(super) struct RawAlert {
     url: String,
     secret: Option<String>,
     timeout_seconds: Option<u64>,
+    allow_link_local: Option<bool>,
 }
 
 pub const DEFAULT_STALLED_AFTER_INTERVALS: u32 = super::defaults::STALLED_AFTER_INTERVALS;
@@ -133,7 +134,8 @@ fn build_checked(
     let alert = match raw.alert {
         None => None,
         Some(alert) => {
-            let url = http_url(at, "watchdog.alert.url", &alert.url)?;
+            let allow_link_local = alert.allow_link_local.unwrap_or(false);
+            let url = outbound_url(at, "watchdog.alert.url", &alert.url, allow_link_local, settings)?;
             let signing_key = match alert.secret {
                 None => None,
                 Some(name) => Some(signing_key(at, "watchdog.alert.secret", &name, settings)?),

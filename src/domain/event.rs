@@ -50,6 +50,25 @@ impl RowJson {
     }
 }
 
+/// The one key of a row kept as a reference: a row over `source.maxRowBytes`, of a poller told to
+/// keep such rows aside (`source.oversizedRows: "quarantineReference"`), is read as
+/// `{"$dbtrigger_oversized":{"bytes":N,"limit":M}}`: its key and cursor, its size, never its
+/// payload. No sink delivers it: it is refused as too large, and so quarantined as it is.
+pub const OVERSIZED_ROW_KEY: &str = "$dbtrigger_oversized";
+
+impl RowJson {
+    /// The reference that stands for a row of `bytes` bytes, over `limit`.
+    pub fn oversized_reference(bytes: usize, limit: usize) -> RowJson {
+        RowJson(format!("{{\"{OVERSIZED_ROW_KEY}\":{{\"bytes\":{bytes},\"limit\":{limit}}}}}").into_bytes())
+    }
+
+    /// Whether this row is such a reference (no source writes that key: a column of that name is
+    /// refused).
+    pub fn is_oversized_reference(&self) -> bool {
+        self.0.starts_with(format!("{{\"{OVERSIZED_ROW_KEY}\":").as_bytes())
+    }
+}
+
 impl fmt::Debug for RowJson {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         formatter.write_str(&String::from_utf8_lossy(&self.0))
@@ -150,6 +169,11 @@ impl Event {
     /// Deterministic: the same row version gets the same id on every redelivery.
     pub fn event_id(&self) -> &str {
         std::str::from_utf8(&self.head[ID_START.len()..self.id_end]).expect("an event id is ASCII")
+    }
+
+    /// Whether the event stands for a row too large to keep ([`OVERSIZED_ROW_KEY`]).
+    pub fn is_oversized_reference(&self) -> bool {
+        self.row.is_oversized_reference()
     }
 
     /// The event's length as JSON, in bytes.

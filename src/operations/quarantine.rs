@@ -34,7 +34,9 @@ pub enum Selection {
     Names(Vec<String>),
 }
 
-/// The entries a selection names, as read, and those that are there but cannot be read.
+/// The entries a selection names, as read (a large one without its row:
+/// [`StoredEntry::for_selection`]; a replay reads each again, whole, when it delivers it), and
+/// those that are there but cannot be read.
 #[derive(Debug, Clone, Default)]
 pub struct Chosen {
     pub entries: Vec<StoredEntry>,
@@ -55,10 +57,15 @@ pub async fn choose(
         Selection::All => {
             let mut continuation = None;
             loop {
-                let page = quarantine::page(blobs, app, poller, continuation).await?;
-                chosen.entries.extend(page.entries);
-                chosen.unreadable.extend(page.unreadable);
-                match page.next {
+                let (listed, next) = quarantine::listed_page(blobs, app, poller, continuation).await?;
+                for listed in &listed {
+                    match quarantine::read_listed(blobs, listed).await? {
+                        None => {}
+                        Some(Ok(entry)) => chosen.entries.push(entry.for_selection()),
+                        Some(Err(unreadable)) => chosen.unreadable.push(unreadable),
+                    }
+                }
+                match next {
                     Some(next) => continuation = Some(next),
                     None => return Ok(chosen),
                 }
@@ -72,7 +79,7 @@ pub async fn choose(
                 }
                 seen.push(name);
                 match quarantine::read_entry(blobs, app, poller, name).await? {
-                    Some(Ok(entry)) => chosen.entries.push(entry),
+                    Some(Ok(entry)) => chosen.entries.push(entry.for_selection()),
                     Some(Err(unreadable)) => chosen.unreadable.push(unreadable),
                     None => {
                         return Err(OperationError::Invalid(format!(
@@ -142,7 +149,26 @@ pub async fn replay(
     };
     let mut tally = Tally::default();
     let mut interrupted = None;
-    for (done, stored) in chosen.iter().enumerate() {
+    for (done, chosen_entry) in chosen.iter().enumerate() {
+        // Read again, whole, one entry at a time: delivered only as it was chosen.
+        let stored = match quarantine::read_again(parts.blobs, chosen_entry).await {
+            Ok(Some(Ok(stored))) if stored.etag == chosen_entry.etag => stored,
+            Ok(Some(Ok(_))) | Ok(None) => {
+                tally.kept.push((chosen_entry.name.clone(), "changed since it was read: not replayed".into()));
+                progress(Progress { done: done + 1, total: chosen.len() });
+                continue;
+            }
+            Ok(Some(Err(unreadable))) => {
+                tally.kept.push((chosen_entry.name.clone(), unreadable.reason));
+                progress(Progress { done: done + 1, total: chosen.len() });
+                continue;
+            }
+            Err(error) => {
+                interrupted = Some(format!("{}: cannot read it again: {error}", chosen_entry.name));
+                break;
+            }
+        };
+        let stored = &stored;
         let event = match Event::from_value(&stored.entry.event) {
             Ok(event) => event,
             Err(error) => {

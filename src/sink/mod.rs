@@ -39,12 +39,48 @@ pub trait Sink: Send + Sync {
 
 /// Opens the sink a poller's `sink` section names. Its HTTP client lives as long as the poller.
 pub fn open(config: &SinkConfig) -> Result<Arc<dyn Sink>, SinkError> {
-    match config {
-        SinkConfig::Webhook(webhook) => Ok(Arc::new(webhook::WebhookSink::new(webhook.clone())?)),
+    let sink: Arc<dyn Sink> = match config {
+        SinkConfig::Webhook(webhook) => Arc::new(webhook::WebhookSink::new(webhook.clone())?),
         SinkConfig::Queue(queue) => {
             let sink = storage_queue::QueueSink::new(queue.clone())
                 .map_err(|reason| SinkError::Transient { batch_id: String::new(), reason })?;
-            Ok(Arc::new(sink))
+            Arc::new(sink)
         }
+    };
+    Ok(Arc::new(RefusesReferences { inner: sink }))
+}
+
+/// A sink that refuses, as too large (413), every batch holding a row kept only as a reference
+/// (over `source.maxRowBytes`, [`crate::domain::event::OVERSIZED_ROW_KEY`]): the receiver never
+/// gets a stand-in for a row, and the poller's isolation quarantines the reference as it is, with
+/// its key and size, while the rows around it are delivered.
+struct RefusesReferences {
+    inner: Arc<dyn Sink>,
+}
+
+#[async_trait]
+impl Sink for RefusesReferences {
+    async fn deliver(&self, batch: &Batch, deadline: tokio::time::Instant) -> Result<(), SinkError> {
+        if let Some(event) = batch.events.iter().find(|event| event.is_oversized_reference()) {
+            let row = event.row();
+            let size = &row[crate::domain::event::OVERSIZED_ROW_KEY];
+            return Err(SinkError::Rejected {
+                batch_id: batch.batch_id.clone(),
+                status: 413,
+                body: format!(
+                    "the row with primary key {} is {} bytes as an event, over the {} bytes source.maxRowBytes allows: \
+                     kept as a reference (its key and size), not delivered; fix the row (the next change to it is \
+                     delivered as usual), then purge this entry",
+                    serde_json::Value::Object(event.pk()),
+                    size["bytes"],
+                    size["limit"]
+                ),
+            });
+        }
+        self.inner.deliver(batch, deadline).await
+    }
+
+    fn describe(&self) -> String {
+        self.inner.describe()
     }
 }

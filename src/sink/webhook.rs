@@ -106,7 +106,7 @@ impl WebhookSink {
         let timestamp = Utc::now().timestamp();
         let mut request = self
             .client
-            .post(self.config.url.clone())
+            .post(self.config.url.expose().clone())
             .timeout(self.config.timeout.min(time_left))
             .header("content-type", "application/json")
             .header("idempotency-key", &part.id)
@@ -123,7 +123,7 @@ impl WebhookSink {
                 let what = if error.is_timeout() { "timed out" } else { "failed" };
                 let error_text = escape_peer_text(&error.without_url().to_string());
                 return Attempt::Transient {
-                    reason: format!("POST {} {what}: {error_text}", redacted_url(&self.config.url)),
+                    reason: format!("POST {} {what}: {error_text}", self.config.url.shown()),
                     retry_after: None,
                 };
             }
@@ -215,12 +215,9 @@ async fn body_start(mut response: reqwest::Response, limit: usize) -> String {
     text
 }
 
-/// The part of a URL safe to print: scheme, host and port. A path may hold a token as much as the
-/// user info or the query may (chat hooks carry theirs in the path), so none of them is shown: in
-/// logs, errors, `last_error`, status, alerts and quarantine entries alike.
+/// The part of a URL safe to print: scheme, host and port ([`crate::config::shown_endpoint`]).
 pub fn redacted_url(url: &url::Url) -> String {
-    let port = url.port().map(|port| format!(":{port}")).unwrap_or_default();
-    format!("{}://{}{port}", url.scheme(), url.host_str().unwrap_or_default())
+    crate::config::shown_endpoint(url)
 }
 
 #[async_trait]
@@ -233,7 +230,7 @@ impl Sink for WebhookSink {
     }
 
     fn describe(&self) -> String {
-        redacted_url(&self.config.url)
+        self.config.url.shown()
     }
 }
 

@@ -34,6 +34,14 @@ pub enum SourceError {
          recreate the slot, `dbtrigger reset <poller> --to-end`, and load the gap again through a polling poller"
     )]
     SlotLost { location: String, slot: String, reason: String },
+    /// A row larger than `source.maxRowBytes` (by default what the sink can carry): never kept
+    /// whole, never skipped; the poller stops at it.
+    #[error(
+        "the row is {bytes} bytes as an event, over the {limit} bytes source.maxRowBytes allows (by default what the \
+         sink can carry): the poller stops here and skips nothing. Deliver fewer columns (source.columns), raise \
+         source.maxRowBytes (and sink.maxBodyBytes), or change the row"
+    )]
+    RowTooLarge { bytes: usize, limit: usize },
     /// A row that cannot be delivered, named by its primary key.
     #[error("{error} (in the row with {row})")]
     InRow { row: String, error: Box<SourceError> },

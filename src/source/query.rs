@@ -421,6 +421,8 @@ pub(super) mod tests {
             generation: None,
             pool_key: String::new(),
             max_connections: 10,
+            max_row_bytes: crate::config::limits::ROW_MAX_BYTES,
+            oversized_rows: crate::config::OversizedRows::Stop,
         }
     }
 

@@ -5,7 +5,7 @@ use chrono::{DateTime, NaiveDateTime, Utc};
 use serde_json::Value;
 
 use super::SourceError;
-use crate::config::{OpRule, SourceConfig};
+use crate::config::{OpRule, OversizedRows, SourceConfig};
 use crate::domain::event::{Op, RowJson, SourceRow};
 use crate::domain::{CursorValue, PkValue, Position};
 
@@ -39,12 +39,29 @@ impl Json<'_> {
         matches!(self, Json::Value(Value::Null))
     }
 
-    fn write(&self, out: &mut Vec<u8>) {
+    fn write(&self, out: &mut impl std::io::Write) {
         match self {
             Json::Text(text) => serde_json::to_writer(out, text),
             Json::Value(value) => serde_json::to_writer(out, value),
         }
         .expect("writing to memory cannot fail")
+    }
+
+    /// The fewest bytes the value takes as JSON, known without writing it: a text's length and
+    /// its quotes (escapes only add), else nothing.
+    fn least_len(&self) -> usize {
+        match self {
+            Json::Text(text) => text.len() + 2,
+            Json::Value(Value::String(text)) => text.len() + 2,
+            Json::Value(_) => 0,
+        }
+    }
+
+    /// The bytes the value takes as JSON, counted without keeping them.
+    fn counted_len(&self) -> usize {
+        let mut counter = ByteCounter(0);
+        self.write(&mut counter);
+        counter.0
     }
 
     fn to_value(&self) -> Value {
@@ -172,6 +189,11 @@ impl Layout {
         };
         let mut columns: Vec<LayoutColumn> = Vec::new();
         for name in names {
+            if name == crate::domain::event::OVERSIZED_ROW_KEY {
+                return Err(format!(
+                    "the result has a column named {name:?}, the key dbtrigger keeps for a row too large to keep: rename it (AS)"
+                ));
+            }
             if columns.iter().any(|column| column.name == name) {
                 return Err(format!(
                     "the result has two columns named {name:?}: a row is a JSON object, give them distinct names (AS)"
@@ -194,12 +216,33 @@ impl Layout {
     }
 }
 
+/// Counts what is written to it, keeping nothing.
+struct ByteCounter(usize);
+
+impl std::io::Write for ByteCounter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0 += bytes.len();
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Puts a row together from its decoded columns, writing its JSON as they come: checks that the
 /// cursor and every key are there and usable, with errors that name the column and the row.
+///
+/// A row larger than `source.maxRowBytes` is never kept: once its JSON would pass the bound, what
+/// was written is dropped and the rest only counted (a text's length is known before it is
+/// written, so an oversized text is never copied), and the row fails, named by its key, with its
+/// size ([`SourceError::RowTooLarge`]).
 pub(crate) struct RowBuilder<'a> {
     config: &'a SourceConfig,
     layout: &'a Layout,
     json: Vec<u8>,
+    /// The row passed `source.maxRowBytes`: its JSON is no longer kept, only its size counted.
+    oversized: Option<usize>,
     cursor: Option<CursorValue>,
     keys: Vec<Option<PkValue>>,
     /// What the delete rule's column said, once it was read.
@@ -213,7 +256,16 @@ impl<'a> RowBuilder<'a> {
     pub fn new(config: &'a SourceConfig, layout: &'a Layout, capacity: usize) -> Self {
         let mut json = Vec::with_capacity(capacity);
         json.push(b'{');
-        RowBuilder { config, layout, json, cursor: None, keys: vec![None; config.pk.len()], op: None, error: None }
+        RowBuilder {
+            config,
+            layout,
+            json,
+            oversized: None,
+            cursor: None,
+            keys: vec![None; config.pk.len()],
+            op: None,
+            error: None,
+        }
     }
 
     /// A column that could not be decoded: the row fails, named by its key once all is read.
@@ -253,10 +305,30 @@ impl<'a> RowBuilder<'a> {
             },
             Role::Plain => {}
         }
-        self.json.extend_from_slice(&column.key);
-        decoded.json.write(&mut self.json);
+        self.write_value(&column.key, &decoded.json);
         if column.op {
             self.op = Some(op_of(&self.config.ops, Some(&decoded.json.into_value())));
+        }
+    }
+
+    /// Appends `"name":value` to the row's JSON while it stays within `source.maxRowBytes`;
+    /// past it, only counts it.
+    fn write_value(&mut self, key: &[u8], json: &Json<'_>) {
+        let bound = self.config.max_row_bytes.saturating_sub(ROW_OVERHEAD_BYTES);
+        if let Some(counted) = self.oversized.as_mut() {
+            *counted += key.len() + json.counted_len();
+            return;
+        }
+        if self.json.len() + key.len() + json.least_len() > bound {
+            self.oversized = Some(self.json.len() + key.len() + json.counted_len());
+            self.json = Vec::new();
+            return;
+        }
+        self.json.extend_from_slice(key);
+        json.write(&mut self.json);
+        if self.json.len() > bound {
+            self.oversized = Some(self.json.len());
+            self.json = Vec::new();
         }
     }
 
@@ -289,6 +361,13 @@ impl<'a> RowBuilder<'a> {
         if let Some(error) = &self.error {
             return Err(SourceError::InRow { row: self.describe_key(), error: Box::new(error.clone()) });
         }
+        let oversized = self.oversized.map(|counted| (counted + 2 + ROW_OVERHEAD_BYTES, self.config.max_row_bytes));
+        if let Some((bytes, limit)) = oversized
+            && self.config.oversized_rows == OversizedRows::Stop
+        {
+            let error = SourceError::RowTooLarge { bytes, limit };
+            return Err(SourceError::InRow { row: self.describe_key(), error: Box::new(error) });
+        }
         let cursor = self.cursor.ok_or_else(|| {
             SourceError::Position(format!("the cursor column {:?} is not in the result", self.config.cursor))
         })?;
@@ -299,12 +378,16 @@ impl<'a> RowBuilder<'a> {
             })?;
             pk.push((name.clone(), key));
         }
-        self.json.push(b'}');
-        let size = self.json.len() + ROW_OVERHEAD_BYTES;
-        Ok((
-            SourceRow { position: Position { cursor, pk }, row: RowJson::from_encoded(self.json), op, group: None },
-            size,
-        ))
+        let row = match oversized {
+            // Kept aside as a reference: its key and cursor (the position) and its size only.
+            Some((bytes, limit)) => RowJson::oversized_reference(bytes, limit),
+            None => {
+                self.json.push(b'}');
+                RowJson::from_encoded(self.json)
+            }
+        };
+        let size = row.len() + ROW_OVERHEAD_BYTES;
+        Ok((SourceRow { position: Position { cursor, pk }, row, op, group: None }, size))
     }
 }
 

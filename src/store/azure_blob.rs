@@ -163,7 +163,7 @@ impl AzureBlobStore {
         }
     }
 
-    async fn upload(&self, path: &str, bytes: Vec<u8>, mode: &PutMode) -> Result<ETag, Failure> {
+    async fn upload(&self, path: &str, bytes: azure_core::Bytes, mode: &PutMode) -> Result<ETag, Failure> {
         let content_type = if path.ends_with(".json") { "application/json" } else { "application/octet-stream" };
         let mut options =
             BlobClientUploadOptions { blob_content_type: Some(content_type.to_string()), ..Default::default() };
@@ -173,8 +173,7 @@ impl AzureBlobStore {
             PutMode::Overwrite => {}
         }
         let blob = self.container.blob_client(path);
-        let content: RequestContent<azure_core::Bytes, azure_core::http::NoFormat> =
-            azure_core::Bytes::from(bytes).into();
+        let content: RequestContent<azure_core::Bytes, azure_core::http::NoFormat> = bytes.into();
         let result = blob.upload(content, Some(options)).await.map_err(classify)?;
         let etag = result
             .etag
@@ -186,6 +185,10 @@ impl AzureBlobStore {
 #[async_trait]
 impl BlobStore for AzureBlobStore {
     async fn get(&self, path: &str) -> Result<Option<Blob>, StoreError> {
+        self.get_bounded(path, self.max_blob_bytes).await
+    }
+
+    async fn get_bounded(&self, path: &str, max_bytes: usize) -> Result<Option<Blob>, StoreError> {
         check_path(path)?;
         let blob = self.container.blob_client(path);
         let options = BlobClientDownloadOptions { parallel: NonZero::new(1), ..Default::default() };
@@ -205,17 +208,19 @@ impl BlobStore for AzureBlobStore {
             .clone()
             .ok_or_else(|| self.unavailable(path, "the read answered no ETag".into(), true))?;
         let size = result.properties.content_length;
-        if size.is_some_and(|size| size > self.max_blob_bytes as u64) {
-            return Err(too_large(self.location_of(path), size, self.max_blob_bytes));
+        if size.is_some_and(|size| size > max_bytes as u64) {
+            return Err(too_large(self.location_of(path), size, max_bytes));
         }
-        // Read chunk by chunk up to the bound: a length header is not what bounds memory.
+        // Read chunk by chunk up to the bound: a length header is not what bounds memory (it
+        // only sizes the buffer, within the bound, so that a large blob is not copied as it grows).
         let mut body = result.body;
-        let mut bytes = Vec::new();
+        let expected = size.and_then(|size| usize::try_from(size).ok()).unwrap_or(0).min(max_bytes);
+        let mut bytes = Vec::with_capacity(expected);
         while let Some(chunk) = body.next().await {
             let chunk =
                 chunk.map_err(|error| self.unavailable(path, format!("reading the blob failed: {error}"), true))?;
-            if bytes.len() + chunk.len() > self.max_blob_bytes {
-                return Err(too_large(self.location_of(path), size, self.max_blob_bytes));
+            if bytes.len() + chunk.len() > max_bytes {
+                return Err(too_large(self.location_of(path), size, max_bytes));
             }
             bytes.extend_from_slice(&chunk);
         }
@@ -224,6 +229,8 @@ impl BlobStore for AzureBlobStore {
 
     async fn put(&self, path: &str, bytes: Vec<u8>, mode: PutMode) -> Result<ETag, StoreError> {
         check_path(path)?;
+        // Shared, not copied: a retry after creating the container sends the same bytes.
+        let bytes = azure_core::Bytes::from(bytes);
         let mut result = self.upload(path, bytes.clone(), &mode).await;
         if matches!(result, Err(Failure::NotFound { container_missing: true })) {
             self.create_container(path).await?;

@@ -59,28 +59,31 @@ impl FileStore {
     }
 }
 
-/// What a blob's file holds, read up to a bound.
+/// What a blob's file holds, read up to a bound, with its ETag.
 enum Stored {
     Absent,
-    Bytes(Vec<u8>),
-    /// More than the bound: its length, and nothing of it kept.
-    Oversized(u64),
+    Bytes(Vec<u8>, ETag),
+    /// More than the bound: its length and its ETag, and nothing of it kept.
+    Oversized(u64, ETag),
 }
 
 impl Stored {
-    /// The ETag of what is stored. An oversized blob is never read, so its tag comes from its
-    /// length: a delete (an operator purging it) can still name it.
+    /// The ETag of what is stored: the digest of every byte, whether the blob was kept or only
+    /// hashed (over the bound), so that a blob has one ETag whatever bound it is read with: a
+    /// delete (an operator purging it) names it by what any read or listing gave.
     fn etag(&self) -> Option<ETag> {
         match self {
             Stored::Absent => None,
-            Stored::Bytes(bytes) => Some(etag_of(bytes)),
-            Stored::Oversized(length) => Some(ETag(format!("\"oversized-{length}\""))),
+            Stored::Bytes(_, etag) | Stored::Oversized(_, etag) => Some(etag.clone()),
         }
     }
 }
 
 fn etag_of(bytes: &[u8]) -> ETag {
-    let digest = Sha256::digest(bytes);
+    etag_of_digest(&Sha256::digest(bytes))
+}
+
+fn etag_of_digest(digest: &[u8]) -> ETag {
     ETag(format!("\"{}\"", &hex::encode(digest)[..32]))
 }
 
@@ -92,21 +95,42 @@ fn unavailable(path: &Path, action: &str, error: std::io::Error) -> StoreError {
     }
 }
 
-/// A blob's bytes, at most `max` of them: a longer file is [`Stored::Oversized`], read no further.
+/// A blob's bytes, at most `max` of them: a longer file is [`Stored::Oversized`], hashed to its
+/// end in chunks but never held.
 fn read_stored(path: &Path, max: usize) -> Result<Stored, StoreError> {
-    let file = match File::open(path) {
+    let mut file = match File::open(path) {
         Ok(file) => file,
         Err(error) if error.kind() == ErrorKind::NotFound => return Ok(Stored::Absent),
         Err(error) => return Err(unavailable(path, "read", error)),
     };
-    let mut bytes = Vec::new();
-    let limit = u64::try_from(max).unwrap_or(u64::MAX).saturating_add(1);
-    (&file).take(limit).read_to_end(&mut bytes).map_err(|error| unavailable(path, "read", error))?;
-    if bytes.len() > max {
-        let length = file.metadata().map(|metadata| metadata.len()).unwrap_or(bytes.len() as u64);
-        return Ok(Stored::Oversized(length));
+    let expected = file.metadata().map(|metadata| metadata.len()).unwrap_or(0);
+    let mut bytes = Vec::with_capacity(usize::try_from(expected).unwrap_or(usize::MAX).min(max));
+    let mut digest = Sha256::new();
+    let mut length: u64 = 0;
+    let mut oversized = false;
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let read = match file.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(read) => read,
+            Err(error) if error.kind() == ErrorKind::Interrupted => continue,
+            Err(error) => return Err(unavailable(path, "read", error)),
+        };
+        digest.update(&chunk[..read]);
+        length += read as u64;
+        if !oversized && bytes.len() + read > max {
+            oversized = true;
+            bytes = Vec::new();
+        }
+        if !oversized {
+            bytes.extend_from_slice(&chunk[..read]);
+        }
     }
-    Ok(Stored::Bytes(bytes))
+    let etag = etag_of_digest(&digest.finalize());
+    if oversized {
+        return Ok(Stored::Oversized(length, etag));
+    }
+    Ok(Stored::Bytes(bytes, etag))
 }
 
 /// The exclusive lock that serializes writers (and deleters) of one blob across processes,
@@ -210,15 +234,18 @@ fn walk(root: &Path, directory: &Path, found: &mut Vec<String>) -> Result<(), St
 #[async_trait]
 impl BlobStore for FileStore {
     async fn get(&self, path: &str) -> Result<Option<Blob>, StoreError> {
+        self.get_bounded(path, self.max_blob_bytes).await
+    }
+
+    async fn get_bounded(&self, path: &str, max: usize) -> Result<Option<Blob>, StoreError> {
         let file = self.file_of(path)?;
-        let max = self.max_blob_bytes;
         let read = tokio::task::spawn_blocking(move || read_stored(&file, max).map(|stored| (stored, file)))
             .await
             .expect("the read task does not panic")?;
         match read {
             (Stored::Absent, _) => Ok(None),
-            (Stored::Bytes(bytes), _) => Ok(Some(Blob { etag: etag_of(&bytes), bytes })),
-            (Stored::Oversized(length), file) => Err(too_large(file.display().to_string(), Some(length), max)),
+            (Stored::Bytes(bytes, etag), _) => Ok(Some(Blob { etag, bytes })),
+            (Stored::Oversized(length, _), file) => Err(too_large(file.display().to_string(), Some(length), max)),
         }
     }
 

@@ -80,18 +80,18 @@ fn location(path: &str) -> String {
 #[async_trait]
 impl BlobStore for MemoryStore {
     async fn get(&self, path: &str) -> Result<Option<Blob>, StoreError> {
+        self.get_bounded(path, self.max_blob_bytes.load(Ordering::SeqCst)).await
+    }
+
+    async fn get_bounded(&self, path: &str, max_bytes: usize) -> Result<Option<Blob>, StoreError> {
         check_path(path)?;
         self.reads.fetch_add(1, Ordering::SeqCst);
         let blobs = self.blobs.lock().unwrap();
         let Some((bytes, etag)) = blobs.get(path) else {
             return Ok(None);
         };
-        if bytes.len() > self.max_blob_bytes.load(Ordering::SeqCst) {
-            return Err(too_large(
-                location(path),
-                Some(bytes.len() as u64),
-                self.max_blob_bytes.load(Ordering::SeqCst),
-            ));
+        if bytes.len() > max_bytes {
+            return Err(too_large(location(path), Some(bytes.len() as u64), max_bytes));
         }
         Ok(Some(Blob { bytes: bytes.clone(), etag: etag.clone() }))
     }

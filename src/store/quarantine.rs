@@ -31,6 +31,13 @@ pub struct QuarantineEntry {
     pub quarantined_at: DateTime<Utc>,
 }
 
+/// The most bytes one quarantine entry may take when read: an entry holds one row within
+/// `source.maxRowBytes` (at most [`crate::config::limits::ROW_MAX_BYTES`]) as an event, whose key
+/// and cursor come again beside the row, and the error. Every entry a tick can write is read
+/// whole by the operator's commands (`list`, `show`, `replay`, `purge`), one at a time, whatever
+/// the store's bound for state documents ([`super::MAX_BLOB_BYTES`]).
+pub const MAX_ENTRY_BYTES: usize = 2 * crate::config::limits::ROW_MAX_BYTES + (1 << 20);
+
 /// The entry id of an event: stable, path-safe.
 pub fn entry_id(event_id: &str) -> String {
     format!("q_{}", event_id.trim_start_matches("evt_"))
@@ -45,9 +52,10 @@ pub fn path(app: &str, poller: &str, id: &str) -> String {
     format!("{}{id}.json", prefix(app, poller))
 }
 
-/// Writes an entry (again, if it is there: the same event gives the same entry).
+/// Writes an entry (again, if it is there: the same event gives the same entry). Compact JSON:
+/// indenting a row's arrays line by line could make its entry several times the row.
 pub async fn put(blobs: &dyn BlobStore, app: &str, entry: &QuarantineEntry) -> Result<(), StoreError> {
-    let mut bytes = serde_json::to_vec_pretty(entry).expect("an entry serializes");
+    let mut bytes = serde_json::to_vec(entry).expect("an entry serializes");
     bytes.push(b'\n');
     blobs.put(&path(app, &entry.poller, &entry.id), bytes, PutMode::Overwrite).await.map(|_| ())
 }
@@ -93,8 +101,17 @@ async fn read_at(
     name: &str,
     path: &str,
 ) -> Result<Option<Result<StoredEntry, UnreadableEntry>>, StoreError> {
-    let Some(blob) = blobs.get(path).await? else {
-        return Ok(None);
+    let blob = match blobs.get_bounded(path, MAX_ENTRY_BYTES).await {
+        Ok(Some(blob)) => blob,
+        Ok(None) => return Ok(None),
+        // More than any tick writes (planted, or written by hand): named, and left to `purge`.
+        Err(StoreError::Corrupt { reason, .. }) => {
+            return Ok(Some(Err(UnreadableEntry {
+                name: name.to_string(),
+                reason: format!("{reason}; `dbtrigger quarantine purge` removes it"),
+            })));
+        }
+        Err(error) => return Err(error),
     };
     match serde_json::from_slice::<QuarantineEntry>(&blob.bytes) {
         Ok(entry) => {
@@ -104,6 +121,32 @@ async fn read_at(
             name: name.to_string(),
             reason: format!("not a quarantine entry: {error}"),
         }))),
+    }
+}
+
+/// `stored` read again, whole, by its path: `Ok(None)` when it is gone. A replay chooses entries
+/// without keeping their rows, and reads each again, alone, to deliver it.
+pub async fn read_again(
+    blobs: &dyn BlobStore,
+    stored: &StoredEntry,
+) -> Result<Option<Result<StoredEntry, UnreadableEntry>>, StoreError> {
+    read_at(blobs, &stored.name, &stored.path).await
+}
+
+/// The largest entry a selection keeps whole ([`StoredEntry::for_selection`]).
+pub const KEPT_WHOLE_BYTES: usize = 64 * 1024;
+
+impl StoredEntry {
+    /// What a selection keeps of an entry it chose: the entry itself when it is small, else the
+    /// entry without its row (`event.row` set to null), so that memory holds about one large row
+    /// at a time however many entries are chosen; a replay reads every entry again, whole.
+    pub fn for_selection(mut self) -> StoredEntry {
+        if let Some(row) = self.entry.event.get_mut("row")
+            && serde_json::to_vec(row).map(|bytes| bytes.len()).unwrap_or(usize::MAX) > KEPT_WHOLE_BYTES
+        {
+            *row = Value::Null;
+        }
+        self
     }
 }
 
@@ -130,22 +173,53 @@ pub async fn page(
     poller: &str,
     continuation: Option<String>,
 ) -> Result<EntryPage, StoreError> {
-    let folder = prefix(app, poller);
-    let ListPage { items, next } = blobs.list(&folder, continuation).await?;
+    let (listed, next) = listed_page(blobs, app, poller, continuation).await?;
     let mut page = EntryPage { next, ..EntryPage::default() };
-    for item in items {
-        let file = item.path.strip_prefix(&folder).unwrap_or(&item.path);
-        let Some(name) = file.strip_suffix(".json").filter(|name| !name.contains('/')) else {
-            // Not an entry (a folder below, a file of another kind): not ours to act on.
-            continue;
-        };
-        match read_at(blobs, name, &item.path).await? {
+    for listed in listed {
+        match read_listed(blobs, &listed).await? {
             None => {}
             Some(Ok(stored)) => page.entries.push(stored),
             Some(Err(unreadable)) => page.unreadable.push(unreadable),
         }
     }
     Ok(page)
+}
+
+/// An entry as a listing names it, not read yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedEntry {
+    pub name: String,
+    pub path: String,
+}
+
+/// One page of a poller's entries as the store lists them, none read: a caller reads them one at
+/// a time ([`read_listed`]), so that memory holds one entry, whatever their sizes and number.
+pub async fn listed_page(
+    blobs: &dyn BlobStore,
+    app: &str,
+    poller: &str,
+    continuation: Option<String>,
+) -> Result<(Vec<ListedEntry>, Option<String>), StoreError> {
+    let folder = prefix(app, poller);
+    let ListPage { items, next } = blobs.list(&folder, continuation).await?;
+    let mut listed = Vec::with_capacity(items.len());
+    for item in items {
+        let file = item.path.strip_prefix(&folder).unwrap_or(&item.path);
+        let Some(name) = file.strip_suffix(".json").filter(|name| !name.contains('/')) else {
+            // Not an entry (a folder below, a file of another kind): not ours to act on.
+            continue;
+        };
+        listed.push(ListedEntry { name: name.to_string(), path: item.path.clone() });
+    }
+    Ok((listed, next))
+}
+
+/// The entry a listing named: `Ok(None)` when it is gone since.
+pub async fn read_listed(
+    blobs: &dyn BlobStore,
+    listed: &ListedEntry,
+) -> Result<Option<Result<StoredEntry, UnreadableEntry>>, StoreError> {
+    read_at(blobs, &listed.name, &listed.path).await
 }
 
 /// Every entry of a poller, in id order, with the ETag each was read at.
@@ -155,11 +229,11 @@ pub async fn list(blobs: &dyn BlobStore, app: &str, poller: &str) -> Result<Vec<
     loop {
         let ListPage { items, next } = blobs.list(&prefix(app, poller), continuation).await?;
         for item in items {
-            let Some(blob) = blobs.get(&item.path).await? else {
+            let Some(blob) = blobs.get_bounded(&item.path, MAX_ENTRY_BYTES).await? else {
                 continue;
             };
             let entry: QuarantineEntry = serde_json::from_slice(&blob.bytes).map_err(|error| StoreError::Corrupt {
-                location: format!("{}/{}", blobs.describe(), item.path),
+                location: format!("the quarantine entry at {}/{}", blobs.describe(), item.path),
                 reason: format!("not a quarantine entry: {error}"),
             })?;
             entries.push((entry, blob.etag));

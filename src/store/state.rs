@@ -10,12 +10,19 @@ use crate::domain::state::WriteCheck;
 
 pub(super) async fn read<B: BlobStore + ?Sized>(blobs: &B, key: &StateKey) -> Result<Option<Versioned>, StoreError> {
     let path = key.blob_path();
-    let Some(blob) = blobs.get(&path).await? else {
+    // What cannot be read is the poller's state document: fixed by hand, or replaced by a reset.
+    let advice = |error: StoreError| match error {
+        StoreError::Corrupt { location, reason } => StoreError::Corrupt {
+            location: format!("the state document at {location}"),
+            reason: format!("{reason}; fix or reset it"),
+        },
+        other => other,
+    };
+    let Some(blob) = blobs.get(&path).await.map_err(advice)? else {
         return Ok(None);
     };
-    let document = StateDocument::parse(&blob.bytes).map_err(|error| StoreError::Corrupt {
-        location: format!("{}/{path}", blobs.describe()),
-        reason: error.to_string(),
+    let document = StateDocument::parse(&blob.bytes).map_err(|error| {
+        advice(StoreError::Corrupt { location: format!("{}/{path}", blobs.describe()), reason: error.to_string() })
     })?;
     Ok(Some(Versioned { document, etag: blob.etag }))
 }

@@ -2,6 +2,7 @@
 //! HTTP receivers on loopback, the real `dbtrigger` binary spoken to over the host's protocol.
 
 mod azure;
+mod big_rows;
 mod budget;
 mod chaos;
 mod dev;

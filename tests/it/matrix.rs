@@ -300,7 +300,7 @@ async fn case_f_crash_after_partial_side_effects() {
     tokio::spawn(async move { axum::serve(listener, router).await });
     let mut config = case.config.clone();
     if let dbtrigger::config::SinkConfig::Webhook(webhook) = &mut config.sink {
-        webhook.url = url::Url::parse(&url).unwrap();
+        webhook.url = dbtrigger::config::OutboundUrl::new(url::Url::parse(&url).unwrap());
     }
     let sink = dbtrigger::sink::open(&config.sink).unwrap();
     let crashed = Arc::new(case.poller("crashed", case.store.clone(), Some(sink)));

@@ -130,6 +130,19 @@ async fn no_output_carries_a_secret_and_no_peer_forges_a_log_line() {
     for (name, poller) in &mistakes {
         write_function(root, name, json!({"bindings": timer(), "poller": poller}));
     }
+    // Issue 36, section 3: a literal URL with an unmatched '%' in its key, and a URL at the cloud
+    // metadata address, are refused without quoting their path or key.
+    let percent_url = format!("https://hooks.example/services/{PATH_TOKEN}/x?code={QUERY_KEY}%3D");
+    let metadata_url = format!("http://169.254.169.254/{PATH_TOKEN}?code={QUERY_KEY}");
+    settings.push(("METADATA_HOOK".to_string(), metadata_url));
+    for (name, url) in [("e_percent", percent_url.as_str()), ("f_metadata", "%METADATA_HOOK%")] {
+        let sink = json!({"type": "webhook", "url": url});
+        write_function(
+            root,
+            name,
+            json!({"bindings": timer(), "poller": {"source": source, "sink": sink, "state": state}}),
+        );
+    }
     let offline_sink = json!({"type": "webhook", "url": "%OFFLINE_WEBHOOK%", "maxRetries": 0, "timeoutSeconds": 2});
     write_function(
         root,
@@ -164,6 +177,11 @@ async fn no_output_carries_a_secret_and_no_peer_forges_a_log_line() {
             .unwrap_or_else(|| panic!("check names {function}:\n{stdout}"));
         assert!(line.contains(field) && line.contains(&format!("write \"{name}\", not \"%{name}%\"")), "{line}");
     }
+    let line_of = |function: &str| stdout.lines().find(|line| line.contains(&format!("{function}/function.json")));
+    let percent = line_of("e_percent").unwrap_or_else(|| panic!("check names e_percent:\n{stdout}"));
+    assert!(percent.contains("unmatched '%'") && percent.contains("https://hooks.example/…"), "{percent}");
+    let metadata = line_of("f_metadata").unwrap_or_else(|| panic!("check names f_metadata:\n{stdout}"));
+    assert!(metadata.contains("link-local") && metadata.contains("allowLinkLocal"), "{metadata}");
     assert_no_secret("check", &format!("{stdout}{stderr}"));
     let (_, status_stdout, status_stderr) = run_dbtrigger(&app, &settings, &["status", "--json"]);
     assert_no_secret("the status command", &format!("{status_stdout}{status_stderr}"));

@@ -80,7 +80,7 @@ async fn bytes_sent_for_two_fetches_of_megabyte_rows(engine: Engine) -> u64 {
         if engine == Engine::Postgres { crate::services::postgres().port } else { crate::services::mariadb().port };
     let (proxy_port, from_server) = counting_proxy(server_port).await;
     let proxied = database.url.replace(&format!(":{server_port}/"), &format!(":{proxy_port}/"));
-    let (config, _directory) = items_config(&proxied, json!({"settleSeconds": 0}), 500);
+    let (config, _directory) = items_config(&proxied, json!({"settleSeconds": 0, "maxRowBytes": 4 << 20}), 500);
     let source = dbtrigger::source::open(&config.source).unwrap();
     let limit = FetchLimit { rows: 500, bytes: 4 << 20 };
     // The pre-flight (column types, index) is not what is measured.
@@ -137,7 +137,7 @@ async fn rows_that_grow_mid_fetch_close_the_connection_instead_of_draining_it() 
     let server_port = crate::services::postgres().port;
     let (proxy_port, from_server) = counting_proxy(server_port).await;
     let proxied = database.url.replace(&format!(":{server_port}/"), &format!(":{proxy_port}/"));
-    let (config, _directory) = items_config(&proxied, json!({"settleSeconds": 0}), 500);
+    let (config, _directory) = items_config(&proxied, json!({"settleSeconds": 0, "maxRowBytes": 4 << 20}), 500);
     let source = dbtrigger::source::open(&config.source).unwrap();
     let limit = FetchLimit { rows: 500, bytes: 4 << 20 };
     source.count_after(None, 1).await.unwrap();
