@@ -349,7 +349,7 @@ fn unmatched_percent(text: &str, byte_position: usize) -> String {
     let position = text.get(..byte_position).map(|before| before.chars().count() + 1).unwrap_or(0);
     let shown = match url::Url::parse(text) {
         Ok(url) if url.host_str().is_some() => {
-            format!(" of the URL {}/… (the rest not shown: it may hold a key)", super::sink::shown_endpoint(&url))
+            format!(" of the URL {}/… (the rest not shown: it may hold a key)", super::redact::shown_endpoint(&url))
         }
         _ => " of the value (not shown: it may hold a secret)".to_string(),
     };

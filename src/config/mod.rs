@@ -45,9 +45,9 @@ use serde_json::Value;
 pub use self::batch::{BatchConfig, Order, PoisonConfig};
 pub use self::connection::{StorageConnection, StorageCredential};
 pub use self::late::LateArrivalsConfig;
+pub use self::redact::shown_endpoint;
 pub use self::sink::{
     MessageEncoding, MessagePer, OutboundUrl, QueueConfig, SigningKey, SinkConfig, WebhookConfig, outbound_refusal,
-    shown_endpoint,
 };
 pub use self::source::{
     Engine, GenerationConfig, LOGICAL_CURSOR, LOGICAL_KEY, OnGenerationChange, OpRule, OversizedRows, SourceConfig,

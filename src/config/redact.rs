@@ -11,6 +11,14 @@ const SECRET_PARAMETER_NAMES: [&str; 2] = ["code", "auth"];
 /// What replaces a secret.
 pub const MASK: &str = "***";
 
+/// The part of a URL safe to print: scheme, host and port. A path may hold a token as much as the
+/// user info or the query may (chat hooks carry theirs in the path), so none of them is shown: in
+/// logs, errors, `last_error`, status, alerts and quarantine entries alike.
+pub fn shown_endpoint(url: &url::Url) -> String {
+    let port = url.port().map(|port| format!(":{port}")).unwrap_or_default();
+    format!("{}://{}{port}", url.scheme(), url.host_str().unwrap_or_default())
+}
+
 /// Text a peer sent (a receiver's answer, a database's or a storage service's error message),
 /// made safe for one log line or one stored error: every control character (newlines, carriage
 /// returns, escape sequences, C1 controls) and every character that reorders or separates lines

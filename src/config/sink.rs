@@ -7,6 +7,7 @@ use base64::engine::general_purpose::STANDARD;
 
 use super::connection::StorageConnection;
 use super::function_json::RawSink;
+use super::redact::shown_endpoint;
 use super::state::is_valid_container_name;
 use super::{ConfigError, Located, defaults, in_range, ranges};
 use crate::settings::Settings;
@@ -270,14 +271,6 @@ impl std::fmt::Display for OutboundUrl {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         formatter.write_str(&self.shown())
     }
-}
-
-/// The part of a URL safe to print: scheme, host and port. A path may hold a token as much as the
-/// user info or the query may (chat hooks carry theirs in the path), so none of them is shown: in
-/// logs, errors, `last_error`, status, alerts and quarantine entries alike.
-pub fn shown_endpoint(url: &url::Url) -> String {
-    let port = url.port().map(|port| format!(":{port}")).unwrap_or_default();
-    format!("{}://{}{port}", url.scheme(), url.host_str().unwrap_or_default())
 }
 
 /// The signing key held by app setting `name` (named in `field`), decoded.
