@@ -32,10 +32,9 @@ use crate::store::quarantine::{self, QuarantineEntry};
 use crate::store::{StateWriter, WriteFailure};
 
 use super::Poller;
-use super::ledger::HeartbeatFailure;
+use super::ledger::{HEARTBEAT_RETRY_DELAY, HeartbeatFailure};
 use super::outcome::{StopReason, TickError, TickOutcome, Totals};
 use super::panic_message;
-use super::pipeline::HEARTBEAT_RETRY_DELAY;
 use super::reader::Prepared;
 use super::timer::{Timer, runtime_deadline};
 

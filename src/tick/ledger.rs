@@ -2,18 +2,49 @@
 //! release of the lease, and the failures recorded for `status` and the watchdog. Each one is a
 //! pure transition written by compare-and-swap on the ETag the previous read or write left.
 
+use tokio::task::AbortHandle;
 use tracing::{info, warn};
 
-use crate::domain::StateDocument;
 use crate::domain::late::KeyRow;
 use crate::domain::poison::PoisonRecord;
 use crate::domain::state::describe;
 use crate::domain::transitions::{self, Delivered, Refusal};
+use crate::domain::{Position, StateDocument};
 use crate::store::{StateWriter, StoreError, WriteFailure};
 
 use super::Poller;
 use super::outcome::{TickError, TickOutcome};
-use super::pipeline::{Sent, delivered};
+
+/// How long after a failed heartbeat the next attempt is made (the lease stays ours until it
+/// expires; `holder_may_act` stops the tick before that).
+pub(super) const HEARTBEAT_RETRY_DELAY: chrono::Duration = chrono::Duration::seconds(1);
+
+/// A batch handed to the sink, awaiting its acknowledgement.
+pub(super) struct Sent {
+    pub(super) batch_id: String,
+    pub(super) first: Position,
+    pub(super) last: Position,
+    pub(super) rows: usize,
+    /// The batches it completes: 1 for a batch of today's window; for a run of the ordered
+    /// window, the batches whose every event it brings under the checkpoint.
+    pub(super) batches: usize,
+    /// Its rows' keys, for the late-arrival window (empty while the detector is off).
+    pub(super) keys: Vec<KeyRow>,
+    /// Aborts its delivery, when a batch before it failed (`None`: a run of the ordered window).
+    pub(super) abort: Option<AbortHandle>,
+}
+
+/// What a commit over `run` (contiguous acknowledged batches) records; `None` for no batch.
+pub(super) fn delivered(run: &[Sent]) -> Option<Delivered<'_>> {
+    let last = run.last()?;
+    Some(Delivered {
+        last: &last.last,
+        last_batch_id: &last.batch_id,
+        rows: run.iter().map(|sent| sent.rows).sum(),
+        batches: run.iter().map(|sent| sent.batches).sum(),
+        quarantined: 0,
+    })
+}
 
 /// Why a heartbeat stopped the work.
 pub(super) enum HeartbeatFailure {

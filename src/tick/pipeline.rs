@@ -15,60 +15,27 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::FutureExt;
-use tokio::task::{AbortHandle, JoinError, JoinSet};
+use tokio::task::{JoinError, JoinSet};
 use tracing::warn;
 
 use crate::config::SinkConfig;
+use crate::domain::StateDocument;
 use crate::domain::endpoint::{self, Blame, Receiver};
-use crate::domain::late::KeyRow;
 use crate::domain::lease;
 use crate::domain::poison::{self, FailureKind, IsolationPlan, PoisonMode, Verdict};
-use crate::domain::transitions::Delivered;
 use crate::domain::window::BatchWindow;
-use crate::domain::{Position, StateDocument};
 use crate::sink::SinkError;
 use crate::source::Fetched;
 use crate::store::StateWriter;
 
 use super::Poller;
 use super::isolate::Isolation;
-use super::ledger::HeartbeatFailure;
+use super::ledger::{HEARTBEAT_RETRY_DELAY, HeartbeatFailure, Sent};
 use super::ordered::Ordered;
 use super::outcome::{StopReason, TickError, TickOutcome, Totals};
 use super::panic_message;
 use super::reader::{BatchMaker, Prepared, Reader};
 use super::timer::{Timer, runtime_deadline};
-
-/// How long after a failed heartbeat the next attempt is made (the lease stays ours until it
-/// expires; `holder_may_act` stops the tick before that).
-pub(super) const HEARTBEAT_RETRY_DELAY: chrono::Duration = chrono::Duration::seconds(1);
-
-/// A batch handed to the sink, awaiting its acknowledgement.
-pub(super) struct Sent {
-    pub(super) batch_id: String,
-    pub(super) first: Position,
-    pub(super) last: Position,
-    pub(super) rows: usize,
-    /// The batches it completes: 1 for a batch of today's window; for a run of the ordered
-    /// window, the batches whose every event it brings under the checkpoint.
-    pub(super) batches: usize,
-    /// Its rows' keys, for the late-arrival window (empty while the detector is off).
-    pub(super) keys: Vec<KeyRow>,
-    /// Aborts its delivery, when a batch before it failed (`None`: a run of the ordered window).
-    abort: Option<AbortHandle>,
-}
-
-/// What a commit over `run` (contiguous acknowledged batches) records; `None` for no batch.
-pub(super) fn delivered(run: &[Sent]) -> Option<Delivered<'_>> {
-    let last = run.last()?;
-    Some(Delivered {
-        last: &last.last,
-        last_batch_id: &last.batch_id,
-        rows: run.iter().map(|sent| sent.rows).sum(),
-        batches: run.iter().map(|sent| sent.batches).sum(),
-        quarantined: 0,
-    })
-}
 
 fn add_batches(totals: &mut Totals, committed: &[Sent]) {
     if let Some(last) = committed.last() {
