@@ -25,7 +25,9 @@
 //! | `pipeline.rs` | the delivery loop: window, deliveries, reads, commits, a failed batch    |
 //! | `isolate.rs`  | isolating a poison batch, holding the lease, committing as it settles    |
 //! | `late.rs`     | the late-arrival detector: its window recorded, recounted, delivered    |
-//! | `ledger.rs`   | the document writes: commit, heartbeat, release, failures recorded       |
+//! | `ledger.rs`   | what was sent and what a commit over it records; the document writes:    |
+//! |               | commit, heartbeat, release, failures recorded                            |
+//! | `ordered.rs`  | the ordered window: a key's events in order, keys in parallel (issue 38) |
 //! | `reader.rs`   | the batches: made from rows, read ahead                                  |
 //! | `budget.rs`   | the app-wide budget of bytes in flight that every read reserves from     |
 //! | `outcome.rs`  | [`TickOutcome`], [`TickError`], [`TickReport`]                           |
