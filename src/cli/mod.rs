@@ -49,21 +49,7 @@ impl Cli {
     /// command answers on stdout and says only what went wrong on stderr (warnings and errors),
     /// as kubectl and cargo do, unless asked for more with `-v`; the demo tells its own story.
     pub fn log_level(&self) -> &'static str {
-        let quiet = matches!(
-            self.command,
-            Command::Demo { .. }
-                | Command::Quarantine { .. }
-                | Command::Package { .. }
-                | Command::Inspect { .. }
-                | Command::Sql { .. }
-                | Command::Status { .. }
-                | Command::New { .. }
-                | Command::Check { .. }
-                | Command::Schema { .. }
-                | Command::Reset { .. }
-                | Command::Clone { .. }
-                | Command::Fingerprint { .. }
-        );
+        let quiet = matches!(self.command, Command::Demo { .. }) || self.command.is_operator();
         match (quiet, self.verbose) {
             (_, 2..) => "debug",
             (true, 0) => "warn",
@@ -349,20 +335,26 @@ impl Command {
     /// Operator commands log to stderr, so that what they print stays clean; the rest by
     /// severity (warnings and errors to stderr), as the Functions host expects (see `logging`).
     pub fn log_stream(&self) -> crate::logging::LogStream {
-        match self {
+        if self.is_operator() { crate::logging::LogStream::Stderr } else { crate::logging::LogStream::BySeverity }
+    }
+
+    /// The operator commands: they answer on stdout, log on stderr, and only warnings and errors
+    /// unless asked for more (one list for both decisions).
+    fn is_operator(&self) -> bool {
+        matches!(
+            self,
             Command::Quarantine { .. }
-            | Command::Package { .. }
-            | Command::Inspect { .. }
-            | Command::Sql { .. }
-            | Command::Status { .. }
-            | Command::New { .. }
-            | Command::Check { .. }
-            | Command::Schema { .. }
-            | Command::Reset { .. }
-            | Command::Clone { .. }
-            | Command::Fingerprint { .. } => crate::logging::LogStream::Stderr,
-            _ => crate::logging::LogStream::BySeverity,
-        }
+                | Command::Package { .. }
+                | Command::Inspect { .. }
+                | Command::Sql { .. }
+                | Command::Status { .. }
+                | Command::New { .. }
+                | Command::Check { .. }
+                | Command::Schema { .. }
+                | Command::Reset { .. }
+                | Command::Clone { .. }
+                | Command::Fingerprint { .. }
+        )
     }
 }
 

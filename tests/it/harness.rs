@@ -352,15 +352,26 @@ pub async fn race_tick_processes(
 /// Runs the real binary with `arguments` and `--app-root`, the given settings as its environment
 /// and no terminal: returns (success, stdout, stderr).
 pub fn run_dbtrigger(app: &AppRoot, settings: &[(String, String)], arguments: &[&str]) -> (bool, String, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_dbtrigger"))
+    output_of(&mut dbtrigger_command(app, settings, arguments))
+}
+
+/// The real binary with `arguments` and `--app-root`, the given settings as its environment and
+/// no terminal, ready to run (a caller may change its environment first).
+pub fn dbtrigger_command(app: &AppRoot, settings: &[(String, String)], arguments: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_dbtrigger"));
+    command
         .args(arguments)
         .arg("--app-root")
         .arg(&app.root)
         .envs(settings.iter().map(|(key, value)| (key.as_str(), value.as_str())))
         .env_remove("FUNCTIONS_APP_ROOT_PATH")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+        .stdin(Stdio::null());
+    command
+}
+
+/// Runs `command` to its end: (success, stdout, stderr).
+pub fn output_of(command: &mut Command) -> (bool, String, String) {
+    let output = command.output().unwrap();
     (
         output.status.success(),
         String::from_utf8_lossy(&output.stdout).into_owned(),

@@ -2,27 +2,11 @@
 //! no INFO start-up lines ("app opened", "poller ready") unless asked for with `-v`; the handler's
 //! own commands (`tick` here) keep their log.
 
-use std::process::{Command, Stdio};
-
-use crate::harness::{AppRoot, Orders, Receiver};
+use crate::harness::{AppRoot, Orders, Receiver, dbtrigger_command, output_of};
 
 /// Runs the real binary with `RUST_LOG` unset (the default level is what is under test).
 fn run(app: &AppRoot, settings: &[(String, String)], arguments: &[&str]) -> (bool, String, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_dbtrigger"))
-        .args(arguments)
-        .arg("--app-root")
-        .arg(&app.root)
-        .envs(settings.iter().map(|(key, value)| (key.as_str(), value.as_str())))
-        .env_remove("RUST_LOG")
-        .env_remove("FUNCTIONS_APP_ROOT_PATH")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    output_of(dbtrigger_command(app, settings, arguments).env_remove("RUST_LOG"))
 }
 
 fn has_startup_lines(stderr: &str) -> bool {
