@@ -162,7 +162,17 @@ async fn a_million_change_transaction_arrives_in_order_in_bounded_memory_through
     let (ended, _, first_peak, output) =
         tick_process(&app, &settings, || half.events.load(Ordering::SeqCst) >= HALF).await;
     assert!(!ended, "the tick ended before half of the transaction was delivered: {output}");
-    let before_kill = seen.events.load(Ordering::SeqCst);
+    // A request the killed process had sent whole may still be handled after the kill (CI saw a
+    // batch land after `last` was read): wait until the receiver has been quiet for a second.
+    let mut quiet = (seen.events.load(Ordering::SeqCst), Instant::now());
+    while quiet.1.elapsed() < Duration::from_secs(1) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let events = seen.events.load(Ordering::SeqCst);
+        if events != quiet.0 {
+            quiet = (events, Instant::now());
+        }
+    }
+    let before_kill = quiet.0;
     assert_eq!(seen.repeats.load(Ordering::SeqCst), 0);
     // The killed tick's lease is let expire (as a minute would): the next tick may start.
     let state = app.state_dir.join(format!("state/{}/orders.json", app.app_name));
