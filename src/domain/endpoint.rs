@@ -11,8 +11,13 @@
 //!   every row would get the same answer, so the poller holds at its checkpoint, records the
 //!   failure and quarantines nothing; the next tick tries the same rows, and gets through once the
 //!   endpoint is fixed.
-//! - about the **rows** (400, 409, 413, 422, …; a queue message over its size limit): the batch is
+//! - about the **rows** (400, 413, 422, …; a queue message over its size limit): the batch is
 //!   isolated and the rows refused alone quarantined, as before.
+//!
+//! A 409 is about the endpoint too: it is what a receiver answers a stale fencing token
+//! (docs/receivers.md), or its own conflict (an idempotency key still in use by an earlier
+//! request); neither says anything of a row, and a row is never quarantined for it (issue 35: a
+//! receiver's 409 for a row tried alone sent it to the quarantine).
 //!
 //! The table below is the whole decision; [`Blame`] is what the tick and the isolation act on.
 
@@ -41,8 +46,9 @@ pub enum Blame {
 /// | webhook  | 403                            | endpoint | the credential may not post here                  |
 /// | webhook  | 404, 405, 410, 421             | endpoint | no such route or method (a gateway, a removed hook, a wrong host) |
 /// | webhook  | 406, 415, 426                  | endpoint | the content type or protocol every request shares |
+/// | webhook  | 409                            | endpoint | a stale fencing token, or the receiver's own conflict: not about a row |
 /// | webhook  | 413                            | rows     | the body is too big: a smaller part, or the row alone, tells |
-/// | webhook  | any other (400, 409, 422, …)   | rows     | the receiver judged what it read                  |
+/// | webhook  | any other (400, 422, …)        | rows     | the receiver judged what it read                  |
 /// | queue    | 413                            | rows     | a row over the message limit (checked before sending) |
 /// | queue    | any other                      | endpoint | the service refused the account, queue or SAS (403 `AuthorizationPermissionMismatch`) |
 pub fn blame(receiver: Receiver, status: u16) -> Blame {
@@ -51,7 +57,7 @@ pub fn blame(receiver: Receiver, status: u16) -> Blame {
         Receiver::StorageQueue => Blame::Endpoint,
         Receiver::Webhook => match status {
             300..=399 => Blame::Endpoint,
-            401 | 403 | 404 | 405 | 406 | 407 | 410 | 415 | 421 | 426 => Blame::Endpoint,
+            401 | 403 | 404 | 405 | 406 | 407 | 409 | 410 | 415 | 421 | 426 => Blame::Endpoint,
             _ => Blame::Rows,
         },
     }
@@ -69,6 +75,9 @@ pub fn meaning(receiver: Receiver, status: u16) -> &'static str {
         (Receiver::Webhook, 403) => "the credential may not post here",
         (Receiver::Webhook, 404 | 410 | 421) => "no such route or host (a gateway, a removed hook, a wrong URL)",
         (Receiver::Webhook, 405) => "the URL does not take POST",
+        (Receiver::Webhook, 409) => {
+            "a conflict: a fencing token the receiver holds as stale, or a request of its own still in progress"
+        }
         (Receiver::Webhook, _) => "the receiver refuses every request alike",
     }
 }
@@ -97,9 +106,10 @@ mod tests {
             (Webhook, 415, Endpoint),
             (Webhook, 421, Endpoint),
             (Webhook, 426, Endpoint),
+            // A stale fencing token, or the receiver's own conflict: never a row's.
+            (Webhook, 409, Endpoint),
             // What the receiver says of what it read is about the rows.
             (Webhook, 400, Rows),
-            (Webhook, 409, Rows),
             (Webhook, 411, Rows),
             (Webhook, 412, Rows),
             (Webhook, 413, Rows),

@@ -2,9 +2,15 @@
 //! named; the name is what a failing run reports (and what the module documentation lists).
 //!
 //! A row is "accounted for" by a poller when the receiver acknowledged it for that poller (under
-//! the load it belongs to), or it is in that poller's quarantine, or it is excused: an operator
-//! purged it, or it was before the checkpoint a copy was cloned at.
+//! the load it belongs to, in the poller's epoch: under a fencing token at least the one its last
+//! reset wrote, from a process that had not crashed), or it is in that poller's quarantine, or it
+//! is excused: an operator purged it, or it was before the checkpoint a copy was cloned at (both
+//! in the epoch since the last reset).
+//!
+//! What cannot be read is a violation, never skipped: a state document, a checkpoint or a
+//! quarantine entry the observer cannot parse.
 
+use std::cell::RefCell;
 use std::collections::BTreeSet;
 
 use dbtrigger::domain::StateDocument;
@@ -32,26 +38,65 @@ impl Violation {
     }
 }
 
-async fn document(world: &World, index: usize) -> Option<StateDocument> {
+thread_local! {
+    /// Panics of this thread's run that no script asked for (the runtime is current-thread: every
+    /// task of a run panics on its thread), noted by the panic hook even where the product catches
+    /// them (a read's panic becomes a source error, a delivery's a transient sink error).
+    static UNSCRIPTED_PANICS: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The panic hook's note of a panic nobody scripted.
+pub fn note_unscripted_panic(what: String) {
+    UNSCRIPTED_PANICS.with(|panics| panics.borrow_mut().push(what));
+}
+
+/// Forgets the panics noted on this thread (a run starts).
+pub fn forget_panics() {
+    UNSCRIPTED_PANICS.with(|panics| panics.borrow_mut().clear());
+}
+
+fn unscripted_panic() -> Result<(), Violation> {
+    match UNSCRIPTED_PANICS.with(|panics| panics.borrow().first().cloned()) {
+        Some(what) => Err(Violation::new("nothing panics", format!("an unscripted panic (caught or not): {what}"))),
+        None => Ok(()),
+    }
+}
+
+fn unreadable(what: String) -> Violation {
+    Violation::new("every stored document the poller wrote is readable", what)
+}
+
+async fn document(world: &World, index: usize) -> Result<Option<StateDocument>, Violation> {
     let key = world.pollers[index].observer.key();
     match world.clean_store().read(&key).await {
-        Ok(found) => found.map(|versioned| versioned.document),
-        Err(error) => panic!("the simulation's store cannot be read: {error}"),
+        Ok(found) => Ok(found.map(|versioned| versioned.document)),
+        Err(error) => Err(unreadable(format!("the state document of {}: {error}", key.poller))),
     }
 }
 
 /// The checkpoint as (generation recorded, cursor, key), if it has one.
-fn checkpoint(document: &StateDocument) -> Option<(Option<u64>, i64, i64)> {
-    let position = document.position().ok()??;
-    let (cursor, key) = cursor_and_key(&position)?;
+fn checkpoint(document: &StateDocument) -> Result<Option<(Option<u64>, i64, i64)>, Violation> {
+    let position = match document.position() {
+        Ok(Some(position)) => position,
+        Ok(None) => return Ok(None),
+        Err(error) => return Err(unreadable(format!("the checkpoint of {}: {error}", document.poller_name))),
+    };
+    let Some((cursor, key)) = cursor_and_key(&position) else {
+        return Err(unreadable(format!(
+            "the checkpoint of {} is no (cursor, key): {position:?}",
+            document.poller_name
+        )));
+    };
     let generation = document.generation.as_ref().and_then(|record| record.value.as_u64());
-    Some((generation, cursor, key))
+    Ok(Some((generation, cursor, key)))
 }
 
 /// Rows of the current load the checkpoint of poller `index` is past (none when the checkpoint
-/// belongs to another load: the next tick restarts).
+/// belongs to another load: the next tick restarts, or cannot be read: the next check says so).
 pub async fn covered_by_checkpoint(world: &World, index: usize) -> BTreeSet<RowId> {
-    let Some((generation, cursor, key)) = document(world, index).await.as_ref().and_then(checkpoint) else {
+    let found = document(world, index).await.ok().flatten();
+    let Some((generation, cursor, key)) = found.as_ref().and_then(|document| checkpoint(document).ok().flatten())
+    else {
         return BTreeSet::new();
     };
     let table = world.source.table.lock().unwrap();
@@ -63,28 +108,31 @@ pub async fn covered_by_checkpoint(world: &World, index: usize) -> BTreeSet<RowI
 
 pub async fn fingerprint_matches(world: &World, index: usize) -> bool {
     let config = &world.pollers[index].config;
-    document(world, index).await.is_none_or(|document| document.source_fingerprint == config.fingerprint)
+    let found = document(world, index).await.ok().flatten();
+    found.is_none_or(|document| document.source_fingerprint == config.fingerprint)
 }
 
 /// Quarantined rows of poller `index`, with their entries' status and fencing token.
-async fn quarantined(world: &World, index: usize) -> Vec<(RowId, Option<u16>, u64, String)> {
+type Entry = (RowId, Option<u16>, u64, String);
+
+async fn quarantined(world: &World, index: usize) -> Result<Vec<Entry>, Violation> {
     let name = &world.pollers[index].config.poller_name;
     let entries = quarantine::list(world.clean_store().as_ref(), APP, name)
         .await
-        .unwrap_or_else(|error| panic!("the quarantine cannot be read: {error}"));
-    entries
-        .into_iter()
-        .filter_map(|(entry, _)| {
-            let row = entry.event.get("row").and_then(|row| row.as_object()).and_then(row_of)?;
-            Some((row, entry.status, entry.fencing_token, entry.id))
-        })
-        .collect()
+        .map_err(|error| unreadable(format!("the quarantine of {name}: {error}")))?;
+    let mut rows = Vec::new();
+    for (entry, _) in entries {
+        let Some(row) = entry.event.get("row").and_then(|row| row.as_object()).and_then(row_of) else {
+            return Err(unreadable(format!("quarantine entry {} of {name} holds no row: {}", entry.id, entry.event)));
+        };
+        rows.push((row, entry.status, entry.fencing_token, entry.id));
+    }
+    Ok(rows)
 }
 
 fn accounted(world: &World, index: usize, in_quarantine: &BTreeSet<RowId>, row: &RowId) -> bool {
     let logical = &world.pollers[index];
-    let acknowledged =
-        world.sink.lock().unwrap().acknowledged.contains_key(&(logical.config.poller_name.clone(), *row));
+    let acknowledged = world.sink.lock().unwrap().acknowledged_now(&logical.config.poller_name, row);
     acknowledged || in_quarantine.contains(row) || logical.excused.contains(row)
 }
 
@@ -98,6 +146,7 @@ fn key_order(world: &World) -> Result<(), Violation> {
 
 /// After every step.
 pub async fn check(world: &mut World) -> Result<(), Violation> {
+    unscripted_panic()?;
     key_order(world)?;
     if let Some((invariant, what)) = world.store.stale_entries.lock().unwrap().first() {
         return Err(Violation::new(invariant, what.clone()));
@@ -105,7 +154,7 @@ pub async fn check(world: &mut World) -> Result<(), Violation> {
     let mut quarantined_rows = 0;
     for index in 0..world.pollers.len() {
         let name = world.pollers[index].config.poller_name.clone();
-        let entries = quarantined(world, index).await;
+        let entries = quarantined(world, index).await?;
         quarantined_rows += entries.len();
         for (row, status, _, id) in &entries {
             if status.is_none() {
@@ -124,7 +173,7 @@ pub async fn check(world: &mut World) -> Result<(), Violation> {
             }
         }
         let in_quarantine: BTreeSet<RowId> = entries.iter().map(|(row, ..)| *row).collect();
-        let Some(document) = document(world, index).await else {
+        let Some(document) = document(world, index).await? else {
             continue;
         };
         // Every simulated row commits in order (a new row takes the next cursor, an update moves
@@ -137,7 +186,7 @@ pub async fn check(world: &mut World) -> Result<(), Violation> {
                 format!("{name}: {} rows reported late (the most {:?} s late)", late.found, late.max_lateness_seconds),
             ));
         }
-        let checkpoint = checkpoint(&document);
+        let checkpoint = checkpoint(&document)?;
         if let Some((generation, cursor, key)) = checkpoint {
             let rows = world.source.table.lock().unwrap().ordered();
             let current = rows.first().map(|row| row.generation);
@@ -203,9 +252,10 @@ pub async fn after_tick(
             ),
         ));
     }
-    let marker = document(world, index)
-        .await
-        .map(|document| format!("{:?} / {:?}", checkpoint(&document), document.generation.map(|g| g.value)));
+    let marker = match document(world, index).await? {
+        Some(document) => Some(format!("{:?} / {:?}", checkpoint(&document)?, document.generation.map(|g| g.value))),
+        None => None,
+    };
     let failing = match result {
         Ok(TickOutcome::Idle | TickOutcome::Delivered { .. }) => Some(false),
         Err(
@@ -216,6 +266,7 @@ pub async fn after_tick(
             | TickError::Checkpoint(_)
             | TickError::PoisonStop { .. }
             | TickError::GenerationChanged { .. }
+            | TickError::EndpointRefused { .. }
             | TickError::Document(_),
         ) => Some(true),
         // A scripted source or store failure, a lease held, a takeover, a reload: no verdict.
@@ -261,7 +312,8 @@ pub async fn complete(world: &mut World) -> Result<(), Violation> {
     check(world).await?;
     let rows = world.source.table.lock().unwrap().ordered();
     for index in 0..world.pollers.len() {
-        let in_quarantine: BTreeSet<RowId> = quarantined(world, index).await.into_iter().map(|(row, ..)| row).collect();
+        let in_quarantine: BTreeSet<RowId> =
+            quarantined(world, index).await?.into_iter().map(|(row, ..)| row).collect();
         if let Some(lost) = rows.iter().find(|row| !accounted(world, index, &in_quarantine, row)) {
             return Err(Violation::new(
                 "every row is delivered or quarantined",
@@ -270,4 +322,33 @@ pub async fn complete(world: &mut World) -> Result<(), Violation> {
         }
     }
     Ok(())
+}
+
+/// After each tick that ended (not crashed): it took no longer than its budget and the margin the
+/// host's `functionTimeout` must leave beyond it (`TIMEOUT_MARGIN_SECONDS`, docs/deploy.md).
+pub fn tick_took(world: &World, index: usize, me: &str, took: std::time::Duration) -> Result<(), Violation> {
+    let bound = std::time::Duration::from_secs(world.variant.tick_budget_seconds + MARGIN_SECONDS);
+    if took > bound {
+        return Err(Violation::new(
+            "a tick ends within its budget",
+            format!(
+                "poller {index}, owner {me}: the tick took {:.1} s, over its budget of {} s and the {MARGIN_SECONDS} s margin",
+                took.as_secs_f64(),
+                world.variant.tick_budget_seconds
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// What a tick may take beyond its budget (its last commit, the release): the margin the
+/// configuration keeps before `functionTimeout`.
+const MARGIN_SECONDS: u64 = 30;
+
+/// The rows in the quarantine of poller `index` now (none readable: none).
+pub async fn in_quarantine(world: &World, index: usize) -> BTreeSet<RowId> {
+    quarantined(world, index)
+        .await
+        .map(|entries| entries.into_iter().map(|(row, ..)| row).collect())
+        .unwrap_or_default()
 }

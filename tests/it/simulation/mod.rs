@@ -123,6 +123,8 @@ fn quiet_scripted_panics() {
         std::panic::set_hook(Box::new(move |info| {
             let scripted = info.payload().downcast_ref::<&str>().is_some_and(|text| text.contains("scripted panic"));
             if !scripted {
+                // Noted for the run on this thread, if any: caught by the product or not, it fails it.
+                invariants::note_unscripted_panic(info.to_string());
                 previous(info);
             }
         }));
@@ -136,6 +138,7 @@ fn drive(variant: Variant, seed: Option<u64>, mut next: impl FnMut(&World, usize
     // Hunting one bug while another is known: the other invariants are not enforced.
     let only = std::env::var("DBTRIGGER_SIM_ONLY").ok();
     let enforced = |broken: &Violation| only.as_ref().is_none_or(|only| broken.invariant.contains(only.as_str()));
+    invariants::forget_panics();
     runtime.block_on(async {
         let mut world = World::new(variant);
         let mut steps = Vec::new();

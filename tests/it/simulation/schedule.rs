@@ -88,7 +88,18 @@ pub enum Step {
     },
     /// The receiver accepts every row again (the poison rows were fixed).
     Heal,
+    /// A fault of the ticks' handle on the store.
     Store(StoreFault),
+    /// A fault of the operators' handle on the store.
+    OperatorStore(StoreFault),
+    /// The next requests are refused with a 409 that is the receiver's own conflict.
+    Conflicts {
+        next: u8,
+    },
+    /// The receiver checks fencing tokens (the README asks it to), or ignores them.
+    Fencing {
+        enforced: bool,
+    },
     /// Another instance takes the lease, as one whose clock ran ahead would, and never delivers.
     Rival {
         poller: u8,
@@ -172,6 +183,9 @@ pub fn next(rng: &mut fastrand::Rng, view: &View) -> Step {
         Timeouts,
         Heal,
         Store,
+        OperatorStore,
+        Conflicts,
+        Fencing,
         Rival,
         Source,
         Operator,
@@ -191,7 +205,10 @@ pub fn next(rng: &mut fastrand::Rng, view: &View) -> Step {
             (Kind::Unauthorized, 2),
             (Kind::Timeouts, 2),
             (Kind::Heal, 1),
-            (Kind::Store, 3),
+            (Kind::Store, 5),
+            (Kind::OperatorStore, 2),
+            (Kind::Conflicts, 1),
+            (Kind::Fencing, 1),
             (Kind::Rival, 1),
             (Kind::Source, 3),
             (Kind::Operator, 5),
@@ -220,12 +237,15 @@ pub fn next(rng: &mut fastrand::Rng, view: &View) -> Step {
         Kind::Reload => Step::Reload { rows: rng.u8(0..=10) },
         Kind::Latency => latency(rng, view.slow_receiver),
         Kind::Outage => Step::Outage { ms: pick(rng, &[(1_000, 1), (5_000, 2), (20_000, 2), (60_000, 1)]) },
-        Kind::Unauthorized => Step::Unauthorized { ms: pick(rng, &[(5_000, 1), (20_000, 2), (60_000, 1)]) },
+        Kind::Unauthorized => {
+            Step::Unauthorized { ms: pick(rng, &[(5_000, 1), (20_000, 2), (60_000, 1), (240_000, 1)]) }
+        }
         Kind::Timeouts => Step::Timeouts { next: rng.u8(1..=3) },
         Kind::Heal => Step::Heal,
-        Kind::Store => {
-            Step::Store(if rng.bool() { StoreFault::RefuseNextWrite } else { StoreFault::LandNextWriteButFail })
-        }
+        Kind::Store => Step::Store(store_fault(rng)),
+        Kind::OperatorStore => Step::OperatorStore(store_fault(rng)),
+        Kind::Conflicts => Step::Conflicts { next: rng.u8(1..=3) },
+        Kind::Fencing => Step::Fencing { enforced: rng.u8(0..3) == 0 },
         Kind::Rival => Step::Rival { poller: poller(rng) },
         Kind::Source => Step::Source(pick(
             rng,
@@ -253,4 +273,22 @@ pub fn next(rng: &mut fastrand::Rng, view: &View) -> Step {
             Step::Operator { poller: poller(rng), command }
         }
     }
+}
+
+/// A fault real blob storage has, for the next request of its kind.
+fn store_fault(rng: &mut fastrand::Rng) -> StoreFault {
+    pick(
+        rng,
+        &[
+            (StoreFault::RefuseNextWrite, 3),
+            (StoreFault::LandNextWriteButFail, 3),
+            (StoreFault::LandNextWriteButConflict, 3),
+            (StoreFault::LandNextWriteLate { ms: 300 }, 1),
+            (StoreFault::LandNextWriteLate { ms: 4_000 }, 1),
+            (StoreFault::FailNextRead, 3),
+            (StoreFault::FailNextList, 1),
+            (StoreFault::FailNextDelete, 1),
+            (StoreFault::LandNextDeleteButFail, 1),
+        ],
+    )
 }

@@ -1,8 +1,11 @@
 //! The scripted receiver: latency (more for a batch holding a slow row), an outage (503s),
 //! timeouts, an endpoint refusing everything (401s: a rotated token, issue 36), per-row permanent
-//! refusals (a 422 for any batch holding a poison row), and fencing as
-//! the README asks of receivers (a batch whose token is below the highest one seen is refused with
-//! a 409). It records what it acknowledged, with the batch's fencing token.
+//! refusals (a 422 for any batch holding a poison row), 409s that are not about the row (a
+//! receiver's own conflict: never a reason to quarantine), and fencing as the README asks of
+//! receivers (a batch whose token is below the highest one seen is refused with a 409), or no
+//! fencing at all (a receiver that ignores the token). It records what it acknowledged, with the
+//! batch's fencing token; a request of a process that crashed (an isolation part runs detached
+//! from its tick, src/tick/isolate.rs) gets no answer and counts for nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -33,6 +36,16 @@ pub struct SinkState {
     pub slow: BTreeSet<(u64, i64)>,
     /// The highest fencing token seen, per poller.
     pub highest_token: BTreeMap<String, u64>,
+    /// The receiver ignores fencing tokens (it never answers 409 for a stale one).
+    pub unfenced: bool,
+    /// The next this many requests are refused with a 409 about the receiver's own state.
+    pub conflicts: u32,
+    /// (poller, lease owner id) of processes that crashed: what their tasks still send counts for
+    /// nothing.
+    pub dead: BTreeSet<(String, String)>,
+    /// Per poller, the fencing token its last reset wrote: an acknowledgement under an older
+    /// token was of the epoch before it, and no longer accounts for a row.
+    pub epoch_token: BTreeMap<String, u64>,
     /// (poller, row) -> the highest fencing token it was acknowledged under.
     pub acknowledged: BTreeMap<(String, RowId), u64>,
     pub requests: u64,
@@ -45,6 +58,16 @@ pub struct SinkState {
 
 pub struct ScriptedSink {
     pub state: Arc<Mutex<SinkState>>,
+    /// The lease owner id of the process sending (`None`: the observer's, an operator's).
+    pub owner: Option<String>,
+}
+
+impl SinkState {
+    /// Whether the receiver acknowledged `row` for `poller` in the poller's current epoch.
+    pub fn acknowledged_now(&self, poller: &str, row: &RowId) -> bool {
+        let epoch = self.epoch_token.get(poller).copied().unwrap_or(0);
+        self.acknowledged.get(&(poller.to_string(), *row)).is_some_and(|token| *token >= epoch)
+    }
 }
 
 /// The row an event carries (its columns hold the load, the key and the cursor).
@@ -57,9 +80,11 @@ pub fn row_of(row: &serde_json::Map<String, Value>) -> Option<RowId> {
 }
 
 /// A key's versions are first delivered in source order: a version acknowledged for the first
-/// time must be newer than every version of its key acknowledged before it.
-fn record_first_delivery(state: &mut SinkState, poller: &str, row: &RowId) {
-    if state.acknowledged.contains_key(&(poller.to_string(), *row)) {
+/// time must be newer than every version of its key acknowledged before it. (`stale`: a batch
+/// under a superseded token that a receiver without fencing took: the order is not the poller's
+/// to keep then.)
+fn record_first_delivery(state: &mut SinkState, poller: &str, row: &RowId, stale: bool) {
+    if state.acknowledged.contains_key(&(poller.to_string(), *row)) || stale {
         return;
     }
     let newest = state.newest_version.entry((poller.to_string(), row.generation, row.key)).or_insert(row.cursor);
@@ -106,10 +131,14 @@ impl Sink for ScriptedSink {
             return Err(transient("timed out at the tick's deadline"));
         }
         tokio::time::sleep(wait).await;
+        let mut state = self.state.lock().unwrap();
+        if self.owner.as_ref().is_some_and(|owner| state.dead.contains(&(batch.poller.clone(), owner.clone()))) {
+            // The process that sent it is gone: the connection dropped with it, unanswered.
+            return Err(transient("the sending process crashed"));
+        }
         if let Planned::Timeout = planned {
             return Err(transient("timed out"));
         }
-        let mut state = self.state.lock().unwrap();
         if state.outage_until.is_some_and(|until| Instant::now() < until) {
             return Err(transient("HTTP 503: down for maintenance"));
         }
@@ -121,18 +150,23 @@ impl Sink for ScriptedSink {
         if let Some(bad) = rows.iter().find(|row| state.poison.contains(&(row.generation, row.key))) {
             return Err(rejected(422, format!("row {} of load {} is refused", bad.key, bad.generation)));
         }
+        if state.conflicts > 0 {
+            state.conflicts -= 1;
+            return Err(rejected(409, "conflict: another request holds this resource".to_string()));
+        }
         let highest = state.highest_token.get(&batch.poller).copied().unwrap_or(0);
-        if batch.fencing_token < highest {
+        let stale = batch.fencing_token < highest;
+        if stale && !state.unfenced {
             return Err(rejected(409, format!("stale fencing token {} (seen {highest})", batch.fencing_token)));
         }
-        state.highest_token.insert(batch.poller.clone(), batch.fencing_token);
+        state.highest_token.insert(batch.poller.clone(), highest.max(batch.fencing_token));
         state.acknowledged_batches += 1;
         for row in rows {
             // A receiver drops the rows of a superseded load (the batch says which load it read).
             if batch.generation.as_ref().is_some_and(|generation| generation.as_u64() != Some(row.generation)) {
                 continue;
             }
-            record_first_delivery(&mut state, &batch.poller, &row);
+            record_first_delivery(&mut state, &batch.poller, &row, stale);
             let token = state.acknowledged.entry((batch.poller.clone(), row)).or_insert(0);
             *token = (*token).max(batch.fencing_token);
         }

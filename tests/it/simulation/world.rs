@@ -21,7 +21,7 @@ use super::operator;
 use super::schedule::{Command, Step, TTL_SECONDS, Variant};
 use super::sink::{ScriptedSink, SinkState};
 use super::source::{ScriptedSource, SourceShared};
-use super::store::{SimStore, StoreShared};
+use super::store::{Role, SimStore, StoreShared};
 
 /// A fixed epoch plus the (paused) runtime's elapsed time: decisions and timers agree.
 pub struct SimClock {
@@ -43,6 +43,8 @@ pub struct Ended {
     pub owner_id: String,
     pub log_from: usize,
     pub log_to: usize,
+    /// How long it ran, by the simulation's clock.
+    pub took: Duration,
 }
 
 /// One poller (the poller, or its copy): its owners, its observer, and what the invariants keep
@@ -107,9 +109,10 @@ impl World {
     }
 
     fn poller(&self, config: &PollerConfig, owner: &str, faulty: bool) -> Poller {
-        let store = Arc::new(SimStore { shared: self.store.clone(), faulty });
+        let role = if faulty { Role::Tick } else { Role::Clean };
+        let store = Arc::new(SimStore { shared: self.store.clone(), role });
         let source = Arc::new(ScriptedSource { shared: self.source.clone(), faulty });
-        let sink = Arc::new(ScriptedSink { state: self.sink.clone() });
+        let sink = Arc::new(ScriptedSink { state: self.sink.clone(), owner: faulty.then(|| owner.to_string()) });
         Poller::new(config.clone(), source, sink, store.clone(), self.clock.clone(), owner.to_string())
             .with_quarantine(store)
     }
@@ -147,7 +150,17 @@ impl World {
 
     /// The fault-free handle on the store (operators, the invariants).
     pub fn clean_store(&self) -> Arc<SimStore> {
-        Arc::new(SimStore { shared: self.store.clone(), faulty: false })
+        Arc::new(SimStore { shared: self.store.clone(), role: Role::Clean })
+    }
+
+    /// An operator's parts for `config`: the observer's source and receiver, a store handle that
+    /// takes the operators' fault script.
+    fn operator(&self, config: &PollerConfig) -> Poller {
+        let store = Arc::new(SimStore { shared: self.store.clone(), role: Role::Operator });
+        let source = Arc::new(ScriptedSource { shared: self.source.clone(), faulty: false });
+        let sink = Arc::new(ScriptedSink { state: self.sink.clone(), owner: None });
+        Poller::new(config.clone(), source, sink, store.clone(), self.clock.clone(), "operator".to_string())
+            .with_quarantine(store)
     }
 
     fn note(&mut self, what: String) {
@@ -177,6 +190,7 @@ impl World {
         let handle = tokio::spawn(async move {
             let owner_id = instance.owner_id.clone();
             let log_from = store.log_len();
+            let started = Instant::now();
             let tick = instance.tick_reported();
             let result = match crash_after_ms {
                 None => Some(tick.await),
@@ -186,7 +200,7 @@ impl World {
                     _ = tokio::time::sleep(Duration::from_millis(ms)) => None,
                 },
             };
-            Ended { result, owner_id, log_from, log_to: store.log_len() }
+            Ended { result, owner_id, log_from, log_to: store.log_len(), took: started.elapsed() }
         });
         logical.running.insert(owner, handle);
     }
@@ -244,6 +258,9 @@ impl World {
             Step::Timeouts { next } => self.sink.lock().unwrap().timeouts += next as u32,
             Step::Heal => self.sink.lock().unwrap().poison.clear(),
             Step::Store(fault) => self.store.faults.lock().unwrap().push_back(fault),
+            Step::OperatorStore(fault) => self.store.operator_faults.lock().unwrap().push_back(fault),
+            Step::Conflicts { next } => self.sink.lock().unwrap().conflicts += next as u32,
+            Step::Fencing { enforced } => self.sink.lock().unwrap().unfenced = !enforced,
             Step::Rival { poller } => self.rival(poller).await,
             Step::Source(fault) => self.source.faults.lock().unwrap().push_back(fault),
             Step::Operator { poller, command } => self.operate(poller, command).await,
@@ -295,12 +312,16 @@ impl World {
             Err(_) => "error",
         };
         let overlapped = ended.log_from..ended.log_to;
+        super::invariants::tick_took(self, poller as usize, &ended.owner_id, ended.took)?;
         super::invariants::after_tick(self, poller as usize, &ended.owner_id, &result, &report, overlapped).await
     }
 
     /// The process of `owner` comes back after a crash, with a new lease owner id.
     fn restart(&mut self, poller: u8, owner: u8) {
         let (slot, index) = (owner as usize, poller as usize);
+        // The incarnation ends: what its detached tasks still send counts for nothing.
+        let gone = (self.pollers[index].config.poller_name.clone(), self.pollers[index].owners[slot].owner_id.clone());
+        self.sink.lock().unwrap().dead.insert(gone);
         let incarnation = self.pollers[index].incarnations[slot] + 1;
         let instance = self.instance(&self.pollers[index].config, slot, incarnation);
         let logical = &mut self.pollers[index];
@@ -343,15 +364,18 @@ impl World {
         let Some(logical) = self.pollers.get(index) else {
             return;
         };
-        // The operator's parts are the observer's: fault-free, on the simulation's clock.
-        let observer = &logical.observer;
+        // The operator's parts are the observer's, on the simulation's clock, but for the store
+        // handle: it takes the operators' fault script.
+        let operator_parts = self.operator(&logical.config);
+        let observer = &operator_parts;
         let done = match command {
             Command::ResetToBeginning => operator::reset_to_beginning(observer).await,
             Command::AcceptFingerprint => operator::accept_fingerprint(observer).await,
             Command::ReplayAll => operator::replay_all(observer).await,
             Command::PurgeAll => {
                 let (rows, done) = operator::purge_all(observer).await;
-                self.pollers[index].excused.extend(rows);
+                let kept = super::invariants::in_quarantine(self, index).await;
+                self.pollers[index].excused.extend(rows.into_iter().filter(|row| !kept.contains(row)));
                 done
             }
             Command::Clone => {
@@ -376,6 +400,13 @@ impl World {
         }
         if command == Command::ResetToBeginning && done.is_ok() {
             self.pollers[index].last_checkpoint = None;
+            // A new epoch: what was acknowledged or excused before it accounts for no row.
+            self.pollers[index].excused.clear();
+            let key = self.pollers[index].observer.key();
+            if let Ok(Some(reset)) = self.clean_store().read(&key).await {
+                let token = reset.document.lease.map(|lease| lease.fencing_token).unwrap_or(0);
+                self.sink.lock().unwrap().epoch_token.insert(key.poller.clone(), token);
+            }
         }
         self.note(format!("{index}/operator {command:?}: {done:?}"));
     }
@@ -432,6 +463,8 @@ impl World {
             sink.timeouts = 0;
         }
         self.store.faults.lock().unwrap().clear();
+        self.store.operator_faults.lock().unwrap().clear();
+        self.sink.lock().unwrap().conflicts = 0;
         self.source.faults.lock().unwrap().clear();
         self.wait_for_ticks().await?;
         for index in 0..self.pollers.len() {
