@@ -4,7 +4,7 @@
 
 use super::schedule::Command::{Clone, PurgeAll};
 use super::schedule::Step::{
-    self, Insert, Latency, Operator, Outage, Reload, Run, Store, Tick, Timeouts, Unauthorized,
+    self, Conflicts, Insert, Latency, Operator, Outage, Reload, Run, Store, Tick, Timeouts, Unauthorized,
 };
 use super::schedule::Variant;
 use super::store::StoreFault;
@@ -177,4 +177,70 @@ fn an_endpoint_refusing_everything_quarantines_nothing() {
         Run { ms: 10_000 },
     ];
     assert_keeps_every_invariant(variant(3, 2, 60), &steps);
+}
+
+/// Regression (issue 35, found by the receiver's own 409s: 157 of 2,000 seeds, first 1, 14, 35):
+/// a receiver answering 409 (an idempotency key still in use, or a fencing token it holds as
+/// stale) is the endpoint, never a row. Here it answers 409 to the batch, to its first half and to
+/// the first row alone. Before the fix: "a row is quarantined only for a refusal about the row"
+/// (the batch was isolated and the row tried alone quarantined for HTTP 409).
+#[test]
+fn a_receivers_own_409_quarantines_no_row() {
+    let steps = [
+        Insert { rows: 4, poison: None, slow: None },
+        Conflicts { next: 3 },
+        tick(0),
+        Run { ms: 10_000 },
+        tick(1),
+        Run { ms: 10_000 },
+    ];
+    assert_keeps_every_invariant(variant(4, 1, 60), &steps);
+}
+
+/// Issue 35: a process that crashes while an isolation part is in flight (the part runs detached
+/// from the tick, src/tick/isolate.rs) ends its incarnation: what the part still sends counts for
+/// nothing, so the next owner must deliver or quarantine every row again on its own.
+#[test]
+fn a_crash_during_isolation_leaves_nothing_counted_from_the_dead_process() {
+    let steps = [
+        Latency { base_ms: 3_000, slow_ms: 0 },
+        Insert { rows: 4, poison: Some(1), slow: None },
+        // The batch fails at 3 s, the first half's request is in flight when the process dies.
+        Tick { poller: 0, owner: 0, crash_after_ms: Some(4_000) },
+        Run { ms: 45_000 },
+        tick(1),
+        Run { ms: 45_000 },
+    ];
+    assert_keeps_every_invariant(variant(4, 1, 60), &steps);
+}
+
+/// Issue 35: every fault of blob storage once, on the ticks' handle and the operators': a write
+/// that lands but answers a conflict (the SDK's retry), one that lands after answering a timeout,
+/// failing reads, lists and deletes, while a poison row is isolated, replayed and purged.
+#[test]
+fn the_store_failing_every_way_loses_no_row() {
+    use super::schedule::Command::ReplayAll;
+    use super::schedule::Step::OperatorStore;
+    let steps = [
+        Insert { rows: 6, poison: Some(2), slow: None },
+        Store(StoreFault::LandNextWriteButConflict),
+        Store(StoreFault::FailNextRead),
+        tick(0),
+        Run { ms: 3_000 },
+        Store(StoreFault::LandNextWriteLate { ms: 4_000 }),
+        Insert { rows: 3, poison: None, slow: None },
+        tick(1),
+        Run { ms: 10_000 },
+        tick(0),
+        Run { ms: 45_000 },
+        OperatorStore(StoreFault::FailNextList),
+        Operator { poller: 0, command: ReplayAll },
+        OperatorStore(StoreFault::LandNextDeleteButFail),
+        Operator { poller: 0, command: PurgeAll },
+        OperatorStore(StoreFault::LandNextWriteButConflict),
+        Operator { poller: 0, command: PurgeAll },
+        tick(1),
+        Run { ms: 10_000 },
+    ];
+    assert_keeps_every_invariant(variant(3, 2, 40), &steps);
 }

@@ -187,6 +187,7 @@ impl World {
             return;
         };
         let store = self.store.clone();
+        let (sink, poller_name) = (self.sink.clone(), logical.config.poller_name.clone());
         let handle = tokio::spawn(async move {
             let owner_id = instance.owner_id.clone();
             let log_from = store.log_len();
@@ -197,7 +198,11 @@ impl World {
                 Some(ms) => tokio::select! {
                     biased;
                     ended = tick => Some(ended),
-                    _ = tokio::time::sleep(Duration::from_millis(ms)) => None,
+                    _ = tokio::time::sleep(Duration::from_millis(ms)) => {
+                        // The process dies now: what its detached tasks still send counts for nothing.
+                        sink.lock().unwrap().dead.insert((poller_name, owner_id.clone()));
+                        None
+                    }
                 },
             };
             Ended { result, owner_id, log_from, log_to: store.log_len(), took: started.elapsed() }
