@@ -208,8 +208,11 @@ impl Poller {
         };
         let sink = self.sink.clone();
         let sink_deadline = runtime_deadline(deadline, self.clock.now());
-        // A task of its own, so that the part goes on while the lease is renewed.
-        let mut delivery = tokio::spawn(async move {
+        // A task of its own, so that the part goes on while the lease is renewed; in a set, so
+        // that a tick dropped at an await (a crash of the host's request, an abandoned tick) takes
+        // the part with it instead of leaving it sending detached (issue 35).
+        let mut delivery = tokio::task::JoinSet::new();
+        delivery.spawn(async move {
             let delivered = AssertUnwindSafe(sink.deliver(&part_batch, sink_deadline)).catch_unwind().await;
             delivered.unwrap_or_else(|panic| {
                 Err(SinkError::Transient {
@@ -222,7 +225,7 @@ impl Poller {
             let current = document.lease.clone().expect("the lease is held while isolating");
             let now = self.clock.now();
             if !lease::holder_may_act(&current, &self.owner_id, now, &self.config.lease) {
-                delivery.abort();
+                delivery.abort_all();
                 writer.lost = true;
                 return Ok(Delivery::LeaseLost);
             }
@@ -230,18 +233,18 @@ impl Poller {
             timer.set((due - now).to_std().unwrap_or(Duration::ZERO));
             tokio::select! {
                 biased;
-                joined = &mut delivery => break joined,
+                joined = delivery.join_next() => break joined.expect("the part's task is in the set"),
                 _ = timer.wait() => {
                     let kept = self.keep_lease(writer, document, isolation, row_errors, committed, totals).await;
                     match kept {
                         Ok(Kept::Renewed) => *heartbeat_retry_at = None,
                         Ok(Kept::RetrySoon) => *heartbeat_retry_at = Some(self.clock.now() + HEARTBEAT_RETRY_DELAY),
                         Ok(Kept::Lost) => {
-                            delivery.abort();
+                            delivery.abort_all();
                             return Ok(Delivery::LeaseLost);
                         }
                         Err(error) => {
-                            delivery.abort();
+                            delivery.abort_all();
                             return Err(error);
                         }
                     }

@@ -661,3 +661,26 @@ async fn a_token_rotated_mid_isolation_quarantines_no_good_row() {
     assert_eq!(setup.accepted(), (1..=40).filter(|id| *id != 5).collect());
     assert_eq!(document(&setup.store).poison, None);
 }
+
+/// Regression (issue 35): an isolation part ran as a detached task, so a tick dropped at an await
+/// (the host's request gone, an abandoned tick, a crash the simulation plays) left the part
+/// sending: a delivery from a tick that no longer existed, after its lease could have been given
+/// back. The part now goes with its tick: the receiver, 2 s a request, finishes the first batch
+/// (refused: row 2) and never the part in flight when the tick is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_tick_leaves_no_isolation_part_sending() {
+    let setup = setup_with(4, 4, |section| section["sink"]["timeoutSeconds"] = json!(10)).await;
+    {
+        let mut rules = setup.rules.lock().unwrap();
+        rules.poison = BTreeSet::from([2]);
+        rules.delay = Duration::from_secs(2);
+    }
+    // The batch is refused at 2 s; the first part (rows 1-2) is sent then, to be answered at 4 s.
+    let dropped = tokio::time::timeout(Duration::from_secs(3), setup.poller.tick()).await;
+    assert!(dropped.is_err(), "the tick was still isolating at 3 s: {dropped:?}");
+    assert_eq!(setup.rules.lock().unwrap().requests, 1, "the first batch was answered");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let rules = setup.rules.lock().unwrap();
+    assert_eq!(rules.requests, 1, "no part of the dropped tick was answered after it: {:?}", rules.sizes);
+    assert!(rules.accepted.is_empty(), "{:?}", rules.accepted);
+}
