@@ -244,3 +244,17 @@ fn the_store_failing_every_way_loses_no_row() {
     ];
     assert_keeps_every_invariant(variant(3, 2, 40), &steps);
 }
+
+/// Issue 35: a panic in delivery is caught by the product (a transient sink error: it must not
+/// take the host down), yet a panic nobody scripted fails the run; a scripted one does not.
+#[test]
+fn an_unscripted_panic_fails_the_run_even_when_the_product_catches_it() {
+    use super::schedule::Step::ReceiverPanic;
+    let steps = |scripted| {
+        vec![Insert { rows: 3, poison: None, slow: None }, ReceiverPanic { scripted }, tick(0), Run { ms: 5_000 }]
+    };
+    assert_keeps_every_invariant(variant(3, 1, 60), &steps(true));
+    let run = run_fixed(variant(3, 1, 60), &steps(false));
+    let (_, violation) = run.violation.as_ref().expect("the unscripted panic fails the run");
+    assert_eq!(violation.invariant, "nothing panics", "{}", describe(&run, None));
+}

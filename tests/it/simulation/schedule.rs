@@ -100,6 +100,11 @@ pub enum Step {
     Fencing {
         enforced: bool,
     },
+    /// The next delivery panics, `scripted` or not (only fixed scenarios use this: a panic nobody
+    /// scripted must fail the run even where the product catches it).
+    ReceiverPanic {
+        scripted: bool,
+    },
     /// Another instance takes the lease, as one whose clock ran ahead would, and never delivers.
     Rival {
         poller: u8,

@@ -40,6 +40,9 @@ pub struct SinkState {
     pub unfenced: bool,
     /// The next this many requests are refused with a 409 about the receiver's own state.
     pub conflicts: u32,
+    /// The next request panics in the receiver's client code: a scripted panic (`true`), or one
+    /// nobody foresaw, which must fail the run although the product catches it.
+    pub panic_next: Option<bool>,
     /// (poller, lease owner id) of processes that crashed: what their tasks still send counts for
     /// nothing.
     pub dead: BTreeSet<(String, String)>,
@@ -108,6 +111,13 @@ enum Planned {
 impl Sink for ScriptedSink {
     async fn deliver(&self, batch: &Batch, deadline: Instant) -> Result<(), SinkError> {
         let rows: Vec<RowId> = batch.events.iter().filter_map(|event| row_of(&event.row())).collect();
+        // Taken, and the lock let go, before panicking: a poisoned lock would end the run.
+        let panic_now = self.state.lock().unwrap().panic_next.take();
+        match panic_now {
+            Some(true) => panic!("scripted panic in the receiver's client"),
+            Some(false) => panic!("an unforeseen panic in the receiver's client"),
+            None => {}
+        }
         let planned = {
             let mut state = self.state.lock().unwrap();
             state.requests += 1;

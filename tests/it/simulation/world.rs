@@ -266,6 +266,7 @@ impl World {
             Step::OperatorStore(fault) => self.store.operator_faults.lock().unwrap().push_back(fault),
             Step::Conflicts { next } => self.sink.lock().unwrap().conflicts += next as u32,
             Step::Fencing { enforced } => self.sink.lock().unwrap().unfenced = !enforced,
+            Step::ReceiverPanic { scripted } => self.sink.lock().unwrap().panic_next = Some(scripted),
             Step::Rival { poller } => self.rival(poller).await,
             Step::Source(fault) => self.source.faults.lock().unwrap().push_back(fault),
             Step::Operator { poller, command } => self.operate(poller, command).await,
