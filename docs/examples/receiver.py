@@ -72,7 +72,8 @@ def make_handler(key, store):
             poller, token = envelope["poller"], envelope["fencing_token"]
             with store.lock:
                 if token < store.highest_token.get(poller, 0):
-                    # A stale instance: a newer one has taken over. 409 is a permanent refusal.
+                    # A stale instance: a newer one has taken over. dbtrigger holds at a 409 and
+                    # never quarantines a row for it.
                     return self.answer(409, {"error": "stale fencing token"})
                 store.highest_token[poller] = token
                 for event in envelope["events"]:
