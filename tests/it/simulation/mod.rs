@@ -71,8 +71,9 @@
 //! | a webhook's 409 (the fencing answer, or the receiver's own conflict) was blamed on the rows: the batch was isolated and a row tried alone quarantined | "a row is quarantined only for a refusal about the row" | 157: 1, 14, 35, 78 | src/domain/endpoint.rs holds at a 409 like a 401; `scenarios::a_receivers_own_409_quarantines_no_row`, `endpoint::a_receiver_answering_409_is_held_at_not_quarantined`, `blame_truth_table` |
 //! | an isolation part ran detached (`tokio::spawn`): a dropped tick (a crash here, an abandoned tick in the product) left it sending | none of the invariants (the receiver fences); seen once a crash ended its incarnation | scenario | src/tick/isolate.rs keeps it in a `JoinSet`; `scenarios::a_crash_during_isolation_leaves_nothing_counted_from_the_dead_process`, `poison::a_dropped_tick_leaves_no_isolation_part_sending` |
 //!
-//! After the fixes 8,000 seeds keep every invariant (1,105 s over four threads on two busy cores,
-//! debug build, 2026-11-27). A panic the product catches stays caught (a read's becomes a source
+//! After the 409 fix 8,000 seeds kept every invariant (commit 0022a97; 1,105 s over four threads
+//! on two cores shared with four other builds, debug build), and 4,000 on the code with both
+//! fixes (588 s, 2026-11-27). A panic the product catches stays caught (a read's becomes a source
 //! error, a delivery's a transient sink error: a panic must not take the host down), but the
 //! panic hook notes it, and an unscripted one fails the run.
 //!
