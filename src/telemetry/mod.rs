@@ -105,6 +105,11 @@ fn build(plan: &Plan) -> Option<Telemetry> {
         let client = http_client();
         match opentelemetry_application_insights::Exporter::new_from_connection_string(connection_string, client) {
             Ok(exporter) => {
+                // The exporter retries a failed upload for up to 35 s before it gives up (and the
+                // watch says so): each retry is a debug line.
+                let exporter = exporter.with_retry_notify(|error, delay| {
+                    tracing::debug!(%error, retry_in_ms = delay.as_millis() as u64, "telemetry upload to Application Insights failed, retrying");
+                });
                 let metrics =
                     WatchedMetrics { inner: exporter.clone(), watch: Watch::new("Application Insights (metrics)") };
                 let spans = WatchedSpans { inner: exporter, watch: Watch::new("Application Insights (traces)") };
