@@ -207,4 +207,44 @@ pub mod attribute {
     pub const HORIZON_HOLDER: &str = "dbtrigger.horizon.holder";
     /// The tick span's: the invocation id the Functions host sent (semantic conventions: FaaS).
     pub const INVOCATION_ID: &str = "faas.invocation_id";
+    /// The tick span's counts (its summary line's).
+    pub const ROWS: &str = "dbtrigger.rows";
+    pub const BATCHES: &str = "dbtrigger.batches";
+    pub const QUARANTINED: &str = "dbtrigger.quarantined";
+    pub const LATE_ARRIVALS: &str = "dbtrigger.late_arrivals";
+    pub const BLOB_READS: &str = "dbtrigger.blob.reads";
+    pub const BLOB_WRITES: &str = "dbtrigger.blob.writes";
+    /// Rows still after the checkpoint when the tick ended (up to 100,000).
+    pub const LAG_ROWS_AFTER: &str = "dbtrigger.lag.rows_after";
+    /// A delivery span's: its batch, its size, where it went (no secret), and how it ended
+    /// (`acknowledged`, `rejected`, `transient`), with the receiver's HTTP status when it refused.
+    pub const BATCH_ID: &str = "dbtrigger.batch.id";
+    pub const BATCH_ROWS: &str = "dbtrigger.batch.rows";
+    pub const SINK: &str = "dbtrigger.sink";
+    pub const DELIVERY_OUTCOME: &str = "dbtrigger.delivery.outcome";
+    pub const HTTP_STATUS: &str = "http.response.status_code";
+
+    /// Every attribute above, for the documentation's checks.
+    pub const ALL: &[&str] = &[
+        POLLER,
+        FUNCTION,
+        APP,
+        SOURCE_KIND,
+        ENGINE,
+        OUTCOME,
+        HORIZON_HOLDER,
+        INVOCATION_ID,
+        ROWS,
+        BATCHES,
+        QUARANTINED,
+        LATE_ARRIVALS,
+        BLOB_READS,
+        BLOB_WRITES,
+        LAG_ROWS_AFTER,
+        BATCH_ID,
+        BATCH_ROWS,
+        SINK,
+        DELIVERY_OUTCOME,
+        HTTP_STATUS,
+    ];
 }

@@ -43,15 +43,15 @@ pub(super) fn describe_tick(attributes: &[KeyValue], facts: &TickFacts) {
     span.set_attributes(attributes.iter().cloned());
     span.set_attributes([
         KeyValue::new(attribute::OUTCOME, facts.outcome),
-        KeyValue::new("dbtrigger.rows", facts.rows as i64),
-        KeyValue::new("dbtrigger.batches", facts.batches as i64),
-        KeyValue::new("dbtrigger.quarantined", facts.quarantined as i64),
-        KeyValue::new("dbtrigger.late_arrivals", facts.report.late_arrivals as i64),
-        KeyValue::new("dbtrigger.blob.reads", facts.report.blob_reads as i64),
-        KeyValue::new("dbtrigger.blob.writes", facts.report.blob_writes as i64),
+        KeyValue::new(attribute::ROWS, facts.rows as i64),
+        KeyValue::new(attribute::BATCHES, facts.batches as i64),
+        KeyValue::new(attribute::QUARANTINED, facts.quarantined as i64),
+        KeyValue::new(attribute::LATE_ARRIVALS, facts.report.late_arrivals as i64),
+        KeyValue::new(attribute::BLOB_READS, facts.report.blob_reads as i64),
+        KeyValue::new(attribute::BLOB_WRITES, facts.report.blob_writes as i64),
     ]);
     if let Some(lag) = facts.report.lag_after {
-        span.set_attribute(KeyValue::new("dbtrigger.lag.rows_after", lag.rows as i64));
+        span.set_attribute(KeyValue::new(attribute::LAG_ROWS_AFTER, lag.rows as i64));
     }
     if let Some(error) = &facts.error {
         span.set_status(Status::error(error.clone()));
@@ -95,24 +95,24 @@ impl Sink for TracedSink {
             .span_builder("deliver batch")
             .with_kind(SpanKind::Client)
             .with_attributes([
-                KeyValue::new("dbtrigger.batch.id", batch.batch_id.clone()),
-                KeyValue::new("dbtrigger.batch.rows", batch.events.len() as i64),
-                KeyValue::new("dbtrigger.sink", self.inner.describe()),
+                KeyValue::new(attribute::BATCH_ID, batch.batch_id.clone()),
+                KeyValue::new(attribute::BATCH_ROWS, batch.events.len() as i64),
+                KeyValue::new(attribute::SINK, self.inner.describe()),
             ])
             .start_with_context(&telemetry.tracer, &parent);
         let delivered = self.inner.deliver(batch, deadline).await;
         match &delivered {
             Ok(()) => {
-                span.set_attribute(KeyValue::new("dbtrigger.delivery.outcome", "acknowledged"));
+                span.set_attribute(KeyValue::new(attribute::DELIVERY_OUTCOME, "acknowledged"));
                 span.set_status(Status::Ok);
             }
             Err(SinkError::Rejected { status, .. }) => {
-                span.set_attribute(KeyValue::new("dbtrigger.delivery.outcome", "rejected"));
-                span.set_attribute(KeyValue::new("http.response.status_code", i64::from(*status)));
+                span.set_attribute(KeyValue::new(attribute::DELIVERY_OUTCOME, "rejected"));
+                span.set_attribute(KeyValue::new(attribute::HTTP_STATUS, i64::from(*status)));
                 span.set_status(Status::error(format!("the receiver rejected the batch: HTTP {status}")));
             }
             Err(SinkError::Transient { reason, .. }) => {
-                span.set_attribute(KeyValue::new("dbtrigger.delivery.outcome", "transient"));
+                span.set_attribute(KeyValue::new(attribute::DELIVERY_OUTCOME, "transient"));
                 span.set_status(Status::error(reason.clone()));
             }
         }

@@ -447,3 +447,67 @@ async fn no_setting_no_telemetry() {
     assert_eq!(code, 200);
     assert!(!handler.log().contains("telemetry"), "{}", handler.log());
 }
+
+/// docs/observability.md lists every metric of the code's table, and names no other: its KQL, the
+/// alert rules and the workbook (both JSON files parse) use only metrics and attributes the code
+/// exports.
+#[test]
+fn the_observability_page_names_only_metrics_that_exist() {
+    use dbtrigger::telemetry::names::{METRICS, attribute};
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let page = std::fs::read_to_string(root.join("docs/observability.md")).unwrap();
+    for metric in METRICS {
+        let row = format!("| `{}` | {} | `{}` |", metric.name, metric.kind.as_str(), metric.unit);
+        assert!(page.contains(&row), "docs/observability.md has no row {row}");
+    }
+    let alerts = std::fs::read_to_string(root.join("docs/observability/alerts.json")).unwrap();
+    let workbook = std::fs::read_to_string(root.join("docs/observability/workbook.json")).unwrap();
+    let alerts: Value = serde_json::from_str(&alerts).expect("alerts.json is JSON");
+    let workbook: Value = serde_json::from_str(&workbook).expect("workbook.json is JSON");
+    let rules = alerts["resources"].as_array().unwrap();
+    assert_eq!(rules.len(), 4, "four rules");
+    for rule in rules {
+        assert_eq!(rule["type"], "Microsoft.Insights/scheduledQueryRules");
+        assert!(rule["properties"]["criteria"]["allOf"][0]["query"].as_str().is_some_and(|query| !query.is_empty()));
+    }
+    assert_eq!(workbook["version"], "Notebook/1.0");
+
+    let known = |name: &str| METRICS.iter().any(|metric| metric.name == name) || attribute::ALL.contains(&name);
+    let texts = [
+        ("docs/observability.md", page.clone()),
+        ("alerts.json", alerts.to_string()),
+        ("workbook.json", workbook.to_string()),
+    ];
+    let mut referenced = 0;
+    for (file, text) in &texts {
+        for name in dotted_names(text) {
+            assert!(known(&name), "{file} names {name}, which the code does not export");
+            referenced += 1;
+        }
+    }
+    assert!(referenced > 20, "the names were found: {referenced}");
+    for wanted in
+        ["dbtrigger.lag.seconds", "dbtrigger.healthy", "dbtrigger.rows.quarantined", "dbtrigger.slot.retained"]
+    {
+        assert!(alerts.to_string().contains(&format!("\\\"{wanted}\\\"")), "a rule on {wanted}");
+    }
+}
+
+/// Every `dbtrigger.…` name in `text` (letters, digits, `_` and inner dots).
+fn dotted_names(text: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("dbtrigger.") {
+        let tail = &rest[at..];
+        let length = tail
+            .find(|character: char| !(character.is_ascii_alphanumeric() || character == '_' || character == '.'))
+            .unwrap_or(tail.len());
+        let name = tail[..length].trim_end_matches('.');
+        // File names (`dbtrigger.rs`…) and the crate's paths are not metric names.
+        if name.matches('.').count() >= 1 && !name.ends_with(".md") && !name.ends_with(".json") {
+            names.push(name.to_string());
+        }
+        rest = &tail[length.max(1)..];
+    }
+    names
+}
