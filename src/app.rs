@@ -472,7 +472,15 @@ impl App {
                 let budget = poller.config.batch.tick_budget;
                 match kick_fits(deadline, self.clock.now(), budget) {
                     Ok(()) => {
-                        let kicked = self.tick(poller).await;
+                        let kicked = match crate::telemetry::traced::child_context(&format!("kick {name}")) {
+                            Some(context) => {
+                                use opentelemetry::context::FutureExt as _;
+                                let kicked = self.tick(poller).with_context(context.clone()).await;
+                                crate::telemetry::traced::finish(context, kicked.succeeded(), &kicked.line());
+                                kicked
+                            }
+                            None => self.tick(poller).await,
+                        };
                         lines.push(format!("watchdog kicked {name}: {}", kicked.line()));
                     }
                     Err(left) => {

@@ -124,7 +124,9 @@ impl Instruments {
                 Horizon::CommitHorizon => "commit-horizon",
                 Horizon::SettleBound => "settle-bound",
             };
-            Some((holder.age_seconds.unwrap_or(0.0), Some(KeyValue::new(attribute::HORIZON_HOLDER, kind))))
+            // An age the server hides (PostgreSQL without pg_read_all_stats) is not a young one:
+            // nothing is observed.
+            holder.age_seconds.map(|age| (age, Some(KeyValue::new(attribute::HORIZON_HOLDER, kind))))
         });
         gauge(meter, names::SLOT_RETAINED, snapshot, |health| {
             health.slot.as_ref().and_then(|slot| slot.retained_bytes).map(|bytes| (bytes as f64, None))
