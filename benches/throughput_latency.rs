@@ -12,12 +12,21 @@
 //! moves at most w × b / r rows a second (here b = 100, r ≈ 20 ms: 5,000 rows/s at window 1,
 //! 40,000 at window 8), and the reads must keep up: one page per database round trip at least.
 //!
+//! A second part (`ordered.rs`) times the ordered window (issue 38): 100 keys updated 20 times, a
+//! 50 ms receiver, `maxInFlight` 1 and 8, a logical source and a polling one, every key's order
+//! checked, and prints the speed-up beside the unordered window's.
+//!
 //! Run: `cargo bench --bench throughput_latency` (`DBTRIGGER_BENCH_ROWS`, default 20,000;
-//! `DBTRIGGER_BENCH_ROUNDS`, default 3).
+//! `DBTRIGGER_BENCH_ROUNDS`, default 3; `DBTRIGGER_BENCH_ONLY=latency` or `ordered` runs one part).
 
 mod common;
 #[path = "../tests/it/services.rs"]
 mod services;
+
+#[path = "throughput_latency/ordered.rs"]
+mod ordered;
+#[path = "throughput_latency/timed.rs"]
+mod timed;
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -110,13 +119,31 @@ async fn receiver() -> (u16, Arc<std::sync::atomic::AtomicU64>) {
 
 type RawRow = (i64, i64, String, f64, String);
 
+/// How the raw loop's reads take their connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Connection {
+    Held,
+    Pooled,
+}
+
 /// The pipelined raw limit through the proxies: keyset pages read one after the other on one
 /// connection (page k+1 needs page k's last key, as dbtrigger's reads do) by a reader that runs
 /// ahead of the posts by up to `window` pages, and up to `window` posts in flight at once: a new
 /// post starts as soon as any post finishes and a page is ready. Rows a second.
-async fn raw_pipelined(url: &str, hook: &str, batch: i64, window: usize, rows: i64) -> f64 {
-    let pool =
-        sqlx::postgres::PgPoolOptions::new().max_connections(1).test_before_acquire(false).connect(url).await.unwrap();
+/// `Connection::Pooled`: each page takes a connection from a pool of 10 and gives it back, as
+/// dbtrigger's reads do (sqlx pings a connection as it goes back, one more round trip, so the next
+/// page takes another idle one meanwhile).
+async fn raw_pipelined(url: &str, hook: &str, batch: i64, window: usize, rows: i64, connection: Connection) -> f64 {
+    let connections = match connection {
+        Connection::Held => 1,
+        Connection::Pooled => 10,
+    };
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(connections)
+        .test_before_acquire(false)
+        .connect(url)
+        .await
+        .unwrap();
     // Connections to the receiver opened before the clock starts, as dbtrigger's are by its warm-up.
     let client = reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap();
     let started = Instant::now();
@@ -124,20 +151,29 @@ async fn raw_pipelined(url: &str, hook: &str, batch: i64, window: usize, rows: i
     let reader = tokio::spawn({
         let pool = pool.clone();
         async move {
-            // One connection held for the whole read (a connection taken from the pool and given
-            // back per page costs more than the page on a busy 2-core machine).
-            let mut connection = pool.acquire().await.unwrap();
+            // One connection held for the whole read, or (`Pooled`) one taken per page.
+            let mut held = match connection {
+                Connection::Held => Some(pool.acquire().await.unwrap()),
+                Connection::Pooled => None,
+            };
             let mut after = (-1i64, -1i64);
             loop {
+                let mut taken = match held.take() {
+                    Some(connection) => connection,
+                    None => pool.acquire().await.unwrap(),
+                };
                 let page = sqlx::query_as::<_, RawRow>(
                     "SELECT id, version, status, total, note FROM orders WHERE (version, id) > ($1, $2) ORDER BY version, id LIMIT $3",
                 )
                 .bind(after.0)
                 .bind(after.1)
                 .bind(batch)
-                .fetch_all(&mut *connection)
+                .fetch_all(&mut *taken)
                 .await
                 .unwrap();
+                if connection == Connection::Held {
+                    held = Some(taken);
+                }
                 let Some(last) = page.last() else { return };
                 after = (last.1, last.0);
                 if pages.send(page).await.is_err() {
@@ -179,8 +215,10 @@ async fn raw_pipelined(url: &str, hook: &str, batch: i64, window: usize, rows: i
     rows as f64 / started.elapsed().as_secs_f64()
 }
 
-/// dbtrigger's catch-up through the proxies: ticks of a poller with file state. Rows a second.
-async fn dbtrigger(url: &str, hook: &str, batch: i64, window: usize, rows: i64) -> f64 {
+/// dbtrigger's catch-up through the proxies: ticks of a poller with file state. Rows a second,
+/// and its delivering reads: milliseconds each (mean), the share of the catch-up spent reading,
+/// and milliseconds from one read's end to the next one's start (mean).
+async fn dbtrigger(url: &str, hook: &str, batch: i64, window: usize, rows: i64) -> (f64, [f64; 3]) {
     let poller = json!({
         "source": {"connection": "DB", "table": "orders", "cursor": "version", "pk": ["id"], "lateArrivals": null},
         "batch": {"size": batch, "maxInFlight": window},
@@ -188,13 +226,22 @@ async fn dbtrigger(url: &str, hook: &str, batch: i64, window: usize, rows: i64) 
         "state": {"connection": "STATE"}
     });
     let (_directory, config) = common::orders_config(poller, url);
-    let source = dbtrigger::source::open(&config.source).unwrap();
+    let times = Arc::new(std::sync::Mutex::new(timed::Times::default()));
+    let source =
+        Arc::new(timed::Timed { inner: dbtrigger::source::open(&config.source).unwrap(), times: times.clone() });
     let sink = dbtrigger::sink::open(&config.sink).unwrap();
     let (store, _) = dbtrigger::store::open(&config.state).unwrap();
     let poller = Poller::new(config, source, sink, store, Arc::new(SystemClock), "bench".into());
     let (total, seconds) = common::catch_up(&poller).await;
     assert_eq!(total as i64, rows);
-    rows as f64 / seconds
+    let times = *times.lock().unwrap();
+    let reads = f64::from(times.reads.max(1));
+    let reading = [
+        times.reading.as_secs_f64() * 1000.0 / reads,
+        times.reading.as_secs_f64() / seconds,
+        times.between.as_secs_f64() * 1000.0 / reads,
+    ];
+    (rows as f64 / seconds, reading)
 }
 
 fn main() {
@@ -203,6 +250,17 @@ fn main() {
 }
 
 async fn run() {
+    let only = std::env::var("DBTRIGGER_BENCH_ONLY").ok();
+    if only.as_deref() != Some("ordered") {
+        window_limit().await;
+    }
+    if only.as_deref() != Some("latency") {
+        ordered::speed_up().await;
+    }
+}
+
+/// dbtrigger against the raw limit through the proxies, `maxInFlight` 1 and 8.
+async fn window_limit() {
     let rows = env_number("DBTRIGGER_BENCH_ROWS", 20_000) as i64;
     let rounds = env_number("DBTRIGGER_BENCH_ROUNDS", 3).max(1);
     let batch = 100i64;
@@ -231,18 +289,34 @@ async fn run() {
     let mut expected = 0u64;
     for window in [1usize, 8] {
         let (mut runs, mut limits, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut pooled_runs, mut pooled_ratios) = (Vec::new(), Vec::new());
+        let (mut read_ms, mut read_share, mut between_ms) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..=rounds {
-            let before = raw_pipelined(&far_url, &hook, batch, window, rows).await;
-            let run = dbtrigger(&far_url, &hook, batch, window, rows).await;
-            let after = raw_pipelined(&far_url, &hook, batch, window, rows).await;
+            let before = raw_pipelined(&far_url, &hook, batch, window, rows, Connection::Held).await;
+            let (run, reading) = dbtrigger(&far_url, &hook, batch, window, rows).await;
+            // The raw loop taking a pooled connection per page, as dbtrigger's reads do.
+            let pooled = if window > 1 {
+                expected += rows as u64;
+                Some(raw_pipelined(&far_url, &hook, batch, window, rows, Connection::Pooled).await)
+            } else {
+                None
+            };
+            let after = raw_pipelined(&far_url, &hook, batch, window, rows, Connection::Held).await;
             expected += 3 * rows as u64;
             if round == 0 {
                 continue;
             }
             let limit = (before + after) / 2.0;
             runs.push(run);
+            read_ms.push(reading[0]);
+            read_share.push(reading[1]);
+            between_ms.push(reading[2]);
             limits.push(limit);
             ratios.push(run / limit);
+            if let Some(pooled) = pooled {
+                pooled_runs.push(pooled);
+                pooled_ratios.push(pooled / limit);
+            }
         }
         let low = ratios.iter().copied().fold(f64::INFINITY, f64::min);
         let high = ratios.iter().copied().fold(0.0, f64::max);
@@ -254,6 +328,21 @@ async fn run() {
             format!("{:.2} ({low:.2}–{high:.2})", median(ratios)),
             window as f64 * batch as f64 / 0.020
         );
+        println!(
+            "    its reads: {:.2} ms each, {:.0}% of the catch-up reading, {:.2} ms from one read's end to the next's start",
+            median(read_ms),
+            100.0 * median(read_share),
+            median(between_ms)
+        );
+        if !pooled_runs.is_empty() {
+            println!(
+                "{:<34} {:>9.0} {:>9} {:>17}",
+                format!("raw, pooled connection per page, {window}"),
+                median(pooled_runs),
+                "",
+                format!("{:.2}", median(pooled_ratios))
+            );
+        }
     }
     assert_eq!(received.load(std::sync::atomic::Ordering::SeqCst), expected, "every row reached the receiver");
 }

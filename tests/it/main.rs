@@ -31,6 +31,7 @@ mod memory;
 mod operations;
 mod ops;
 mod ordered;
+mod ordered_queue;
 mod package;
 mod poison;
 mod quarantine;

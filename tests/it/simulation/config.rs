@@ -22,6 +22,14 @@ struct Loaded {
 
 static LOADED: OnceLock<Mutex<Loaded>> = OnceLock::new();
 
+thread_local! {
+    /// `batch.order: "none"` (the unordered window) for the runs of this thread: the scenario
+    /// showing that the key-order invariant fires without the ordered window (issue 38), or every
+    /// run with `DBTRIGGER_SIM_UNORDERED=1` (to hunt seeds where it would).
+    pub static UNORDERED: std::cell::Cell<bool> =
+        std::cell::Cell::new(std::env::var_os("DBTRIGGER_SIM_UNORDERED").is_some());
+}
+
 /// The configuration of `name` (the poller or its copy) for `variant`; `edited`: the source
 /// definition was edited (a column list added), which changes the fingerprint and nothing else.
 pub fn poller_config(variant: &Variant, name: &str, edited: bool) -> PollerConfig {
@@ -34,7 +42,8 @@ pub fn poller_config(variant: &Variant, name: &str, edited: bool) -> PollerConfi
         Mutex::new(Loaded { root, _directory: directory, configs: BTreeMap::new() })
     });
     let mut loaded = loaded.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let cache_key = format!("{variant:?}/{name}/{edited}");
+    let unordered = UNORDERED.with(std::cell::Cell::get);
+    let cache_key = format!("{variant:?}/{name}/{edited}/{unordered}");
     if let Some(config) = loaded.configs.get(&cache_key) {
         return config.clone();
     }
@@ -48,7 +57,7 @@ pub fn poller_config(variant: &Variant, name: &str, edited: bool) -> PollerConfi
     if edited {
         source["columns"] = json!(["id", "version", "gen"]);
     }
-    let poller = json!({
+    let mut poller = json!({
         "name": name,
         "source": source,
         "batch": {
@@ -62,19 +71,23 @@ pub fn poller_config(variant: &Variant, name: &str, edited: bool) -> PollerConfi
         "poison": {"maxAttempts": variant.max_attempts, "mode": "quarantine"},
         "state": {"connection": "SIM_STATE"}
     });
+    if unordered {
+        poller["batch"]["order"] = json!("none");
+    }
     let function = json!({
         "bindings": [{"type": "timerTrigger", "direction": "in", "name": "timer", "schedule": "0 */5 * * * *"}],
         "poller": poller
     });
     // Named after what it holds, so that a configuration is the same whichever run loads it first.
     let function_name = format!(
-        "f{}_{}_{}_{}_{}_{name}_{}",
+        "f{}_{}_{}_{}_{}_{name}_{}{}",
         variant.batch_size,
         variant.max_in_flight,
         variant.tick_budget_seconds,
         variant.commit_interval_ms,
         variant.max_attempts,
-        u8::from(edited)
+        u8::from(edited),
+        if unordered { "_unordered" } else { "" }
     );
     // The loader takes it below: an editor's schema must take it too (issue 28).
     crate::schema::assert_valid_function_json(&function);

@@ -107,6 +107,7 @@
 mod config;
 mod invariants;
 mod operator;
+mod ordered;
 mod scenarios;
 mod schedule;
 mod sink;
