@@ -13,6 +13,10 @@
 //!    the checkpoint: its failure is counted and, poison, it is isolated ([`isolate`]);
 //! 5. stop when caught up or at the tick budget; the last commit releases the lease.
 //!
+//! A source with a position of its own on the server (a logical slot, [`Source::fence`]) moves it
+//! only under the lease: when a move is owed the lease is taken before step 2, and the lease is
+//! kept after the last commit, given back by a write of its own once the source moved.
+//!
 //! A failed tick (a delivery, a fetch, a commit, even a panic) leaves the checkpoint past what was
 //! acknowledged only, releases the lease, and is recorded in the document (`poison` for the batch
 //! at the checkpoint, `failure` for anything else) so that `status` and the watchdog see it; the
