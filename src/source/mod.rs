@@ -97,7 +97,7 @@ pub trait Source: Send + Sync {
 
     /// The tick is over (its last commit made): a source that holds something on the server
     /// between reads (a logical source's open peek) lets it go, and moves its own position as far
-    /// as the commits allow. Called while the lease is still held.
+    /// as the commits allow (under the lease only: see [`Source::fence`]).
     async fn tick_ended(&self) -> Result<(), SourceError> {
         Ok(())
     }
@@ -146,6 +146,27 @@ pub trait Source: Send + Sync {
     async fn committed(&self, checkpoint: Option<&Position>) -> Result<(), SourceError> {
         let _ = checkpoint;
         Ok(())
+    }
+
+    /// Whether this process holds the poller's lease: the tick says so once a write took it, and
+    /// again before a write gives it back, or when a write finds it lost. A source with a position
+    /// of its own on the server (a logical source's slot) moves it only while it does, so that two
+    /// processes never move it at once nor one that no longer holds the lease; the others ignore it.
+    fn fence(&self, held: bool) {
+        let _ = held;
+    }
+
+    /// Whether the tick keeps the lease to its end (its last commit does not give it back; the
+    /// write after [`Source::tick_ended`] does): a source that moves a position of its own there.
+    fn moves_under_lease(&self) -> bool {
+        false
+    }
+
+    /// Called after [`Source::committed`] at the start of a tick: whether the source's own position
+    /// on the server is owed a move (a logical slot behind the committed checkpoint), so that the
+    /// tick takes the lease before it reads, even with nothing to deliver.
+    async fn move_owed(&self) -> Result<bool, SourceError> {
+        Ok(false)
     }
 
     /// The late-arrival recount ([`late`]): one tally per bucket of `check`, over the rows at or

@@ -122,14 +122,24 @@ impl Poller {
             self.record_late(document, &mut next, keys);
             Ok(next)
         };
+        // A source that moves a position of its own (a logical slot) moves it under the lease: the
+        // last commit keeps the lease (clearing what a releasing one clears), and the write after
+        // the source's move at the end of the tick gives it back.
+        let kept = release && self.source.moves_under_lease();
+        let release = release && !kept;
         let mut next = match transition(document, release) {
+            Ok(next) if kept => StateDocument { failure: None, ..next },
             Ok(next) => next,
             Err(Refusal::Regression(regression)) => return Err(regression.into()),
             Err(_) => {
                 writer.lost = true;
+                self.source.fence(false);
                 return Ok(false);
             }
         };
+        if release {
+            self.source.fence(false);
+        }
         let written = writer.write(&mut next).await;
         // The rows were acknowledged, so the document may keep their checkpoint even if the write
         // failed: the release that follows writes it (or finds this write landed after all). A
@@ -148,7 +158,10 @@ impl Poller {
                 }
                 Ok(true)
             }
-            Err(WriteFailure::Conflict(_)) => Ok(false),
+            Err(WriteFailure::Conflict(_)) => {
+                self.source.fence(false);
+                Ok(false)
+            }
             Err(WriteFailure::Store(error)) => Err(error.into()),
         }
     }
@@ -179,6 +192,7 @@ impl Poller {
         let Ok(mut next) = transitions::heartbeat(document, &self.owner_id, self.clock.now(), &self.config.lease)
         else {
             writer.lost = true;
+            self.source.fence(false);
             return Err(HeartbeatFailure::LeaseLost);
         };
         match writer.write(&mut next).await {
@@ -186,7 +200,10 @@ impl Poller {
                 *document = next;
                 Ok(true)
             }
-            Err(WriteFailure::Conflict(_)) => Err(HeartbeatFailure::LeaseLost),
+            Err(WriteFailure::Conflict(_)) => {
+                self.source.fence(false);
+                Err(HeartbeatFailure::LeaseLost)
+            }
             Err(WriteFailure::Store(error)) => {
                 // The document keeps the lease as it was: the writer remembers this write's id
                 // in case it landed after all.
@@ -207,6 +224,7 @@ impl Poller {
         else {
             return;
         };
+        self.letting_go().await;
         match writer.write(&mut failed).await {
             Ok(()) => *document = failed,
             Err(WriteFailure::Conflict(_)) => {}
@@ -276,6 +294,7 @@ impl Poller {
         let Ok(mut next) = next else {
             return;
         };
+        self.letting_go().await;
         match writer.write(&mut next).await {
             Ok(()) => *document = next,
             Err(WriteFailure::Conflict(_)) => {}
@@ -283,6 +302,18 @@ impl Poller {
                 warn!(poller = %self.config.poller_name, error = %error, "{if_it_fails}");
             }
         }
+    }
+
+    /// Before a write that gives the lease back: a source that moves a position of its own (a
+    /// logical slot) ends its reading and makes its move while the lease is still held, and moves
+    /// nothing after.
+    async fn letting_go(&self) {
+        if self.source.moves_under_lease()
+            && let Err(error) = self.source.tick_ended().await
+        {
+            warn!(poller = %self.config.poller_name, %error, "the source could not end the tick cleanly (the next tick retries)");
+        }
+        self.source.fence(false);
     }
 
     /// After a panic the tick's own view of the document is gone: read it again, and record the

@@ -13,6 +13,10 @@
 //!    the checkpoint: its failure is counted and, poison, it is isolated ([`isolate`]);
 //! 5. stop when caught up or at the tick budget; the last commit releases the lease.
 //!
+//! A source with a position of its own on the server (a logical slot, [`Source::fence`]) moves it
+//! only under the lease: when a move is owed the lease is taken before step 2, and the lease is
+//! kept after the last commit, given back by a write of its own once the source moved.
+//!
 //! A failed tick (a delivery, a fetch, a commit, even a panic) leaves the checkpoint past what was
 //! acknowledged only, releases the lease, and is recorded in the document (`poison` for the batch
 //! at the checkpoint, `failure` for anything else) so that `status` and the watchdog see it; the
@@ -190,6 +194,7 @@ impl Poller {
                 let message = panic_message(panic.as_ref());
                 error!(poller = %self.config.poller_name, "the tick panicked: {message}");
                 let error = TickError::Panicked { message };
+                self.source.fence(false);
                 self.record_panic(&error).await;
                 Err(error)
             }
@@ -260,8 +265,14 @@ impl Poller {
         }
 
         let mut writer = StateWriter::new(self.store.as_ref(), &key, etag);
+        self.source.fence(false);
         let result = self.work(&mut writer, &mut document, new_document, deadline).await;
+        // A source that moves a position of its own (a logical slot) keeps the lease to here: it
+        // counts and moves under it, and the write that follows gives it back.
+        let leased = self.may_act(&writer, &document);
+        self.source.fence(leased);
         if let Ok(TickOutcome::Delivered { stop: StopReason::BudgetExhausted | StopReason::Isolated, .. }) = &result
+            && (leased || !self.source.moves_under_lease())
             && let Ok(position) = document.position()
         {
             // Rows are left: how many (capped, so that it stays cheap), for the summary line;
@@ -277,6 +288,7 @@ impl Poller {
         if let Err(error) = self.source.tick_ended().await {
             warn!(poller = %self.config.poller_name, %error, "the source could not end the tick cleanly (the next tick retries)");
         }
+        self.source.fence(false);
         self.end(&mut writer, &mut document, &result).await;
         let outcome = match result {
             Err(TickError::Superseded { bound, current }) => {
@@ -345,14 +357,22 @@ impl Poller {
         // committed behind it since it passed them ([`late`]).
         let late_found = self.check_late(document).await;
         let checkpoint = document.position()?;
-        // A source with a position of its own (a logical source's slot) learns what is committed.
+        // A source with a position of its own (a logical source's slot) learns what is committed,
+        // and moves it under the lease only: when a move is owed, the lease comes before the read.
         self.source.committed(checkpoint.as_ref()).await?;
-        let reservations = self.reservations();
-        let mut first_hold = reservations.reserve(self.fetch_limit().bytes).await;
-        let first = self.source.fetch_after(checkpoint.as_ref(), self.fetch_limit()).await?;
-        first_hold.keep(budget::rows_bytes(&first.rows));
         let late_to_deliver = late_found.as_ref().is_some_and(late::LateFound::has_late);
-        if first.rows.is_empty() && !late_to_deliver {
+        let mut owed = self.source.move_owed().await?;
+        let mut first_read = None;
+        if !owed {
+            let read = self.read_first(checkpoint.as_ref()).await?;
+            if read.0.rows.is_empty() && !late_to_deliver {
+                // A read that reached an end of the WAL far past the slot owes it a move too.
+                owed = self.source.move_owed().await?;
+            }
+            first_read = Some(read);
+        }
+        let nothing_read = first_read.as_ref().is_some_and(|(first, _)| first.rows.is_empty());
+        if !owed && nothing_read && !late_to_deliver {
             // Nothing waits: failures recorded by earlier ticks are of a problem fixed or gone,
             // and are cleared with the restart, if there was one, in one write by CAS (with the
             // late-arrival buckets that shrank, if the check found some).
@@ -397,10 +417,22 @@ impl Poller {
         let written = writer.write(&mut acquired).await;
         *document = acquired;
         match written {
-            Ok(()) => {}
+            Ok(()) => self.source.fence(true),
             Err(WriteFailure::Conflict(current)) => return Ok(held_by_whoever_wrote(current)),
             // The write may have landed: the end of the tick gives the lease back if it did.
             Err(WriteFailure::Store(error)) => return Err(error.into()),
+        }
+        let (first, first_hold) = match first_read {
+            Some(read) => read,
+            None => self.read_first(checkpoint.as_ref()).await?,
+        };
+        if first.rows.is_empty() && !late_to_deliver {
+            // Only the source's own move was owed: made at the end of the tick, under the lease;
+            // nothing waits, so the failures of earlier ticks are cleared with the release.
+            if let Some(cleared) = transitions::clear_failures(document) {
+                *document = cleared;
+            }
+            return Ok(TickOutcome::Idle);
         }
 
         // 4 and 5. Deliver and commit until caught up or out of budget; or go straight on with
@@ -481,12 +513,33 @@ impl Poller {
                 warn!(poller = %self.config.poller_name, error = %error, "the tick failed; recording it for status and the watchdog");
                 self.write_tick_failure(writer, document, error).await;
             }
-            Ok(TickOutcome::Delivered { .. }) if self.holds_lease(document) => {
+            Ok(TickOutcome::Delivered { .. } | TickOutcome::Idle) if self.holds_lease(document) => {
                 self.release_lease(writer, document, true).await;
             }
             _ if self.holds_lease(document) => self.release_lease(writer, document, false).await,
             _ => {}
         }
+    }
+
+    /// The first read of a tick, its bytes reserved from the app's budget.
+    async fn read_first(
+        &self,
+        checkpoint: Option<&crate::domain::Position>,
+    ) -> Result<(crate::source::Fetched, budget::Hold), TickError> {
+        let mut first_hold = self.reservations().reserve(self.fetch_limit().bytes).await;
+        let first = self.source.fetch_after(checkpoint, self.fetch_limit()).await?;
+        first_hold.keep(budget::rows_bytes(&first.rows));
+        Ok((first, first_hold))
+    }
+
+    /// Whether this process may still act under the lease as last written: its own, not lost to
+    /// another writer, not expired.
+    fn may_act(&self, writer: &StateWriter<'_>, document: &StateDocument) -> bool {
+        !writer.lost
+            && document
+                .lease
+                .as_ref()
+                .is_some_and(|lease| lease::holder_may_act(lease, &self.owner_id, self.clock.now(), &self.config.lease))
     }
 
     fn holds_lease(&self, document: &StateDocument) -> bool {

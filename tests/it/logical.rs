@@ -259,11 +259,19 @@ async fn changes_arrive_once_in_commit_order_and_the_slot_moves_after_the_commit
     assert!(confirmed_flush(&url, &slot).await > last_commit);
     assert!(matches!(poller.tick().await.unwrap(), TickOutcome::Idle));
     assert_eq!(changes(&sink).len(), expected.len());
-    // A quiet publication on a busy database: the slot still moves with the WAL.
+    // A quiet publication on a busy database: the slot still moves with the WAL, once it would
+    // pass a WAL segment (an idle tick takes the lease for it: two writes, not at every tick).
     let before = confirmed_flush(&url, &slot).await;
     execute(&url, "CREATE TABLE other (id INT);\nINSERT INTO other SELECT generate_series(1, 1000)").await;
     assert!(matches!(poller.tick().await.unwrap(), TickOutcome::Idle));
-    assert!(confirmed_flush(&url, &slot).await > before, "the slot stayed behind unpublished WAL");
+    assert_eq!(confirmed_flush(&url, &slot).await, before, "less than a segment: no lease taken for it");
+    for id in 0..2 {
+        execute(&url, &format!("INSERT INTO other VALUES ({id});\nSELECT pg_switch_wal()")).await;
+    }
+    execute(&url, "INSERT INTO other VALUES (3)").await;
+    assert!(matches!(poller.tick().await.unwrap(), TickOutcome::Idle));
+    let moved = confirmed_flush(&url, &slot).await;
+    assert!(moved >= before + 16 * 1024 * 1024, "the slot stayed behind unpublished WAL: {before} to {moved}");
     pool.close().await;
     drop_slot(&url, &slot).await;
 }

@@ -20,6 +20,7 @@ mod late;
 mod local_settings;
 mod logical;
 mod logical_large;
+mod logical_lease;
 mod logical_lost;
 mod logical_ops;
 mod logical_peek;

@@ -70,9 +70,17 @@ pub struct Progress {
     /// What the state document holds, once known: the last change delivered and committed
     /// (`Some(None)`: nothing yet).
     committed: Option<Option<Key>>,
-    /// How far the slot was moved by this process.
+    /// How far the slot was moved by this process (or stood when this process looked).
     advanced: u64,
+    /// Whether `advanced` is known: this process moved the slot, or read where it stands.
+    slot_known: bool,
 }
+
+/// An idle tick takes the lease to move the slot to the end of the flushed WAL only when that
+/// passes at least this much WAL (a WAL segment, by default): the server frees WAL a segment at a
+/// time, and a smaller move would cost two writes of the state document at every idle tick of a
+/// busy server for nothing.
+pub const IDLE_MOVE_BYTES: u64 = 16 * 1024 * 1024;
 
 impl Progress {
     /// A change was handed out.
@@ -143,9 +151,43 @@ impl Progress {
         target.filter(|target| *target > self.advanced)
     }
 
+    /// Whether a tick owes the slot a move before it reads (and so takes the lease first, even
+    /// with nothing to deliver): the committed checkpoint covers WAL the slot has not passed (a
+    /// reset whose own move failed, a crash or a failed move after a commit), or a read reached
+    /// the end of the flushed WAL at least [`IDLE_MOVE_BYTES`] past the slot. `false` while where
+    /// the slot stands is not known.
+    pub fn owed(&self) -> bool {
+        if !self.slot_known {
+            return false;
+        }
+        let Some(committed) = self.committed else {
+            return false;
+        };
+        let covered = |key: Key| committed.is_some_and(|committed| key <= committed);
+        let by_checkpoint = self
+            .marks
+            .iter()
+            .filter(|mark| covered((mark.commit_lsn, mark.changes)))
+            .map(|mark| mark.end_lsn)
+            .max()
+            .max(committed.map(|(commit_lsn, _)| commit_lsn));
+        if by_checkpoint.is_some_and(|target| target > self.advanced) {
+            return true;
+        }
+        self.read_to_end.is_some_and(|end| {
+            end.last.is_none_or(covered) && end.flushed >= self.advanced.saturating_add(IDLE_MOVE_BYTES)
+        })
+    }
+
+    /// Whether this process knows where the slot stands.
+    pub fn slot_known(&self) -> bool {
+        self.slot_known
+    }
+
     /// The slot was moved to `lsn`: what it passed is forgotten.
     pub fn advanced(&mut self, lsn: u64) {
         self.advanced = self.advanced.max(lsn);
+        self.slot_known = true;
         self.marks.retain(|mark| mark.end_lsn > lsn);
         if self.read_to_end.is_some_and(|end| end.flushed <= lsn) {
             self.read_to_end = None;
@@ -262,5 +304,29 @@ mod tests {
         // A change returned past the checkpoint holds the end back.
         progress.reached_end(Some(ReadToEnd { flushed: 12000, last: Some((9500, 1)) }));
         assert_eq!(progress.advance_target(), None);
+    }
+
+    /// Issue 37, finding 4: a tick takes the lease before it reads when it owes the slot a move,
+    /// so that the slot moves only under the lease; a quiet publication's end of WAL is owed only
+    /// once it is a segment away.
+    #[test]
+    fn a_move_is_owed_for_what_the_checkpoint_covers_and_for_a_far_end_of_wal() {
+        let mut progress = Progress::default();
+        progress.committed(Some((5000, 2)));
+        assert!(!progress.owed(), "where the slot stands is not known yet");
+        progress.advanced(4000);
+        assert!(progress.owed(), "the checkpoint's transaction is past the slot");
+        progress.advanced(5000);
+        assert!(!progress.owed());
+        progress.read(mark(5000, 5100, 2));
+        assert!(progress.owed(), "its whole transaction is covered: to its end");
+        progress.advanced(5100);
+        progress.reached_end(Some(ReadToEnd { flushed: 5100 + IDLE_MOVE_BYTES - 1, last: None }));
+        assert!(!progress.owed(), "less than a segment of WAL to pass");
+        assert_eq!(progress.advance_target(), Some(5100 + IDLE_MOVE_BYTES - 1), "made when the lease is held anyway");
+        progress.reached_end(Some(ReadToEnd { flushed: 5100 + IDLE_MOVE_BYTES, last: None }));
+        assert!(progress.owed());
+        progress.reached_end(Some(ReadToEnd { flushed: 5100 + IDLE_MOVE_BYTES, last: Some((9000, 1)) }));
+        assert!(!progress.owed(), "a change past the checkpoint holds the end back");
     }
 }

@@ -43,7 +43,11 @@ pub fn logical_ddl(poller: &str, slot: &str, publication: &str, user: Option<&st
         "-- 3. The slot (pgoutput). It keeps every change from now on; rows that exist before it are\n\
          --    not changes: see docs/logical.md, \"The first load\".\n\
          SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')\n\
-         \x20 WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = '{slot}');\n"
+         \x20 WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = '{slot}');\n\
+         --    On PostgreSQL 17+ with a standby to fail over to, create it as a failover slot instead\n\
+         --    (temporary false, twophase false, failover true; see docs/logical.md, \"A failover\"):\n\
+         -- SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput', false, false, true)\n\
+         --   WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = '{slot}');\n"
     );
     out.push_str(
         "-- 4. Replica identity: an update or delete names the old row by the primary key. A table\n\

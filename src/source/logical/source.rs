@@ -13,7 +13,7 @@
 use crate::domain::keyed::Group;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -71,6 +71,9 @@ pub struct LogicalSource {
     /// The checkpoint last committed, as told: a commit never waits for a read in progress (the
     /// tick commits on the task that reads), the read takes it in when it next holds `reading`.
     committed: std::sync::Mutex<Option<Option<Key>>>,
+    /// This process holds the poller's lease (the tick says so, [`Source::fence`]): the slot moves
+    /// only while it does.
+    fenced: AtomicBool,
 }
 
 /// Where this process is in the slot.
@@ -324,6 +327,7 @@ impl LogicalSource {
             config: config.clone(),
             reading: Mutex::new(Reading::default()),
             committed: std::sync::Mutex::new(None),
+            fenced: AtomicBool::new(false),
         })
     }
 
@@ -348,15 +352,22 @@ impl LogicalSource {
         self.shared.malformed(reason)
     }
 
-    /// Moves the slot as far as the committed checkpoint allows, if further than it is. Never
-    /// while a peek of this process is open (the slot has one user at a time): the next peek, or
-    /// the end of the tick, moves it.
-    async fn advance(&self, reading: &mut Reading) -> Result<(), SourceError> {
+    /// The checkpoint last told as committed, taken into `reading`.
+    fn take_committed(&self, reading: &mut Reading) {
         let told = *self.committed.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(key) = told {
             reading.progress.committed(key);
         }
-        if reading.stream.is_some() {
+    }
+
+    /// Moves the slot as far as the committed checkpoint allows, if further than it is. Only
+    /// while this process holds the lease (a move by a process that lost it, or before it took
+    /// it, could pass what an operator's reset has just asked to deliver again, and meets the
+    /// holder's peek on the slot); never while a peek of this process is open (the slot has one
+    /// user at a time): the next peek, or the end of the tick, moves it.
+    async fn advance(&self, reading: &mut Reading) -> Result<(), SourceError> {
+        self.take_committed(reading);
+        if reading.stream.is_some() || !self.fenced.load(Ordering::SeqCst) {
             return Ok(());
         }
         let Some(target) = reading.progress.advance_target() else {
@@ -557,6 +568,34 @@ impl Source for LogicalSource {
 
     fn count_limit(&self) -> u64 {
         COUNT_CAP
+    }
+
+    fn fence(&self, held: bool) {
+        self.fenced.store(held, Ordering::SeqCst);
+    }
+
+    fn moves_under_lease(&self) -> bool {
+        true
+    }
+
+    /// Owed when the committed checkpoint covers WAL the slot has not passed, or a read reached an
+    /// end of WAL a segment past it; where the slot stands is read once per process.
+    async fn move_owed(&self) -> Result<bool, SourceError> {
+        let work = async {
+            let mut reading = self.reading.lock().await;
+            self.take_committed(&mut reading);
+            if !reading.progress.slot_known() {
+                let row = super::operate::slot_row(&self.shared.pool, &self.shared.slot)
+                    .await
+                    .map_err(|error| self.query_error(error))?;
+                // No slot, or one with no position: the read says why.
+                if let Some(confirmed) = row.and_then(|row| row.confirmed) {
+                    reading.progress.advanced(confirmed);
+                }
+            }
+            Ok(reading.progress.owed())
+        };
+        timed(&crate::source::pools::Gate::open(), &self.config, &self.shared.redaction.location, work).await
     }
 
     async fn tick_ended(&self) -> Result<(), SourceError> {
