@@ -78,6 +78,7 @@
 //! another writer, or failures before an operator acted) leave `status` unhealthy. At the end:
 //! every tick ends within its budget, each poller catches up, and every row of the current load is
 //! delivered or quarantined.
+mod commits;
 mod config;
 mod invariants;
 mod operator;

@@ -82,6 +82,8 @@ pub struct World {
     pub trace: Vec<String>,
     /// Quarantine entries at the last check (the generator's view).
     pub quarantined: usize,
+    /// Per poller: the versions committed behind what it read ([`super::commits`]).
+    pub late: BTreeMap<String, super::commits::LateLedger>,
 }
 
 pub const OWNERS: [&str; 3] = ["owner-a", "owner-b", "owner-c"];
@@ -100,6 +102,7 @@ impl World {
             edited: false,
             trace: Vec::new(),
             quarantined: 0,
+            late: BTreeMap::new(),
         };
         let logical = world.logical(POLLER);
         world.pollers.push(logical);
@@ -108,7 +111,8 @@ impl World {
 
     fn poller(&self, config: &PollerConfig, owner: &str, faulty: bool) -> Poller {
         let store = Arc::new(SimStore { shared: self.store.clone(), faulty });
-        let source = Arc::new(ScriptedSource { shared: self.source.clone(), faulty });
+        let reader = config.poller_name.clone();
+        let source = Arc::new(ScriptedSource { shared: self.source.clone(), faulty, reader });
         let sink = Arc::new(ScriptedSink { state: self.sink.clone() });
         Poller::new(config.clone(), source, sink, store.clone(), self.clock.clone(), owner.to_string())
             .with_quarantine(store)
@@ -148,6 +152,10 @@ impl World {
     /// The fault-free handle on the store (operators, the invariants).
     pub fn clean_store(&self) -> Arc<SimStore> {
         Arc::new(SimStore { shared: self.store.clone(), faulty: false })
+    }
+
+    pub fn note_public(&mut self, what: String) {
+        self.note(what);
     }
 
     fn note(&mut self, what: String) {
@@ -247,6 +255,10 @@ impl World {
             Step::Rival { poller } => self.rival(poller).await,
             Step::Source(fault) => self.source.faults.lock().unwrap().push_back(fault),
             Step::Operator { poller, command } => self.operate(poller, command).await,
+            Step::Begin { inserts, update, seen } => {
+                self.source.table.lock().unwrap().begin(inserts as usize, update.map(usize::from), seen);
+            }
+            Step::Commit { nth, poison } => self.commit(nth as usize, poison).await,
         }
         if !matches!(step, Step::Run { .. }) {
             tokio::time::sleep(Duration::from_millis(1)).await;
@@ -296,6 +308,18 @@ impl World {
         };
         let overlapped = ended.log_from..ended.log_to;
         super::invariants::after_tick(self, poller as usize, &ended.owner_id, &result, &report, overlapped).await
+    }
+
+    /// The `nth` open transaction commits (see [`super::commits`]).
+    async fn commit(&mut self, nth: usize, poison: bool) {
+        let versions = self.source.table.lock().unwrap().commit(nth);
+        if poison && let Some(first) = versions.first() {
+            self.sink.lock().unwrap().poison.insert((first.generation, first.key));
+        }
+        if !versions.is_empty() {
+            self.note(format!("committed {versions:?}{}", if poison { " (the first refused)" } else { "" }));
+        }
+        super::commits::committed(self, &versions).await;
     }
 
     /// The process of `owner` comes back after a crash, with a new lease owner id.
@@ -364,6 +388,7 @@ impl World {
                         let mut copy = self.logical(COPY);
                         copy.excused = excused;
                         self.pollers.push(copy);
+                        super::commits::cloned(self, POLLER, COPY);
                     }
                     done
                 }
@@ -373,6 +398,9 @@ impl World {
         if done.is_ok() {
             // An operator acted: whatever kept the poller failing is a new story from here.
             self.pollers[index].failing_streak = 0;
+        }
+        if command == Command::AcceptFingerprint && done.is_ok() {
+            super::commits::window_dropped(self, index);
         }
         if command == Command::ResetToBeginning && done.is_ok() {
             self.pollers[index].last_checkpoint = None;
@@ -433,11 +461,17 @@ impl World {
         }
         self.store.faults.lock().unwrap().clear();
         self.source.faults.lock().unwrap().clear();
+        // Every open transaction commits (a bounded loop: each commit closes one).
+        for _ in 0..super::source::MAX_OPEN {
+            self.commit(0, false).await;
+        }
         self.wait_for_ticks().await?;
         for index in 0..self.pollers.len() {
             let rows = self.source.table.lock().unwrap().rows.len();
-            let limit = 20 + 3 * rows;
+            let limit = 20 + 3 * rows + super::commits::IDLE_TICKS_TO_SWEEP;
             let mut caught_up = false;
+            // Idle ticks in a row: the detector's sweep over the older buckets needs a full turn.
+            let mut idle = 0;
             for _ in 0..limit {
                 // Past any lease a crashed tick or a rival left.
                 tokio::time::sleep(Duration::from_secs(TTL_SECONDS + 10)).await;
@@ -446,7 +480,8 @@ impl World {
                 }
                 self.start_tick(index as u8, 0, None);
                 self.wait_for_ticks().await?;
-                if self.pollers[index].last_end == "idle" {
+                idle = if self.pollers[index].last_end == "idle" { idle + 1 } else { 0 };
+                if idle >= super::commits::IDLE_TICKS_TO_SWEEP {
                     caught_up = true;
                     break;
                 }
