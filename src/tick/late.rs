@@ -10,8 +10,12 @@
 //!   when its hash names it, else the bucket's rows page by page, each page a batch with
 //!   `late: true` and the event ids those rows always had, through the same sink and deadline.
 //!   After each bucket one write (by CAS, renewing the lease) records its new tally and the
-//!   finding. A failed delivery fails the tick (recorded for status and the watchdog); the bucket,
-//!   not recorded, is found again by the next check. The checkpoint never moves here.
+//!   finding. A refused late batch goes through the refusal handling of any batch
+//!   ([`late_refused`](super::late_refused): isolated, a row refused alone quarantined or, with
+//!   `poison.mode: stop`, held; an endpoint's refusal held). A failed delivery fails the tick
+//!   (recorded for status and the watchdog, and kept recorded until it is delivered); the bucket
+//!   is marked undelivered (never pruned from the window, checked at every tick). The checkpoint
+//!   never moves here.
 //! - Buckets that shrank (rows updated past the checkpoint, or deleted) are adopted: not late.
 
 use std::sync::atomic::Ordering;
@@ -21,16 +25,16 @@ use tracing::{info, warn};
 use crate::domain::StateDocument;
 use crate::domain::late::{self, CheckPlan, KeyRow, LateBucket, LateRecord, Tally};
 use crate::domain::lease;
-use crate::domain::state::describe;
 use crate::domain::transitions;
 use crate::domain::{CursorValue, Position};
+use crate::sink::SinkError;
 use crate::source::{BucketCheck, BucketRange, FetchLimit, SourceRow};
 use crate::store::{StateWriter, WriteFailure};
 
 use super::Poller;
 use super::budget;
 use super::outcome::{LateCheck, TickError};
-use super::reader::BatchMaker;
+use super::reader::{BatchMaker, Prepared};
 use super::timer::runtime_deadline;
 
 /// What a check found, and the checkpoint it was made behind.
@@ -206,6 +210,11 @@ impl Poller {
         for bucket in &found.plan.late {
             if self.clock.now() >= deadline {
                 warn!(poller = %self.config.poller_name, "the tick budget ran out before every late bucket was delivered; the next check finds the rest");
+                // Marked, so that the bucket (and every one after it) stays in the window and
+                // every tick checks it until it is delivered.
+                if let Some(record) = document.late.as_ref() {
+                    document.late = Some(late::mark_undelivered(record, &bucket.from, self.clock.now()));
+                }
                 break;
             }
             let delivered = self.deliver_bucket(writer, document, bucket, &found.checkpoint, maker, deadline).await;
@@ -316,8 +325,9 @@ impl Poller {
         Ok(Some((tally, bucket.late_rows, lateness_of)))
     }
 
-    /// Sends `rows` as one late batch, renewing the lease first when a heartbeat is due. `false`:
-    /// the lease could not be kept.
+    /// Sends `rows` as one late batch, renewing the lease first when a heartbeat is due; a refusal
+    /// is handled as any batch's ([`late_refused`](super::late_refused)). `false`: the lease could
+    /// not be kept.
     async fn send_late(
         &self,
         writer: &mut StateWriter<'_>,
@@ -326,34 +336,52 @@ impl Poller {
         maker: &BatchMaker,
         deadline: chrono::DateTime<chrono::Utc>,
     ) -> Result<bool, TickError> {
+        let Some((prepared, sent)) = self.try_late(writer, document, rows.clone(), maker, deadline).await? else {
+            return Ok(false);
+        };
+        match sent {
+            Ok(()) => Ok(true),
+            Err(error) => self.late_refused(writer, document, rows, prepared, error, maker, deadline).await,
+        }
+    }
+
+    /// One attempt at `rows` as a late batch, renewing the lease first when a heartbeat is due:
+    /// the batch and how the receiver answered. `None`: the lease could not be kept.
+    pub(super) async fn try_late(
+        &self,
+        writer: &mut StateWriter<'_>,
+        document: &mut StateDocument,
+        rows: Vec<SourceRow>,
+        maker: &BatchMaker,
+        deadline: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Option<(Prepared, Result<(), SinkError>)>, TickError> {
         let terms = &self.config.lease;
         let Some(current) = document.lease.clone() else {
-            return Ok(false);
+            return Ok(None);
         };
         let now = self.clock.now();
         if lease::next_heartbeat_due(&current, terms).is_some_and(|due| now >= due)
             && !matches!(self.heartbeat(writer, document).await, Ok(true))
         {
-            return Ok(false);
+            return Ok(None);
         }
         let current = document.lease.clone().expect("the lease is held");
         if !lease::holder_may_act(&current, &self.owner_id, self.clock.now(), terms) {
-            return Ok(false);
+            return Ok(None);
         }
         let mut prepared = maker.prepare(rows);
         prepared.batch.late = true;
         let sink_deadline = runtime_deadline(deadline, self.clock.now());
-        if let Err(error) = self.sink.deliver(&prepared.batch, sink_deadline).await {
-            let first = prepared.positions.first().map(describe).unwrap_or_default();
-            return Err(TickError::LateDelivery { error, first });
+        let sent = self.sink.deliver(&prepared.batch, sink_deadline).await;
+        if sent.is_ok() {
+            info!(
+                poller = %self.config.poller_name,
+                batch = %prepared.batch.batch_id,
+                rows = prepared.positions.len(),
+                "late batch delivered"
+            );
         }
-        info!(
-            poller = %self.config.poller_name,
-            batch = %prepared.batch.batch_id,
-            rows = prepared.positions.len(),
-            "late batch delivered"
-        );
-        Ok(true)
+        Ok(Some((prepared, sent)))
     }
 
     /// Writes `record` as the document's `late`, renewing the lease, by CAS. `false`: the lease is
