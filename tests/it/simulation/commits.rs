@@ -6,9 +6,14 @@
 //! - a delivering read of that poller went past it (same load): it may have been passed unseen,
 //!   so it is **committed behind** the checkpoint. The checkpoint may pass it undelivered; it must
 //!   still be delivered (late, by the detector) or quarantined before the run ends.
-//! - it is, besides, older than the first bucket of the poller's late-arrival window (or there is
-//!   no window reaching the checkpoint): the detector cannot see it, by its documented bound. It
-//!   is **beyond the window**, and excused (nothing promises it).
+//! - once the checkpoint is past it (judged after the step in which it got there: a tick in
+//!   flight may commit past it later), it is older than the first bucket of the poller's
+//!   late-arrival window (or there is no window reaching the checkpoint): the detector cannot
+//!   see it, by its documented bound. It is **beyond the window**, and excused.
+//! - a row the poller had passed left its range (an update moved it past the checkpoint) between
+//!   two of the poller's ticks around the late commit: a bucket that lost more rows than arrived
+//!   in it hides the arrivals (docs/late-arrivals.md, `domain::late`'s table). It is **hidden by
+//!   a shrink**, and excused (a documented limit, counted apart).
 //!
 //! Every version committed behind counts: the detector may never report more late rows than
 //! that ("nothing is reported late that was not").
@@ -36,6 +41,14 @@ pub struct LateLedger {
     pub count: u64,
     /// Of those, the versions beyond the window (excused).
     pub beyond: u64,
+    /// Versions of `behind` whose place against the window was judged.
+    pub judged: BTreeSet<RowId>,
+    /// Versions committed behind since the poller's last tick that recounted the window ended.
+    pub since_tick: Vec<RowId>,
+    /// A row the poller had passed left its range since its last tick ended.
+    pub shrank_since_tick: bool,
+    /// Versions excused as hidden by a bucket that shrank.
+    pub hidden: u64,
 }
 
 /// Judges the versions a commit made visible, for every poller (see the module).
@@ -49,25 +62,73 @@ pub async fn committed(world: &mut World, versions: &[RowId]) {
         if behind.is_empty() {
             continue;
         }
-        let sight = Sight::of(world, index).await;
-        let mut beyond = Vec::new();
-        {
-            let ledger = world.late.entry(name.clone()).or_default();
-            for row in &behind {
-                ledger.count += 1;
-                ledger.behind.insert(*row);
-                if sight.beyond(row) {
-                    ledger.beyond += 1;
-                    beyond.push(*row);
-                }
-            }
+        let ledger = world.late.entry(name.clone()).or_default();
+        for row in &behind {
+            ledger.count += 1;
+            ledger.behind.insert(*row);
+            ledger.since_tick.push(*row);
         }
+        world.note_public(format!("{index}/committed behind what it read: {behind:?}"));
+        hide_if_shrank(world, index);
+    }
+}
+
+/// Rows left their place (`moved`: each version before an update, and after): when poller
+/// `index` had passed one and the update moved it past the checkpoint, see the module.
+pub async fn moved(world: &mut World, moved: &[(RowId, RowId)]) {
+    for index in 0..world.pollers.len() {
+        let sight = Sight::of(world, index).await;
+        if moved.iter().any(|(before, after)| sight.passed(before) && !sight.passed(after)) {
+            let name = world.pollers[index].config.poller_name.clone();
+            world.late.entry(name).or_default().shrank_since_tick = true;
+            hide_if_shrank(world, index);
+        }
+    }
+}
+
+fn hide_if_shrank(world: &mut World, index: usize) {
+    let name = world.pollers[index].config.poller_name.clone();
+    let Some(ledger) = world.late.get_mut(&name) else {
+        return;
+    };
+    if !ledger.shrank_since_tick || ledger.since_tick.is_empty() {
+        return;
+    }
+    let hidden = std::mem::take(&mut ledger.since_tick);
+    ledger.hidden += hidden.len() as u64;
+    world.pollers[index].excused.extend(hidden.iter().copied());
+    world.note_public(format!("{index}/late versions a bucket that shrank may hide (excused): {hidden:?}"));
+}
+
+/// A tick of poller `index` that recounted the window ended: what it checked is behind it.
+pub fn tick_ended(world: &mut World, index: usize) {
+    let name = world.pollers[index].config.poller_name.clone();
+    if let Some(ledger) = world.late.get_mut(&name) {
+        ledger.since_tick.clear();
+        ledger.shrank_since_tick = false;
+    }
+}
+
+/// After every step: the versions committed behind that the checkpoint now passes are judged
+/// against the window it reaches (see the module).
+pub async fn judge(world: &mut World, index: usize) {
+    let name = world.pollers[index].config.poller_name.clone();
+    let Some(ledger) = world.late.get(&name) else {
+        return;
+    };
+    let waiting: Vec<RowId> = ledger.behind.difference(&ledger.judged).copied().collect();
+    if waiting.is_empty() {
+        return;
+    }
+    let sight = Sight::of(world, index).await;
+    let passed: Vec<RowId> = waiting.into_iter().filter(|row| sight.passed(row)).collect();
+    let beyond: Vec<RowId> = passed.iter().copied().filter(|row| sight.beyond(row)).collect();
+    let ledger = world.late.get_mut(&name).expect("read above");
+    ledger.judged.extend(passed.iter().copied());
+    ledger.beyond += beyond.len() as u64;
+    if !beyond.is_empty() {
         world.pollers[index].excused.extend(beyond.iter().copied());
-        let what = format!(
-            "{index}/committed behind what it read: {behind:?}{}",
-            if beyond.is_empty() { String::new() } else { format!(" ({beyond:?} beyond the window)") }
-        );
-        world.note_public(what);
+        world.note_public(format!("{index}/late versions beyond the window (excused): {beyond:?}"));
     }
 }
 
@@ -99,14 +160,17 @@ impl Sight {
         Sight { checkpoint, window_from }
     }
 
-    /// The checkpoint is past `row` and no window reaching it covers `row`.
-    fn beyond(&self, row: &RowId) -> bool {
+    /// The checkpoint (of `row`'s load) is at or past `row`.
+    fn passed(&self, row: &RowId) -> bool {
         let Some((generation, cursor, key)) = self.checkpoint else {
             return false;
         };
-        let passed =
-            generation.is_none_or(|generation| generation == row.generation) && (row.cursor, row.key) <= (cursor, key);
-        passed && self.window_from.is_none_or(|from| row.cursor < from)
+        generation.is_none_or(|generation| generation == row.generation) && (row.cursor, row.key) <= (cursor, key)
+    }
+
+    /// The checkpoint is past `row` and no window reaching it covers `row`.
+    fn beyond(&self, row: &RowId) -> bool {
+        self.passed(row) && self.window_from.is_none_or(|from| row.cursor < from)
     }
 }
 

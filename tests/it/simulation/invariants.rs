@@ -124,6 +124,7 @@ pub async fn check(world: &mut World) -> Result<(), Violation> {
             }
         }
         let in_quarantine: BTreeSet<RowId> = entries.iter().map(|(row, ..)| *row).collect();
+        super::commits::judge(world, index).await;
         let Some(document) = document(world, index).await else {
             continue;
         };

@@ -111,8 +111,8 @@ impl Table {
     }
 
     /// Commits the `nth` open transaction (modulo their count): its versions become visible.
-    /// Returns them (none when nothing is open).
-    pub fn commit(&mut self, nth: usize) -> Vec<RowId> {
+    /// Returns them (none when nothing is open), each with the version it replaced, if any.
+    pub fn commit(&mut self, nth: usize) -> Vec<(RowId, Option<RowId>)> {
         if self.open.is_empty() {
             return Vec::new();
         }
@@ -121,8 +121,8 @@ impl Table {
         open.writes
             .into_iter()
             .map(|(key, cursor)| {
-                self.rows.insert(key, cursor);
-                RowId { generation, key, cursor }
+                let before = self.rows.insert(key, cursor).map(|cursor| RowId { generation, key, cursor });
+                (RowId { generation, key, cursor }, before)
             })
             .collect()
     }
@@ -160,14 +160,17 @@ impl Table {
 
     /// Moves the `nth` row (modulo the row count) to a new cursor, as an update bumping a version
     /// column does (none when that row is locked by an open transaction).
-    pub fn update(&mut self, nth: usize) -> Option<i64> {
+    /// Returns the version before and after.
+    pub fn update(&mut self, nth: usize) -> Option<(RowId, RowId)> {
         let key = *self.rows.keys().nth(nth % self.rows.len().max(1))?;
         if self.locked(key) {
             return None;
         }
-        self.rows.insert(key, self.next_cursor);
+        let generation = self.generation;
+        let before = self.rows.insert(key, self.next_cursor)?;
+        let after = RowId { generation, key, cursor: self.next_cursor };
         self.next_cursor += 1;
-        Some(key)
+        Some((RowId { generation, key, cursor: before }, after))
     }
 
     /// A truncate and reload: a new generation, `count` fresh rows, keys and cursors from 1 again.

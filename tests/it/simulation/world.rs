@@ -235,7 +235,8 @@ impl World {
                 }
             }
             Step::Update { nth } => {
-                self.source.table.lock().unwrap().update(nth as usize);
+                let moved = self.source.table.lock().unwrap().update(nth as usize);
+                super::commits::moved(self, moved.as_slice()).await;
             }
             Step::Reload { rows } => self.source.table.lock().unwrap().reload(rows as usize),
             Step::Latency { base_ms, slow_ms } => {
@@ -306,19 +307,26 @@ impl World {
             Ok(outcome) => outcome.kind(),
             Err(_) => "error",
         };
+        if report.late_check == dbtrigger::tick::LateCheck::Checked {
+            super::commits::tick_ended(self, poller as usize);
+        }
         let overlapped = ended.log_from..ended.log_to;
         super::invariants::after_tick(self, poller as usize, &ended.owner_id, &result, &report, overlapped).await
     }
 
     /// The `nth` open transaction commits (see [`super::commits`]).
     async fn commit(&mut self, nth: usize, poison: bool) {
-        let versions = self.source.table.lock().unwrap().commit(nth);
+        let written = self.source.table.lock().unwrap().commit(nth);
+        let moved: Vec<(RowId, RowId)> =
+            written.iter().filter_map(|(after, before)| before.map(|before| (before, *after))).collect();
+        let versions: Vec<RowId> = written.into_iter().map(|(version, _)| version).collect();
         if poison && let Some(first) = versions.first() {
             self.sink.lock().unwrap().poison.insert((first.generation, first.key));
         }
         if !versions.is_empty() {
             self.note(format!("committed {versions:?}{}", if poison { " (the first refused)" } else { "" }));
         }
+        super::commits::moved(self, &moved).await;
         super::commits::committed(self, &versions).await;
     }
 
