@@ -188,6 +188,7 @@ impl Poller {
         }
         if found.clear_undelivered {
             record.undelivered = None;
+            record.undelivered_after = None;
         }
         for shrunk in &found.plan.shrunk {
             record = late::adopt(&record, &shrunk.from, shrunk.recorded, shrunk.found);
@@ -282,7 +283,7 @@ impl Poller {
             hold.keep(budget::rows_bytes(&found.rows));
             if let [row] = found.rows.as_slice() {
                 let cursor = row.position.cursor.clone();
-                let sent = self.send_late(writer, document, found.rows, maker, deadline).await?;
+                let sent = self.send_late(writer, document, found.rows, maker, deadline, &mut 0).await?;
                 drop(hold);
                 if !sent {
                     return Ok(None);
@@ -292,11 +293,16 @@ impl Poller {
                 return Ok(Some((tally, 1, cursor)));
             }
         }
-        // Every row of the bucket, page by page; what is delivered becomes its tally.
+        // Every row of the bucket, page by page; what is delivered becomes its tally. A
+        // redelivery an earlier tick left midway goes on where it got to; a failure here records
+        // how far this one got (a bucket longer to deliver than a tick budget still gets there).
         let whole = range(None);
-        let mut tally = Tally::default();
+        let resumed = document.late.as_ref().and_then(|record| late::progress(record, &bucket.from));
+        let (mut after, mut tally) = match resumed {
+            Some((after, tally)) => (Some(after), tally),
+            None => (None, Tally::default()),
+        };
         let mut oldest: Option<CursorValue> = None;
-        let mut after: Option<Position> = None;
         loop {
             let mut hold = reservations.reserve(self.fetch_limit().bytes).await;
             let page = self.source.read_bucket(&whole, after.as_ref(), self.fetch_limit()).await?;
@@ -304,19 +310,39 @@ impl Poller {
             let Some(last) = page.rows.last() else {
                 break;
             };
-            after = Some(last.position.clone());
+            let last = last.position.clone();
+            let mut page_tally = tally;
             for row in &page.rows {
-                tally.add(KeyRow::of(&row.position).hash);
+                page_tally.add(KeyRow::of(&row.position).hash);
             }
             if oldest.is_none() {
                 oldest = page.rows.first().map(|row| row.position.cursor.clone());
             }
             let more = page.full;
-            let sent = self.send_late(writer, document, page.rows, maker, deadline).await?;
+            let positions: Vec<Position> = page.rows.iter().map(|row| row.position.clone()).collect();
+            // Rows of the page settled (delivered or quarantined) when its isolation stopped.
+            let mut settled = 0;
+            let sent = match self.send_late(writer, document, page.rows, maker, deadline, &mut settled).await {
+                Ok(sent) => sent,
+                Err(error) => {
+                    let settled = settled.min(positions.len());
+                    for position in &positions[..settled] {
+                        tally.add(KeyRow::of(position).hash);
+                    }
+                    let got_to = if settled > 0 { Some(&positions[settled - 1]) } else { after.as_ref() };
+                    if let (Some(record), Some(got_to)) = (document.late.as_ref(), got_to) {
+                        let now = self.clock.now();
+                        document.late = Some(late::mark_progress(record, &bucket.from, got_to, tally, now));
+                    }
+                    return Err(error);
+                }
+            };
             drop(hold);
             if !sent {
                 return Ok(None);
             }
+            after = Some(last);
+            tally = page_tally;
             if !more {
                 break;
             }
@@ -327,7 +353,7 @@ impl Poller {
 
     /// Sends `rows` as one late batch, renewing the lease first when a heartbeat is due; a refusal
     /// is handled as any batch's ([`late_refused`](super::late_refused)). `false`: the lease could
-    /// not be kept.
+    /// not be kept. When it fails, `settled` says how many of its first rows were settled.
     async fn send_late(
         &self,
         writer: &mut StateWriter<'_>,
@@ -335,13 +361,14 @@ impl Poller {
         rows: Vec<SourceRow>,
         maker: &BatchMaker,
         deadline: chrono::DateTime<chrono::Utc>,
+        settled: &mut usize,
     ) -> Result<bool, TickError> {
         let Some((prepared, sent)) = self.try_late(writer, document, rows.clone(), maker, deadline).await? else {
             return Ok(false);
         };
         match sent {
             Ok(()) => Ok(true),
-            Err(error) => self.late_refused(writer, document, rows, prepared, error, maker, deadline).await,
+            Err(error) => self.late_refused(writer, document, rows, prepared, error, maker, deadline, settled).await,
         }
     }
 

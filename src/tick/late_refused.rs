@@ -36,7 +36,10 @@ use super::reader::{BatchMaker, Prepared};
 impl Poller {
     /// `rows`, sent as the late batch `prepared`, came back with `error`: handled as the table
     /// above says. `Ok(true)`: every row is delivered or quarantined; `Ok(false)`: the lease could
-    /// not be kept (stop, nothing more written).
+    /// not be kept (stop, nothing more written). An isolation that stops (the budget spent, a
+    /// transient failure) quarantines the rows refused alone so far and says in `settled` how many
+    /// of the first rows are settled, so that the next tick goes on after them (an isolation
+    /// longer than a tick budget still ends).
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn late_refused(
         &self,
@@ -47,6 +50,7 @@ impl Poller {
         error: SinkError,
         maker: &BatchMaker,
         deadline: chrono::DateTime<chrono::Utc>,
+        settled: &mut usize,
     ) -> Result<bool, TickError> {
         let first = prepared.positions.first().map(describe).unwrap_or_default();
         let mode = self.config.poison.mode;
@@ -71,7 +75,10 @@ impl Poller {
             let part = match plan.next() {
                 Next::Try(part) => part,
                 Next::Done => break,
-                Next::Halt(Halt::Transient) => return Err(TickError::LateDelivery { error: last_error, first }),
+                Next::Halt(Halt::Transient) => {
+                    self.settle_late(writer, document, &prepared, &plan, &row_errors, &last_error, settled).await?;
+                    return Err(TickError::LateDelivery { error: last_error, first });
+                }
                 Next::Halt(Halt::Endpoint(status)) => {
                     return Err(self.late_endpoint_refused(status, last_error, first));
                 }
@@ -83,6 +90,7 @@ impl Poller {
                 }
             };
             if self.clock.now() >= deadline {
+                self.settle_late(writer, document, &prepared, &plan, &row_errors, &last_error, settled).await?;
                 return Err(TickError::LateDelivery { error: last_error, first });
             }
             let part_rows = rows[part.start..part.end].to_vec();
@@ -91,6 +99,11 @@ impl Poller {
             };
             match sent {
                 Ok(()) => plan.record(PartOutcome::Delivered),
+                // A failure once the budget is spent says nothing about the rows.
+                Err(error) if self.clock.now() >= deadline => {
+                    self.settle_late(writer, document, &prepared, &plan, &row_errors, &error, settled).await?;
+                    return Err(TickError::LateDelivery { error, first });
+                }
                 Err(error) => {
                     let kind = self.failure_kind(&error);
                     if part.len() == 1 && kind == FailureKind::Permanent {
@@ -116,6 +129,32 @@ impl Poller {
             self.quarantine_late(&prepared, *row, error).await?;
         }
         Ok(true)
+    }
+
+    /// The isolation stopped midway: the rows refused alone so far are quarantined (under a lease
+    /// just renewed), and `settled` says how many first rows are settled (none when the lease
+    /// could not be renewed: they are tried again).
+    #[allow(clippy::too_many_arguments)]
+    async fn settle_late(
+        &self,
+        writer: &mut StateWriter<'_>,
+        document: &mut StateDocument,
+        prepared: &Prepared,
+        plan: &IsolationPlan,
+        row_errors: &BTreeMap<usize, SinkError>,
+        last_error: &SinkError,
+        settled: &mut usize,
+    ) -> Result<(), TickError> {
+        if !plan.refused().is_empty() {
+            if !self.renew_before_quarantining(writer, document).await? {
+                return Ok(());
+            }
+            for row in plan.refused() {
+                self.quarantine_late(prepared, *row, row_errors.get(row).unwrap_or(last_error)).await?;
+            }
+        }
+        *settled = plan.settled();
+        Ok(())
     }
 
     fn late_endpoint_refused(&self, status: u16, error: SinkError, first: String) -> TickError {
