@@ -359,7 +359,7 @@ impl Poller {
 
     /// The lease, renewed by compare-and-swap right before quarantine entries are written, and
     /// still good by the clock: `false` when it is not ours any more.
-    async fn renew_before_quarantining(
+    pub(super) async fn renew_before_quarantining(
         &self,
         writer: &mut StateWriter<'_>,
         document: &mut StateDocument,

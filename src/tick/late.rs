@@ -10,8 +10,12 @@
 //!   when its hash names it, else the bucket's rows page by page, each page a batch with
 //!   `late: true` and the event ids those rows always had, through the same sink and deadline.
 //!   After each bucket one write (by CAS, renewing the lease) records its new tally and the
-//!   finding. A failed delivery fails the tick (recorded for status and the watchdog); the bucket,
-//!   not recorded, is found again by the next check. The checkpoint never moves here.
+//!   finding. A refused late batch goes through the refusal handling of any batch
+//!   ([`late_refused`](super::late_refused): isolated, a row refused alone quarantined or, with
+//!   `poison.mode: stop`, held; an endpoint's refusal held). A failed delivery fails the tick
+//!   (recorded for status and the watchdog, and kept recorded until it is delivered); the bucket
+//!   is marked undelivered (never pruned from the window, checked at every tick). The checkpoint
+//!   never moves here.
 //! - Buckets that shrank (rows updated past the checkpoint, or deleted) are adopted: not late.
 
 use std::sync::atomic::Ordering;
@@ -21,16 +25,16 @@ use tracing::{info, warn};
 use crate::domain::StateDocument;
 use crate::domain::late::{self, CheckPlan, KeyRow, LateBucket, LateRecord, Tally};
 use crate::domain::lease;
-use crate::domain::state::describe;
 use crate::domain::transitions;
 use crate::domain::{CursorValue, Position};
+use crate::sink::SinkError;
 use crate::source::{BucketCheck, BucketRange, FetchLimit, SourceRow};
 use crate::store::{StateWriter, WriteFailure};
 
 use super::Poller;
 use super::budget;
 use super::outcome::{LateCheck, TickError};
-use super::reader::BatchMaker;
+use super::reader::{BatchMaker, Prepared};
 use super::timer::runtime_deadline;
 
 /// What a check found, and the checkpoint it was made behind.
@@ -184,6 +188,7 @@ impl Poller {
         }
         if found.clear_undelivered {
             record.undelivered = None;
+            record.undelivered_after = None;
         }
         for shrunk in &found.plan.shrunk {
             record = late::adopt(&record, &shrunk.from, shrunk.recorded, shrunk.found);
@@ -206,6 +211,11 @@ impl Poller {
         for bucket in &found.plan.late {
             if self.clock.now() >= deadline {
                 warn!(poller = %self.config.poller_name, "the tick budget ran out before every late bucket was delivered; the next check finds the rest");
+                // Marked, so that the bucket (and every one after it) stays in the window and
+                // every tick checks it until it is delivered.
+                if let Some(record) = document.late.as_ref() {
+                    document.late = Some(late::mark_undelivered(record, &bucket.from, self.clock.now()));
+                }
                 break;
             }
             let delivered = self.deliver_bucket(writer, document, bucket, &found.checkpoint, maker, deadline).await;
@@ -273,7 +283,7 @@ impl Poller {
             hold.keep(budget::rows_bytes(&found.rows));
             if let [row] = found.rows.as_slice() {
                 let cursor = row.position.cursor.clone();
-                let sent = self.send_late(writer, document, found.rows, maker, deadline).await?;
+                let sent = self.send_late(writer, document, found.rows, maker, deadline, &mut 0).await?;
                 drop(hold);
                 if !sent {
                     return Ok(None);
@@ -283,11 +293,16 @@ impl Poller {
                 return Ok(Some((tally, 1, cursor)));
             }
         }
-        // Every row of the bucket, page by page; what is delivered becomes its tally.
+        // Every row of the bucket, page by page; what is delivered becomes its tally. A
+        // redelivery an earlier tick left midway goes on where it got to; a failure here records
+        // how far this one got (a bucket longer to deliver than a tick budget still gets there).
         let whole = range(None);
-        let mut tally = Tally::default();
+        let resumed = document.late.as_ref().and_then(|record| late::progress(record, &bucket.from));
+        let (mut after, mut tally) = match resumed {
+            Some((after, tally)) => (Some(after), tally),
+            None => (None, Tally::default()),
+        };
         let mut oldest: Option<CursorValue> = None;
-        let mut after: Option<Position> = None;
         loop {
             let mut hold = reservations.reserve(self.fetch_limit().bytes).await;
             let page = self.source.read_bucket(&whole, after.as_ref(), self.fetch_limit()).await?;
@@ -295,19 +310,39 @@ impl Poller {
             let Some(last) = page.rows.last() else {
                 break;
             };
-            after = Some(last.position.clone());
+            let last = last.position.clone();
+            let mut page_tally = tally;
             for row in &page.rows {
-                tally.add(KeyRow::of(&row.position).hash);
+                page_tally.add(KeyRow::of(&row.position).hash);
             }
             if oldest.is_none() {
                 oldest = page.rows.first().map(|row| row.position.cursor.clone());
             }
             let more = page.full;
-            let sent = self.send_late(writer, document, page.rows, maker, deadline).await?;
+            let positions: Vec<Position> = page.rows.iter().map(|row| row.position.clone()).collect();
+            // Rows of the page settled (delivered or quarantined) when its isolation stopped.
+            let mut settled = 0;
+            let sent = match self.send_late(writer, document, page.rows, maker, deadline, &mut settled).await {
+                Ok(sent) => sent,
+                Err(error) => {
+                    let settled = settled.min(positions.len());
+                    for position in &positions[..settled] {
+                        tally.add(KeyRow::of(position).hash);
+                    }
+                    let got_to = if settled > 0 { Some(&positions[settled - 1]) } else { after.as_ref() };
+                    if let (Some(record), Some(got_to)) = (document.late.as_ref(), got_to) {
+                        let now = self.clock.now();
+                        document.late = Some(late::mark_progress(record, &bucket.from, got_to, tally, now));
+                    }
+                    return Err(error);
+                }
+            };
             drop(hold);
             if !sent {
                 return Ok(None);
             }
+            after = Some(last);
+            tally = page_tally;
             if !more {
                 break;
             }
@@ -316,8 +351,9 @@ impl Poller {
         Ok(Some((tally, bucket.late_rows, lateness_of)))
     }
 
-    /// Sends `rows` as one late batch, renewing the lease first when a heartbeat is due. `false`:
-    /// the lease could not be kept.
+    /// Sends `rows` as one late batch, renewing the lease first when a heartbeat is due; a refusal
+    /// is handled as any batch's ([`late_refused`](super::late_refused)). `false`: the lease could
+    /// not be kept. When it fails, `settled` says how many of its first rows were settled.
     async fn send_late(
         &self,
         writer: &mut StateWriter<'_>,
@@ -325,35 +361,54 @@ impl Poller {
         rows: Vec<SourceRow>,
         maker: &BatchMaker,
         deadline: chrono::DateTime<chrono::Utc>,
+        settled: &mut usize,
     ) -> Result<bool, TickError> {
+        let Some((prepared, sent)) = self.try_late(writer, document, rows.clone(), maker, deadline).await? else {
+            return Ok(false);
+        };
+        match sent {
+            Ok(()) => Ok(true),
+            Err(error) => self.late_refused(writer, document, rows, prepared, error, maker, deadline, settled).await,
+        }
+    }
+
+    /// One attempt at `rows` as a late batch, renewing the lease first when a heartbeat is due:
+    /// the batch and how the receiver answered. `None`: the lease could not be kept.
+    pub(super) async fn try_late(
+        &self,
+        writer: &mut StateWriter<'_>,
+        document: &mut StateDocument,
+        rows: Vec<SourceRow>,
+        maker: &BatchMaker,
+        deadline: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Option<(Prepared, Result<(), SinkError>)>, TickError> {
         let terms = &self.config.lease;
         let Some(current) = document.lease.clone() else {
-            return Ok(false);
+            return Ok(None);
         };
         let now = self.clock.now();
         if lease::next_heartbeat_due(&current, terms).is_some_and(|due| now >= due)
             && !matches!(self.heartbeat(writer, document).await, Ok(true))
         {
-            return Ok(false);
+            return Ok(None);
         }
         let current = document.lease.clone().expect("the lease is held");
         if !lease::holder_may_act(&current, &self.owner_id, self.clock.now(), terms) {
-            return Ok(false);
+            return Ok(None);
         }
         let mut prepared = maker.prepare(rows);
         prepared.batch.late = true;
         let sink_deadline = runtime_deadline(deadline, self.clock.now());
-        if let Err(error) = self.sink.deliver(&prepared.batch, sink_deadline).await {
-            let first = prepared.positions.first().map(describe).unwrap_or_default();
-            return Err(TickError::LateDelivery { error, first });
+        let sent = self.sink.deliver(&prepared.batch, sink_deadline).await;
+        if sent.is_ok() {
+            info!(
+                poller = %self.config.poller_name,
+                batch = %prepared.batch.batch_id,
+                rows = prepared.positions.len(),
+                "late batch delivered"
+            );
         }
-        info!(
-            poller = %self.config.poller_name,
-            batch = %prepared.batch.batch_id,
-            rows = prepared.positions.len(),
-            "late batch delivered"
-        );
-        Ok(true)
+        Ok(Some((prepared, sent)))
     }
 
     /// Writes `record` as the document's `late`, renewing the lease, by CAS. `false`: the lease is

@@ -29,6 +29,7 @@
 //! | `pipeline.rs` | the delivery loop: window, deliveries, reads, commits, a failed batch    |
 //! | `isolate.rs`  | isolating a poison batch, holding the lease, committing as it settles    |
 //! | `late.rs`     | the late-arrival detector: its window recorded, recounted, delivered    |
+//! | `late_refused.rs` | a late batch the receiver refuses: isolated, quarantined, held       |
 //! | `ledger.rs`   | what was sent and what a commit over it records; the document writes:    |
 //! |               | commit, heartbeat, release, failures recorded                            |
 //! | `ordered.rs`  | the ordered window: a key's events in order, keys in parallel (issue 38) |
@@ -40,6 +41,7 @@
 pub mod budget;
 mod isolate;
 mod late;
+mod late_refused;
 mod ledger;
 mod ordered;
 mod outcome;
@@ -376,10 +378,14 @@ impl Poller {
             // Nothing waits: failures recorded by earlier ticks are of a problem fixed or gone,
             // and are cleared with the restart, if there was one, in one write by CAS (with the
             // late-arrival buckets that shrank, if the check found some).
-            let cleared = transitions::clear_failures(document);
-            let mut next = cleared.clone().unwrap_or_else(|| document.clone());
+            let mut next = document.clone();
             let adopted = late_found.as_ref().is_some_and(|found| self.adopt_shrunk(&mut next, found));
-            if restarted || cleared.is_some() || adopted {
+            let cleared = transitions::clear_failures(&next);
+            let next_is_cleared = cleared.is_some();
+            if let Some(cleared) = cleared {
+                next = cleared;
+            }
+            if restarted || next_is_cleared || adopted {
                 match writer.write(&mut next).await {
                     Ok(()) => *document = next,
                     Err(WriteFailure::Conflict(current)) => return Ok(held_by_whoever_wrote(current)),

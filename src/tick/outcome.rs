@@ -215,11 +215,28 @@ pub enum TickError {
     /// Internal: the generation moved before a commit; the tick turns it into `Superseded`.
     #[error("the source generation moved from {bound} during the tick")]
     Superseded { bound: Box<serde_json::Value>, current: Option<Box<serde_json::Value>> },
-    /// A bug: something panicked during the tick. The lease was released if it was held.
+    /// A late batch failed transiently (or its isolation did): the bucket stays in the window,
+    /// marked undelivered, and every tick tries it again.
     #[error(
         "{error}; rows committed behind the checkpoint (late arrivals, from {first}) could not be delivered: the next check finds them again"
     )]
     LateDelivery { error: SinkError, first: String },
+    /// `poison.mode: stop`: a late row the receiver refuses alone is held (never quarantined): its
+    /// bucket stays in the window, marked undelivered, and every tick tries it again (issue 35).
+    #[error(
+        "poison.mode is stop: the late row with primary key {pk} (committed behind the checkpoint) fails alone ({error}); \
+         it is held, not quarantined, and tried again at every tick; new rows are still delivered. Fix the receiver or the row"
+    )]
+    LatePoisonStop { pk: String, error: SinkError },
+    /// The endpoint refused a late batch (a status about the endpoint, not the rows): held,
+    /// nothing quarantined, tried again at every tick (issue 35, as issue 36 for any batch).
+    #[error(
+        "{error}; the receiver refuses every row alike (HTTP {status}: {meaning}): that is the endpoint, not the rows. \
+         Nothing is quarantined; the late rows (from {first}) are held and tried again at every tick. \
+         Fix the URL or the credential (sink.url, the SAS or the connection)"
+    )]
+    LateEndpointRefused { status: u16, meaning: &'static str, error: SinkError, first: String },
+    /// A bug: something panicked during the tick. The lease was released if it was held.
     #[error("the tick failed unexpectedly (panic: {message}); the checkpoint did not move")]
     Panicked { message: String },
 }
@@ -237,6 +254,8 @@ impl TickError {
                 | TickError::Document(_)
                 | TickError::Checkpoint(_)
                 | TickError::LateDelivery { .. }
+                | TickError::LatePoisonStop { .. }
+                | TickError::LateEndpointRefused { .. }
                 | TickError::Panicked { .. }
         )
     }

@@ -718,3 +718,166 @@ per_engine! {
     mariadb_old_and_fresh_late_rows_are_found_within_the_bound: old_and_fresh_late_rows_are_found_within_the_bound, Engine::MariaDb;
     sqlite_old_and_fresh_late_rows_are_found_within_the_bound: old_and_fresh_late_rows_are_found_within_the_bound, Engine::Sqlite;
 }
+
+/// A receiver that refuses, with `status`, any late batch holding one of the `refused` ids, and
+/// records what it takes.
+struct RefusesLateRows {
+    inner: RecordingSink,
+    refused: std::sync::Mutex<Vec<i64>>,
+    status: u16,
+}
+
+#[async_trait::async_trait]
+impl dbtrigger::sink::Sink for RefusesLateRows {
+    async fn deliver(
+        &self,
+        batch: &dbtrigger::domain::Batch,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), dbtrigger::sink::SinkError> {
+        let refused = self.refused.lock().unwrap().clone();
+        if batch.late && batch.events.iter().any(|event| refused.contains(&event.pk()["id"].as_i64().unwrap())) {
+            return Err(dbtrigger::sink::SinkError::Rejected {
+                batch_id: batch.batch_id.clone(),
+                status: self.status,
+                body: "refused".into(),
+            });
+        }
+        self.inner.deliver(batch, deadline).await
+    }
+
+    fn describe(&self) -> String {
+        "refuses some late rows".into()
+    }
+}
+
+/// Finding 6's case: an identity cursor, rows 1-5 delivered, then rows 6 and 7 (one transaction,
+/// their `seq` taken first) commit after row 8 was delivered: two late rows in one bucket. The
+/// receiver refuses late batches holding row 6 with `status`; the poller keeps its quarantine in
+/// the state store, in `mode`. Returns the case, the poller and its receiver, ready for the tick
+/// that finds the late rows.
+async fn late_rows_one_refused(
+    engine: Engine,
+    status: u16,
+    mode: dbtrigger::domain::poison::PoisonMode,
+) -> (Case, Poller, Arc<RefusesLateRows>) {
+    let case = Case::new(engine, identity_table(engine), json!({"cursor": "seq"})).await;
+    let mut config = case.poller.config.clone();
+    config.poison.mode = mode;
+    let sink = Arc::new(RefusesLateRows { inner: RecordingSink::new(), refused: vec![6].into(), status });
+    let source = dbtrigger::source::open(&config.source).unwrap();
+    let clock = Arc::new(dbtrigger::tick::SystemClock);
+    let poller = Poller::new(config, source, sink.clone(), case.store.clone(), clock, "it".into())
+        .with_quarantine(case.store.clone());
+    if engine == Engine::Sqlite {
+        let seed: Vec<String> = (1..=5).map(|id| format!("({id}, {id}, 'row {id}')")).collect();
+        execute(&case.url, &format!("INSERT INTO items (id, seq, note) VALUES {};\n", seed.join(", "))).await;
+        poller.tick().await.unwrap();
+        execute(&case.url, "INSERT INTO items (id, seq, note) VALUES (8, 8, 'third');\n").await;
+        poller.tick().await.unwrap();
+        execute(&case.url, "INSERT INTO items (id, seq, note) VALUES (6, 6, 'first'), (7, 7, 'second');\n").await;
+    } else {
+        let seed: Vec<String> = (1..=5).map(|id| format!("({id}, 'row {id}')")).collect();
+        execute(&case.url, &format!("INSERT INTO items (id, note) VALUES {};\n", seed.join(", "))).await;
+        poller.tick().await.unwrap();
+        let mut late = Writer::open(&case.url).await;
+        late.execute("INSERT INTO items (id, note) VALUES (6, 'first'), (7, 'second');\n").await;
+        execute(&case.url, "INSERT INTO items (id, note) VALUES (8, 'third');\n").await;
+        poller.tick().await.unwrap();
+        late.commit().await;
+    }
+    (case, poller, sink)
+}
+
+fn ids_of(sink: &RecordingSink, late: bool) -> Vec<i64> {
+    let batches = sink.batches();
+    let batches = batches.iter().filter(|batch| batch.late == late);
+    batches.flat_map(|batch| batch.events.iter().map(|event| event.pk()["id"].as_i64().unwrap())).collect()
+}
+
+async fn quarantined_ids(case: &Case) -> Vec<(i64, Option<u16>)> {
+    let config = &case.poller.config;
+    let entries =
+        dbtrigger::store::quarantine::list(case.store.as_ref(), &config.app_name, &config.poller_name).await.unwrap();
+    entries.iter().map(|(entry, _)| (entry.event["pk"]["id"].as_i64().unwrap(), entry.status)).collect()
+}
+
+/// Regression (issue 35, finding 6): a late row the receiver refuses with 422 is isolated like
+/// any poison row: it is quarantined (with its status), the other late row of its bucket is
+/// delivered, both are counted, the tick succeeds, and nothing is left marked or failing.
+async fn a_late_row_refused_with_422_is_quarantined_and_the_rest_delivered(engine: Engine) {
+    let (case, poller, sink) =
+        late_rows_one_refused(engine, 422, dbtrigger::domain::poison::PoisonMode::Quarantine).await;
+    let (result, report) = poller.tick_reported().await;
+    result.unwrap();
+    assert_eq!(report.late_arrivals, 2, "{report:?}");
+    assert_eq!(quarantined_ids(&case).await, vec![(6, Some(422))]);
+    let late = ids_of(&sink.inner, true);
+    assert!(late.contains(&7) && !late.contains(&6), "7 delivered late, 6 never taken: {late:?}");
+    let document = case.document();
+    assert_eq!(document.failure, None);
+    assert!(document.late.as_ref().unwrap().undelivered.is_none());
+    let (result, report) = poller.tick_reported().await;
+    result.unwrap();
+    assert_eq!(report.late_arrivals, 0, "settled: not found again");
+    assert_eq!(ids_of(&sink.inner, true), late, "nothing sent again");
+}
+
+/// Regression (issue 35, finding 6): with `poison.mode: stop` a late row the receiver refuses
+/// alone is held, never quarantined: every tick fails saying so while new rows are still
+/// delivered, the failure stays recorded through those ticks, and once the receiver takes it the
+/// row arrives, marked late, and the failure is cleared.
+async fn with_poison_mode_stop_a_refused_late_row_is_held_not_quarantined(engine: Engine) {
+    let (case, poller, sink) = late_rows_one_refused(engine, 422, dbtrigger::domain::poison::PoisonMode::Stop).await;
+    for (round, id) in [(0, 9), (1, 10), (2, 11)] {
+        let error = poller.tick().await.unwrap_err();
+        assert!(matches!(error, dbtrigger::tick::TickError::LatePoisonStop { .. }), "round {round}: {error}");
+        assert!(quarantined_ids(&case).await.is_empty(), "round {round}: nothing quarantined");
+        let document = case.document();
+        assert!(document.failure.is_some(), "round {round}: the failure stays recorded");
+        assert!(document.late.as_ref().unwrap().undelivered.is_some(), "round {round}: the bucket stays marked");
+        // A new row is still delivered at the next tick (a late row never holds up new ones).
+        if engine == Engine::Sqlite {
+            execute(&case.url, &format!("INSERT INTO items (id, seq, note) VALUES ({id}, {id}, 'new');\n")).await;
+        } else {
+            execute(&case.url, &format!("INSERT INTO items (id, note) VALUES ({id}, 'new');\n")).await;
+        }
+    }
+    assert!(ids_of(&sink.inner, false).ends_with(&[8, 9, 10]), "{:?}", ids_of(&sink.inner, false));
+    sink.refused.lock().unwrap().clear();
+    let (result, report) = poller.tick_reported().await;
+    result.unwrap();
+    assert!(report.late_arrivals >= 1, "{report:?}");
+    assert!(ids_of(&sink.inner, true).contains(&6), "6 arrives, marked late");
+    let document = case.document();
+    assert_eq!(document.failure, None, "the failure is cleared once delivered");
+    assert!(document.late.unwrap().undelivered.is_none());
+    assert!(quarantined_ids(&case).await.is_empty());
+}
+
+/// Regression (issue 35, finding 6, as issue 36 for any batch): a late batch the endpoint refuses
+/// (401: a rotated token) is held: nothing isolated or quarantined, the tick fails saying so, the
+/// failure stays recorded, and the rows arrive once the endpoint answers again.
+async fn an_endpoint_refusing_a_late_batch_holds_it_and_quarantines_nothing(engine: Engine) {
+    let (case, poller, sink) =
+        late_rows_one_refused(engine, 401, dbtrigger::domain::poison::PoisonMode::Quarantine).await;
+    for round in 0..2 {
+        let error = poller.tick().await.unwrap_err();
+        assert!(matches!(error, dbtrigger::tick::TickError::LateEndpointRefused { status: 401, .. }), "{error}");
+        assert!(quarantined_ids(&case).await.is_empty(), "round {round}");
+        assert!(case.document().failure.is_some(), "round {round}");
+    }
+    sink.refused.lock().unwrap().clear();
+    let (result, report) = poller.tick_reported().await;
+    result.unwrap();
+    assert_eq!(report.late_arrivals, 2, "{report:?}");
+    let late = ids_of(&sink.inner, true);
+    assert!(late.contains(&6) && late.contains(&7), "{late:?}");
+    assert_eq!(case.document().failure, None);
+}
+
+per_engine! {
+    sqlite_a_late_row_refused_with_422_is_quarantined_and_the_rest_delivered: a_late_row_refused_with_422_is_quarantined_and_the_rest_delivered, Engine::Sqlite;
+    postgres_a_late_row_refused_with_422_is_quarantined_and_the_rest_delivered: a_late_row_refused_with_422_is_quarantined_and_the_rest_delivered, Engine::Postgres;
+    sqlite_with_poison_mode_stop_a_refused_late_row_is_held_not_quarantined: with_poison_mode_stop_a_refused_late_row_is_held_not_quarantined, Engine::Sqlite;
+    sqlite_an_endpoint_refusing_a_late_batch_holds_it_and_quarantines_nothing: an_endpoint_refusing_a_late_batch_holds_it_and_quarantines_nothing, Engine::Sqlite;
+}

@@ -134,6 +134,12 @@ pub struct LateRecord {
     /// are gone, so that its rows are never dropped from the window undelivered (issue 35).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub undelivered: Option<Bucket>,
+    /// How far the undelivered bucket's redelivery got: its rows up to this position were
+    /// delivered (their tally is then the mark's `tally`), so the next tick goes on after it
+    /// instead of starting over (a bucket longer to deliver than a tick budget would otherwise
+    /// never be delivered).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub undelivered_after: Option<CursorJson>,
     /// Fields of a newer build, kept.
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -261,6 +267,7 @@ pub fn extend(
     if !kept {
         // A stale window (the checkpoint moved by other means): its undelivered bucket goes too.
         next.undelivered = None;
+        next.undelivered_after = None;
     }
     next.window = window;
     next
@@ -489,6 +496,7 @@ pub fn after_redelivery(
     let kind = next.window.as_ref().map(|window| window.kind.clone()).unwrap_or_default();
     if next.undelivered.as_ref().and_then(|bucket| bucket.from_cursor(&kind).ok()).as_ref() == Some(from) {
         next.undelivered = None;
+        next.undelivered_after = None;
     }
     next.found += late_rows;
     next.max_lateness_seconds = Some(next.max_lateness_seconds.unwrap_or(0).max(lateness_seconds));
@@ -523,20 +531,52 @@ pub fn adopt(record: &LateRecord, from: &CursorValue, checked: Tally, recount: T
     next
 }
 
-/// The record with the late bucket `from` marked undelivered (the oldest such bucket is kept).
+/// The record with the late bucket `from` marked undelivered (the oldest such bucket is kept,
+/// with how far its redelivery got).
 pub fn mark_undelivered(record: &LateRecord, from: &CursorValue, now: DateTime<Utc>) -> LateRecord {
     let mut next = record.clone();
-    let kind = next.window.as_ref().map(|window| window.kind.clone()).unwrap_or_default();
-    let older = next
-        .undelivered
-        .as_ref()
-        .and_then(|bucket| bucket.from_cursor(&kind).ok())
-        .and_then(|marked| marked.compare(from))
-        .is_some_and(|order| order == Ordering::Less);
-    if !older {
-        next.undelivered = Some(Bucket::starting_at(from, now));
+    if marked_from(&next).and_then(|marked| marked.compare(from)).is_some_and(|order| order != Ordering::Greater) {
+        return next;
+    }
+    next.undelivered = Some(Bucket::starting_at(from, now));
+    next.undelivered_after = None;
+    next
+}
+
+/// The first cursor of the bucket marked undelivered.
+fn marked_from(record: &LateRecord) -> Option<CursorValue> {
+    let kind = record.window.as_ref().map(|window| window.kind.clone()).unwrap_or_default();
+    record.undelivered.as_ref().and_then(|bucket| bucket.from_cursor(&kind).ok())
+}
+
+/// The record with the redelivery of the late bucket `from` delivered up to `after` (`tally`:
+/// the rows delivered so far): marked undelivered, with that progress, when it is the marked one
+/// or none is.
+pub fn mark_progress(
+    record: &LateRecord,
+    from: &CursorValue,
+    after: &Position,
+    tally: Tally,
+    now: DateTime<Utc>,
+) -> LateRecord {
+    let mut next = mark_undelivered(record, from, now);
+    if marked_from(&next).as_ref() == Some(from)
+        && let Some(bucket) = next.undelivered.as_mut()
+    {
+        bucket.tally = tally;
+        next.undelivered_after = Some(CursorJson::from(after));
     }
     next
+}
+
+/// Where the redelivery of the late bucket `from` goes on: after this position, with the tally
+/// of the rows delivered before it (when the marked bucket is `from` and got that far).
+pub fn progress(record: &LateRecord, from: &CursorValue) -> Option<(Position, Tally)> {
+    if marked_from(record).as_ref() != Some(from) {
+        return None;
+    }
+    let after = Position::try_from(record.undelivered_after.as_ref()?).ok()?;
+    Some((after, record.undelivered.as_ref()?.tally))
 }
 
 /// How late a late row was found, in whole seconds (rounded up): after its cursor time for a

@@ -405,3 +405,27 @@ fn a_partial_recount_is_compared_bucket_by_bucket() {
     assert!(plan_partial(&window, &[0, 3], &[all[0], all[2]]).is_err());
     assert!(plan_partial(&window, &[0], &all).is_err());
 }
+
+/// Issue 35: a late bucket's redelivery that stops midway records how far it got, the next one
+/// goes on from there; marking it again keeps that progress; an older bucket's mark replaces it;
+/// its delivery clears both.
+#[test]
+fn an_undelivered_bucket_keeps_how_far_its_redelivery_got() {
+    let rows: Vec<KeyRow> = (1..=8).map(|id| row(id, id)).collect();
+    let record = extend(None, None, &[&rows], "b1", &policy(160), at(0));
+    let from = CursorValue::Integer(5);
+    let mut part = Tally::default();
+    part.add(row(5, 5).hash);
+    let marked = mark_undelivered(&record, &from, at(1));
+    assert_eq!(progress(&marked, &from), None, "not begun");
+    let went = mark_progress(&marked, &from, &position(5, 5), part, at(2));
+    assert_eq!(progress(&went, &from), Some((position(5, 5), part)));
+    let again = mark_undelivered(&went, &from, at(3));
+    assert_eq!(progress(&again, &from), Some((position(5, 5), part)), "marking again keeps the progress");
+    assert_eq!(progress(&again, &CursorValue::Integer(1)), None, "another bucket's redelivery starts over");
+    let older = mark_undelivered(&again, &CursorValue::Integer(1), at(4));
+    assert_eq!(progress(&older, &CursorValue::Integer(1)), None);
+    assert_eq!(older.undelivered_after, None, "the older bucket's mark starts afresh");
+    let delivered = after_redelivery(&went, &from, Tally::default(), part, 1, 1, at(5));
+    assert_eq!((delivered.undelivered, delivered.undelivered_after), (None, None));
+}

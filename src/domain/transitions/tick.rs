@@ -145,19 +145,32 @@ pub fn record_tick_failure(
 /// cleared with it.
 pub fn release_after_success(document: &StateDocument, me: &str, now: DateTime<Utc>) -> Result<StateDocument, Refusal> {
     let mut next = release(document, me, now)?;
-    next.failure = None;
+    if !late_undelivered(document) {
+        next.failure = None;
+    }
     Ok(next)
 }
 
+/// A late bucket whose delivery failed is still undelivered: the failure recorded for it stays
+/// visible (to `status` and the watchdog) until it is delivered, whatever ticks pass between
+/// (issue 35, finding 6).
+fn late_undelivered(document: &StateDocument) -> bool {
+    document.late.as_ref().is_some_and(|late| late.undelivered.is_some())
+}
+
 /// The document an idle tick writes when it finds failures recorded: nothing waits after the
-/// checkpoint, so whatever failed is fixed or gone. `None` when there is nothing to clear (an idle
+/// checkpoint, so whatever failed is fixed or gone (but a late bucket still undelivered keeps
+/// its failure). `None` when there is nothing to clear (an idle
 /// tick writes nothing).
 pub fn clear_failures(document: &StateDocument) -> Option<StateDocument> {
-    if document.failure.is_none() && document.poison.is_none() {
+    let failure = document.failure.is_some() && !late_undelivered(document);
+    if !failure && document.poison.is_none() {
         return None;
     }
     let mut next = document.clone();
-    next.failure = None;
+    if failure {
+        next.failure = None;
+    }
     next.poison = None;
     Some(next)
 }

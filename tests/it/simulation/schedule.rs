@@ -110,6 +110,21 @@ pub enum Step {
         poller: u8,
     },
     Source(ReadFault),
+    /// A transaction opens (issue 35): it reserves the cursors of `inserts` new rows and of an
+    /// update of the `update`-th committed row now, and makes them visible at its `Commit`.
+    /// `seen`: the horizon sees it (delivering reads stop below its first cursor); otherwise its
+    /// rows may commit behind the checkpoint.
+    Begin {
+        inserts: u8,
+        update: Option<u16>,
+        seen: bool,
+    },
+    /// The `nth` open transaction (modulo their count) commits; with `poison`, the receiver
+    /// refuses its first row for good from then on.
+    Commit {
+        nth: u8,
+        poison: bool,
+    },
     Operator {
         poller: u8,
         command: Command,
@@ -193,6 +208,8 @@ pub fn next(rng: &mut fastrand::Rng, view: &View) -> Step {
         Fencing,
         Rival,
         Source,
+        Begin,
+        Commit,
         Operator,
     }
     let crash_weight = if view.running.is_empty() { 0 } else { 3 };
@@ -216,6 +233,8 @@ pub fn next(rng: &mut fastrand::Rng, view: &View) -> Step {
             (Kind::Fencing, 1),
             (Kind::Rival, 1),
             (Kind::Source, 3),
+            (Kind::Begin, 4),
+            (Kind::Commit, 5),
             (Kind::Operator, 5),
         ],
     );
@@ -261,6 +280,12 @@ pub fn next(rng: &mut fastrand::Rng, view: &View) -> Step {
                 (ReadFault::Panic, 1),
             ],
         )),
+        Kind::Begin => Step::Begin {
+            inserts: pick(rng, &[(0, 2), (1, 3), (2, 2), (3, 1)]),
+            update: if rng.u8(0..100) < 55 { Some(rng.u16(0..(view.rows.max(1) as u16))) } else { None },
+            seen: rng.u8(0..3) == 0,
+        },
+        Kind::Commit => Step::Commit { nth: rng.u8(0..4), poison: rng.u8(0..100) < 15 },
         Kind::Operator => {
             let quarantine_weight = if view.quarantined > 0 { 6 } else { 1 };
             let clone_weight = if view.has_copy { 0 } else { 3 };

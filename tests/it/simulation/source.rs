@@ -4,6 +4,17 @@
 //!
 //! Every row carries its load (`gen`) in its columns, so that what a receiver acknowledged can be
 //! told apart from a row of another load with the same key and cursor.
+//!
+//! Commit order (issue 35): besides rows written at once, a transaction can be opened
+//! ([`Table::begin`]): it reserves its cursor values there (the next integers, as a sequence or a
+//! `BEFORE` trigger stamping the row would), for new rows and for updates of committed rows (a new
+//! cursor value, the key locked until it ends), and makes them visible only when it commits
+//! ([`Table::commit`]), in any order. An open transaction the horizon sees (`seen`: a local
+//! session `settle: "auto"` reads) bounds what a delivering read returns below its first reserved
+//! cursor; one it cannot see (a replica's, a prepared one) does not, so its rows may commit behind
+//! the checkpoint: late. The source notes, per poller, how far its delivering reads went
+//! ([`SourceShared::read_past`]): a version committed behind that point may be late; any other
+//! version the checkpoint passes undelivered is lost.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -29,10 +40,23 @@ pub enum ReadFault {
     Panic,
 }
 
+/// At most this many transactions are open at once (a `Begin` beyond it opens nothing).
+pub const MAX_OPEN: usize = 4;
+
+/// An open transaction: the versions it writes, (key, reserved cursor), visible at its commit.
+#[derive(Debug, Clone)]
+pub struct Open {
+    /// The horizon sees it: delivering reads stop below its first reserved cursor.
+    pub seen: bool,
+    pub writes: Vec<(i64, i64)>,
+}
+
 /// The table: one load (`generation`) of rows, key to cursor.
 pub struct Table {
     pub generation: u64,
     pub rows: BTreeMap<i64, i64>,
+    /// Open transactions, oldest first.
+    pub open: Vec<Open>,
     next_cursor: i64,
     next_key: i64,
 }
@@ -46,6 +70,69 @@ impl Table {
             .map(|(key, cursor)| RowId { generation: self.generation, key: *key, cursor: *cursor })
             .collect();
         rows.sort_by_key(|row| (row.cursor, row.key));
+        rows
+    }
+
+    /// The first cursor an open transaction the horizon sees has reserved: delivering reads stop
+    /// below it.
+    pub fn horizon(&self) -> Option<i64> {
+        self.open.iter().filter(|open| open.seen).flat_map(|open| open.writes.iter().map(|(_, cursor)| *cursor)).min()
+    }
+
+    fn locked(&self, key: i64) -> bool {
+        self.open.iter().any(|open| open.writes.iter().any(|(written, _)| *written == key))
+    }
+
+    /// Opens a transaction that inserts `inserts` rows and updates the `update`-th committed row
+    /// not locked by another (modulo their count), reserving their cursors now. `false`: nothing
+    /// opened ([`MAX_OPEN`] are open, or it would write nothing).
+    pub fn begin(&mut self, inserts: usize, update: Option<usize>, seen: bool) -> bool {
+        if self.open.len() >= MAX_OPEN {
+            return false;
+        }
+        let mut writes = Vec::new();
+        if let Some(nth) = update {
+            let free: Vec<i64> = self.rows.keys().copied().filter(|key| !self.locked(*key)).collect();
+            if !free.is_empty() {
+                writes.push((free[nth % free.len()], self.next_cursor));
+                self.next_cursor += 1;
+            }
+        }
+        for _ in 0..inserts {
+            writes.push((self.next_key, self.next_cursor));
+            self.next_key += 1;
+            self.next_cursor += 1;
+        }
+        if writes.is_empty() {
+            return false;
+        }
+        self.open.push(Open { seen, writes });
+        true
+    }
+
+    /// Commits the `nth` open transaction (modulo their count): its versions become visible.
+    /// Returns them (none when nothing is open), each with the version it replaced, if any.
+    pub fn commit(&mut self, nth: usize) -> Vec<(RowId, Option<RowId>)> {
+        if self.open.is_empty() {
+            return Vec::new();
+        }
+        let open = self.open.remove(nth % self.open.len());
+        let generation = self.generation;
+        open.writes
+            .into_iter()
+            .map(|(key, cursor)| {
+                let before = self.rows.insert(key, cursor).map(|cursor| RowId { generation, key, cursor });
+                (RowId { generation, key, cursor }, before)
+            })
+            .collect()
+    }
+
+    /// Rows strictly after `after` (cursor, key) and below the horizon, in order: what a
+    /// delivering read sees.
+    fn settled_after(&self, after: Option<(i64, i64)>) -> Vec<RowId> {
+        let horizon = self.horizon();
+        let mut rows = self.after(after);
+        rows.retain(|row| horizon.is_none_or(|horizon| row.cursor < horizon));
         rows
     }
 
@@ -72,18 +159,26 @@ impl Table {
     }
 
     /// Moves the `nth` row (modulo the row count) to a new cursor, as an update bumping a version
-    /// column does.
-    pub fn update(&mut self, nth: usize) -> Option<i64> {
+    /// column does (none when that row is locked by an open transaction).
+    /// Returns the version before and after.
+    pub fn update(&mut self, nth: usize) -> Option<(RowId, RowId)> {
         let key = *self.rows.keys().nth(nth % self.rows.len().max(1))?;
-        self.rows.insert(key, self.next_cursor);
+        if self.locked(key) {
+            return None;
+        }
+        let generation = self.generation;
+        let before = self.rows.insert(key, self.next_cursor)?;
+        let after = RowId { generation, key, cursor: self.next_cursor };
         self.next_cursor += 1;
-        Some(key)
+        Some((RowId { generation, key, cursor: before }, after))
     }
 
     /// A truncate and reload: a new generation, `count` fresh rows, keys and cursors from 1 again.
     pub fn reload(&mut self, count: usize) {
         self.generation += 1;
         self.rows.clear();
+        // The reload's truncate waits for nobody: the open transactions are rolled back.
+        self.open.clear();
         self.next_cursor = 1;
         self.next_key = 1;
         self.insert(count);
@@ -98,12 +193,26 @@ fn version(row: &RowId) -> KeyHash {
 pub struct SourceShared {
     pub table: Mutex<Table>,
     pub faults: Mutex<VecDeque<ReadFault>>,
+    /// Per poller: the furthest row (load, cursor, key) one of its delivering reads returned. A
+    /// version committed at or before it may have been passed unseen: it may arrive late.
+    pub read_past: Mutex<BTreeMap<String, (u64, i64, i64)>>,
 }
 
 impl SourceShared {
     pub fn new() -> Arc<SourceShared> {
-        let table = Table { generation: 1, rows: BTreeMap::new(), next_cursor: 1, next_key: 1 };
-        Arc::new(SourceShared { table: Mutex::new(table), faults: Mutex::new(VecDeque::new()) })
+        let table = Table { generation: 1, rows: BTreeMap::new(), open: Vec::new(), next_cursor: 1, next_key: 1 };
+        Arc::new(SourceShared {
+            table: Mutex::new(table),
+            faults: Mutex::new(VecDeque::new()),
+            read_past: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// Whether a delivering read of `poller` went past `row` (same load).
+    pub fn read_past(&self, poller: &str, row: &RowId) -> bool {
+        self.read_past.lock().unwrap().get(poller).is_some_and(|(generation, cursor, key)| {
+            *generation == row.generation && (row.cursor, row.key) <= (*cursor, *key)
+        })
     }
 }
 
@@ -112,6 +221,8 @@ impl SourceShared {
 pub struct ScriptedSource {
     pub shared: Arc<SourceShared>,
     pub faulty: bool,
+    /// The poller reading (its delivering reads are noted in [`SourceShared::read_past`]).
+    pub reader: String,
 }
 
 impl ScriptedSource {
@@ -170,19 +281,30 @@ impl Source for ScriptedSource {
             self.fault().await?;
         }
         let table = self.shared.table.lock().unwrap();
+        let after = match after {
+            Some(after) => Some(cursor_and_key(after).ok_or_else(|| bad_position(after))?),
+            None => None,
+        };
         let rows = match probe {
-            // Every integer cursor is settled: Deliver and Pending see the same rows.
-            Probe::Deliver | Probe::Pending => {
-                let after = match after {
-                    Some(after) => Some(cursor_and_key(after).ok_or_else(|| bad_position(after))?),
-                    None => None,
-                };
-                table.after(after)
-            }
-            Probe::Last => table.ordered().into_iter().rev().collect(),
+            // Delivering reads stop below the horizon (an open transaction it sees); Pending sees
+            // every committed row.
+            Probe::Deliver => table.settled_after(after),
+            Probe::Pending => table.after(after),
+            Probe::Last => table.settled_after(None).into_iter().rev().collect(),
         };
         let full = rows.len() >= limit.rows;
-        let rows: Vec<SourceRow> = rows.iter().take(limit.rows).map(source_row).collect();
+        let rows: Vec<RowId> = rows.into_iter().take(limit.rows).collect();
+        if probe == Probe::Deliver
+            && self.faulty
+            && let Some(last) = rows.last()
+        {
+            let mut read_past = self.shared.read_past.lock().unwrap();
+            let furthest = read_past.entry(self.reader.clone()).or_insert((last.generation, last.cursor, last.key));
+            if furthest.0 != last.generation || (furthest.1, furthest.2) < (last.cursor, last.key) {
+                *furthest = (last.generation, last.cursor, last.key);
+            }
+        }
+        let rows: Vec<SourceRow> = rows.iter().map(source_row).collect();
         Ok(Fetched { rows, full })
     }
 

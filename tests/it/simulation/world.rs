@@ -84,6 +84,8 @@ pub struct World {
     pub trace: Vec<String>,
     /// Quarantine entries at the last check (the generator's view).
     pub quarantined: usize,
+    /// Per poller: the versions committed behind what it read ([`super::commits`]).
+    pub late: BTreeMap<String, super::commits::LateLedger>,
 }
 
 pub const OWNERS: [&str; 3] = ["owner-a", "owner-b", "owner-c"];
@@ -102,6 +104,7 @@ impl World {
             edited: false,
             trace: Vec::new(),
             quarantined: 0,
+            late: BTreeMap::new(),
         };
         let logical = world.logical(POLLER);
         world.pollers.push(logical);
@@ -111,7 +114,8 @@ impl World {
     fn poller(&self, config: &PollerConfig, owner: &str, faulty: bool) -> Poller {
         let role = if faulty { Role::Tick } else { Role::Clean };
         let store = Arc::new(SimStore { shared: self.store.clone(), role });
-        let source = Arc::new(ScriptedSource { shared: self.source.clone(), faulty });
+        let reader = config.poller_name.clone();
+        let source = Arc::new(ScriptedSource { shared: self.source.clone(), faulty, reader });
         let sink = Arc::new(ScriptedSink { state: self.sink.clone(), owner: faulty.then(|| owner.to_string()) });
         Poller::new(config.clone(), source, sink, store.clone(), self.clock.clone(), owner.to_string())
             .with_quarantine(store)
@@ -157,10 +161,15 @@ impl World {
     /// takes the operators' fault script.
     fn operator(&self, config: &PollerConfig) -> Poller {
         let store = Arc::new(SimStore { shared: self.store.clone(), role: Role::Operator });
-        let source = Arc::new(ScriptedSource { shared: self.source.clone(), faulty: false });
+        let reader = config.poller_name.clone();
+        let source = Arc::new(ScriptedSource { shared: self.source.clone(), faulty: false, reader });
         let sink = Arc::new(ScriptedSink { state: self.sink.clone(), owner: None });
         Poller::new(config.clone(), source, sink, store.clone(), self.clock.clone(), "operator".to_string())
             .with_quarantine(store)
+    }
+
+    pub fn note_public(&mut self, what: String) {
+        self.note(what);
     }
 
     fn note(&mut self, what: String) {
@@ -246,7 +255,8 @@ impl World {
                 }
             }
             Step::Update { nth } => {
-                self.source.table.lock().unwrap().update(nth as usize);
+                let moved = self.source.table.lock().unwrap().update(nth as usize);
+                super::commits::moved(self, moved.as_slice()).await;
             }
             Step::Reload { rows } => self.source.table.lock().unwrap().reload(rows as usize),
             Step::Latency { base_ms, slow_ms } => {
@@ -270,6 +280,10 @@ impl World {
             Step::Rival { poller } => self.rival(poller).await,
             Step::Source(fault) => self.source.faults.lock().unwrap().push_back(fault),
             Step::Operator { poller, command } => self.operate(poller, command).await,
+            Step::Begin { inserts, update, seen } => {
+                self.source.table.lock().unwrap().begin(inserts as usize, update.map(usize::from), seen);
+            }
+            Step::Commit { nth, poison } => self.commit(nth as usize, poison).await,
         }
         if !matches!(step, Step::Run { .. }) {
             tokio::time::sleep(Duration::from_millis(1)).await;
@@ -317,9 +331,28 @@ impl World {
             Ok(outcome) => outcome.kind(),
             Err(_) => "error",
         };
+        if report.late_check == dbtrigger::tick::LateCheck::Checked {
+            super::commits::tick_ended(self, poller as usize);
+        }
         let overlapped = ended.log_from..ended.log_to;
         super::invariants::tick_took(self, poller as usize, &ended.owner_id, ended.took)?;
         super::invariants::after_tick(self, poller as usize, &ended.owner_id, &result, &report, overlapped).await
+    }
+
+    /// The `nth` open transaction commits (see [`super::commits`]).
+    async fn commit(&mut self, nth: usize, poison: bool) {
+        let written = self.source.table.lock().unwrap().commit(nth);
+        let moved: Vec<(RowId, RowId)> =
+            written.iter().filter_map(|(after, before)| before.map(|before| (before, *after))).collect();
+        let versions: Vec<RowId> = written.into_iter().map(|(version, _)| version).collect();
+        if poison && let Some(first) = versions.first() {
+            self.sink.lock().unwrap().poison.insert((first.generation, first.key));
+        }
+        if !versions.is_empty() {
+            self.note(format!("committed {versions:?}{}", if poison { " (the first refused)" } else { "" }));
+        }
+        super::commits::moved(self, &moved).await;
+        super::commits::committed(self, &versions).await;
     }
 
     /// The process of `owner` comes back after a crash, with a new lease owner id.
@@ -394,6 +427,7 @@ impl World {
                         let mut copy = self.logical(COPY);
                         copy.excused = excused;
                         self.pollers.push(copy);
+                        super::commits::cloned(self, POLLER, COPY);
                     }
                     done
                 }
@@ -403,6 +437,9 @@ impl World {
         if done.is_ok() {
             // An operator acted: whatever kept the poller failing is a new story from here.
             self.pollers[index].failing_streak = 0;
+        }
+        if command == Command::AcceptFingerprint && done.is_ok() {
+            super::commits::window_dropped(self, index);
         }
         if command == Command::ResetToBeginning && done.is_ok() {
             self.pollers[index].last_checkpoint = None;
@@ -472,11 +509,17 @@ impl World {
         self.store.operator_faults.lock().unwrap().clear();
         self.sink.lock().unwrap().conflicts = 0;
         self.source.faults.lock().unwrap().clear();
+        // Every open transaction commits (a bounded loop: each commit closes one).
+        for _ in 0..super::source::MAX_OPEN {
+            self.commit(0, false).await;
+        }
         self.wait_for_ticks().await?;
         for index in 0..self.pollers.len() {
             let rows = self.source.table.lock().unwrap().rows.len();
-            let limit = 20 + 3 * rows;
+            let limit = 20 + 3 * rows + super::commits::IDLE_TICKS_TO_SWEEP;
             let mut caught_up = false;
+            // Idle ticks in a row: the detector's sweep over the older buckets needs a full turn.
+            let mut idle = 0;
             for _ in 0..limit {
                 // Past any lease a crashed tick or a rival left.
                 tokio::time::sleep(Duration::from_secs(TTL_SECONDS + 10)).await;
@@ -485,7 +528,8 @@ impl World {
                 }
                 self.start_tick(index as u8, 0, None);
                 self.wait_for_ticks().await?;
-                if self.pollers[index].last_end == "idle" {
+                idle = if self.pollers[index].last_end == "idle" { idle + 1 } else { 0 };
+                if idle >= super::commits::IDLE_TICKS_TO_SWEEP {
                     caught_up = true;
                     break;
                 }
