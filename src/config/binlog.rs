@@ -27,9 +27,10 @@ pub(super) fn build(
     let tables = check(&raw, identity.engine, at)?;
     let server_id = match raw.server_id {
         None => derived_server_id,
-        Some(id) => u32::try_from(id).ok().filter(|id| *id > 0).ok_or_else(|| {
-            at.error("poller.source.serverId", format!("{id} is not a server id: 1..={}", u32::MAX))
-        })?,
+        Some(id) => u32::try_from(id)
+            .ok()
+            .filter(|id| *id > 0)
+            .ok_or_else(|| at.error("poller.source.serverId", format!("{id} is not a server id: 1..={}", u32::MAX)))?,
     };
     let effective = effective_of(&identity, &resolved_url, &raw.connection, at)?;
     let pk = vec![LOGICAL_KEY.to_string()];
@@ -116,9 +117,9 @@ fn check(raw: &RawSource, engine: Engine, at: &Located<'_>) -> Result<Vec<String
         at.error("poller.source.tables", "a binary-log source needs its tables, each \"database.table\"")
     })?;
     for table in &tables {
-        let valid = table.split_once('.').is_some_and(|(database, name)| {
-            validate_identifier(database).is_ok() && validate_identifier(name).is_ok()
-        });
+        let valid = table
+            .split_once('.')
+            .is_some_and(|(database, name)| validate_identifier(database).is_ok() && validate_identifier(name).is_ok());
         if !valid {
             return Err(at.error(
                 "poller.source.tables",
@@ -188,7 +189,10 @@ mod tests {
         let mut source = binlog();
         source["connection"] = json!("PG");
         assert!(load(source).unwrap_err().to_string().contains("this source is postgres"));
-        let polling = json!({"connection": "FEED_DB", "table": "orders", "cursor": "id", "pk": ["id"], "tables": ["a.b"]});
-        assert!(load(polling).unwrap_err().to_string().contains("poller.source.tables: belongs to a binary-log source"));
+        let polling =
+            json!({"connection": "FEED_DB", "table": "orders", "cursor": "id", "pk": ["id"], "tables": ["a.b"]});
+        assert!(
+            load(polling).unwrap_err().to_string().contains("poller.source.tables: belongs to a binary-log source")
+        );
     }
 }

@@ -7,8 +7,7 @@ use super::function_json::RawSource;
 pub(super) use super::source_types::Fingerprints;
 pub use super::source_types::{
     AUTO_SETTLE_SECONDS, BINLOG_CURSOR, CursorKind, Engine, GenerationConfig, LOGICAL_CURSOR, LOGICAL_KEY,
-    OnGenerationChange, OpRule,
-    OversizedRows, SettleMode, SourceConfig, SourceTarget, validate_identifier,
+    OnGenerationChange, OpRule, OversizedRows, SettleMode, SourceConfig, SourceTarget, validate_identifier,
 };
 use super::{ConfigError, Located, defaults, in_range, ranges};
 use crate::domain::ids::{FingerprintInput, source_fingerprint};

@@ -3,6 +3,7 @@
 
 mod azure;
 mod big_rows;
+mod binlog;
 mod budget;
 mod chaos;
 mod dev;

@@ -38,8 +38,8 @@ pub use super::state::{HistoryAction, HistoryEntry};
 pub use identity::{FingerprintCheck, GenerationCheck, check_fingerprint, check_generation};
 pub use operator::{accept_fingerprint, audit, clone_to, reset};
 pub use tick::{
-    Delivered, acquire, clear_failures, commit, commit_isolating, heartbeat, record_failure, record_tick_failure, rest_at,
-    release, release_after_success,
+    Delivered, acquire, clear_failures, commit, commit_isolating, heartbeat, record_failure, record_tick_failure,
+    release, release_after_success, rest_at,
 };
 
 /// How many operator entries a document keeps.

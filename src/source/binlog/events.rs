@@ -53,7 +53,11 @@ pub enum Step {
     /// counted and left out).
     Changes(Vec<Change>),
     /// The open transaction ended: where the next one starts, and how many changes it had.
-    Committed { start: BinlogPos, end: BinlogPos, changes: u32 },
+    Committed {
+        start: BinlogPos,
+        end: BinlogPos,
+        changes: u32,
+    },
 }
 
 struct Open {
@@ -150,9 +154,16 @@ impl Decoder {
         };
         match data {
             EventData::RotateEvent(rotate) => {
-                let name = rotate.name().into_owned();
-                let (names, number) =
-                    FileNames::parse(&name).ok_or_else(|| format!("a binary log file name {name:?} without a number"))?;
+                // The dump's first Rotate comes before the format description: the reader does
+                // not know yet that events end with a 4-byte checksum, and leaves it in the name.
+                let raw = rotate.name_raw();
+                let parsed = [raw, raw.get(..raw.len().saturating_sub(4)).unwrap_or_default()]
+                    .into_iter()
+                    .filter_map(|bytes| std::str::from_utf8(bytes).ok())
+                    .find_map(|name| FileNames::parse(name).map(|(names, number)| (names, number, name.to_string())));
+                let Some((names, number, name)) = parsed else {
+                    return Err(format!("a binary log file name {:?} without a number", String::from_utf8_lossy(raw)));
+                };
                 self.names.get_or_insert(names);
                 self.file = number;
                 self.file_name = name;

@@ -74,10 +74,7 @@ pub async fn end(conn: &mut Conn) -> Result<Result<(String, u64), String>, mysql
 /// The files the server keeps, oldest first, with their sizes.
 pub async fn files(conn: &mut Conn) -> Result<Vec<(String, u64)>, mysql_async::Error> {
     let rows: Vec<mysql_async::Row> = conn.query("SHOW BINARY LOGS").await?;
-    Ok(rows
-        .into_iter()
-        .filter_map(|row| Some((row.get::<String, _>(0)?, row.get::<u64, _>(1).unwrap_or(0))))
-        .collect())
+    Ok(rows.into_iter().filter_map(|row| Some((row.get::<String, _>(0)?, row.get::<u64, _>(1).unwrap_or(0)))).collect())
 }
 
 /// The end as a position, with the server's file naming.

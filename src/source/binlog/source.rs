@@ -164,11 +164,12 @@ impl BinlogSource {
             };
             let event = event.map_err(|error| self.error(error))?;
             let Open { stream, decoder, pending, .. } = open;
-            let step = decoder.push(&event, |id| stream.get_tme(id)).map_err(|reason| {
-                self.query(format!("binary log at {}: {reason}", decoder.position().offset))
-            })?;
+            let step = decoder
+                .push(&event, |id| stream.get_tme(id))
+                .map_err(|reason| self.query(format!("binary log at {}: {reason}", decoder.position().offset)))?;
             if let Step::Changes(changes) = step {
-                let fields = decoder.fields().cloned().ok_or_else(|| self.query("a change outside a transaction".into()))?;
+                let fields =
+                    decoder.fields().cloned().ok_or_else(|| self.query("a change outside a transaction".into()))?;
                 let head = fields_json(&fields);
                 for change in changes {
                     let key = change.at;
@@ -216,7 +217,12 @@ impl BinlogSource {
     }
 
     /// Up to `limit` changes after `after` (counted only when `counting`), and whether more follow.
-    async fn look(&self, after: Option<Key>, limit: u64, counting: bool) -> Result<(Vec<SourceRow>, u64, bool), SourceError> {
+    async fn look(
+        &self,
+        after: Option<Key>,
+        limit: u64,
+        counting: bool,
+    ) -> Result<(Vec<SourceRow>, u64, bool), SourceError> {
         let mut open = self.start(after, counting).await?;
         let mut rows = Vec::new();
         let mut count = 0u64;
@@ -314,9 +320,7 @@ impl Source for BinlogSource {
         let key = self.key(checkpoint)?;
         let reading = self.reading.lock().await;
         Ok(match reading.rest {
-            Some((asked, end)) if asked == key && key.is_none_or(|(start, _)| end > start) => {
-                Some(position((end, 0)))
-            }
+            Some((asked, end)) if asked == key && key.is_none_or(|(start, _)| end > start) => Some(position((end, 0))),
             _ => None,
         })
     }

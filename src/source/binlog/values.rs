@@ -2,7 +2,8 @@
 //! (`what_mariadb_logs_decodes_to_the_polling_sources_json` compares them over every type):
 //! integers as numbers, `TINYINT(1)` as a boolean, `DECIMAL` as its exact text, `DATETIME` as a
 //! naive timestamp, `TIMESTAMP` in UTC, binary strings and `BIT` as base64, `ENUM` and `SET` as
-//! their text. The binary log names a column's storage type; what it cannot tell (a `TINYINT(1)`
+//! their text (MariaDB's `JSON`, a `LONGTEXT` the polling source's driver reads as binary, as
+//! base64 as there). The binary log names a column's storage type; what it cannot tell (a `TINYINT(1)`
 //! from a `TINYINT`, an `ENUM`'s labels, a JSON column on MariaDB) is read from
 //! `information_schema.COLUMNS` when a read starts ([`ColumnInfo`]).
 
@@ -130,12 +131,36 @@ pub fn value_json(
         }
         (V::Bytes(bytes), ColumnType::MYSQL_TYPE_SET) => Value::from(set_labels(info, bytes)),
         (V::Bytes(bytes), ColumnType::MYSQL_TYPE_BIT) => base64(bytes),
-        (V::Bytes(bytes), _) if data_type == "json" => {
-            serde_json::from_slice(bytes).unwrap_or_else(|_| Value::from(String::from_utf8_lossy(bytes).into_owned()))
-        }
+        // MariaDB's JSON (LONGTEXT in utf8mb4_bin): the polling source's driver reads it as a
+        // binary string, so it is base64 there, and here too.
+        (V::Bytes(bytes), _) if data_type == "json" => base64(bytes),
         (V::Bytes(bytes), _) if charset == BINARY_CHARSET || is_binary(data_type) => base64(bytes),
-        (V::Bytes(bytes), _) => Value::from(String::from_utf8_lossy(bytes).into_owned()),
+        (V::Bytes(bytes), _) => Value::from(text(bytes, charset)),
     }
+}
+
+/// latin1's collations (MySQL's latin1 is Windows-1252).
+const LATIN1_COLLATIONS: &[u16] = &[5, 8, 15, 31, 47, 48, 49, 94];
+
+/// Windows-1252's characters at 0x80..=0x9F (the rest of latin1 is Unicode's first 256).
+const CP1252_HIGH: [char; 32] = [
+    '€', '\u{81}', '‚', 'ƒ', '„', '…', '†', '‡', 'ˆ', '‰', 'Š', '‹', 'Œ', '\u{8d}', 'Ž', '\u{8f}', '\u{90}', '‘', '’',
+    '“', '”', '•', '–', '—', '˜', '™', 'š', '›', 'œ', '\u{9d}', 'ž', 'Ÿ',
+];
+
+/// A string column's bytes as text: latin1 decoded, anything else read as UTF-8 (utf8mb3 and
+/// utf8mb4 are; another character set's non-ASCII bytes come out as U+FFFD).
+fn text(bytes: &[u8], charset: u16) -> String {
+    if LATIN1_COLLATIONS.contains(&charset) {
+        return bytes
+            .iter()
+            .map(|byte| match byte {
+                0x80..=0x9F => CP1252_HIGH[usize::from(byte - 0x80)],
+                _ => char::from(*byte),
+            })
+            .collect();
+    }
+    String::from_utf8_lossy(bytes).into_owned()
 }
 
 fn is_binary(data_type: &str) -> bool {
@@ -224,5 +249,11 @@ mod tests {
         assert_eq!(enum_label(Some(&colour), 0), "");
         let flags = info("set('a','b','c')");
         assert_eq!(set_labels(Some(&flags), &[0b101]), "a,c");
+    }
+
+    #[test]
+    fn latin1_text_is_decoded_and_utf8_read_as_it_is() {
+        assert_eq!(text(&[b'h', 0xE9, 0x80], 8), "hé€");
+        assert_eq!(text("hé".as_bytes(), 45), "hé");
     }
 }
