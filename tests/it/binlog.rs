@@ -150,3 +150,84 @@ async fn what_mariadb_logs_decodes_to_the_polling_sources_json() {
         assert_eq!(new.as_object().unwrap().len(), polled.as_object().unwrap().len());
     }
 }
+
+async fn connection(url: &str) -> sqlx::MySqlConnection {
+    <sqlx::MySqlConnection as sqlx::Connection>::connect(url).await.unwrap()
+}
+
+async fn run(connection: &mut sqlx::MySqlConnection, sql: &str) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_string())).execute(connection).await.unwrap();
+}
+
+/// Interleaved transactions on two sessions: the one that commits first is delivered first
+/// whatever began first; a rolled-back one is never seen; a transaction over two tables comes
+/// whole with its ordinals; updates carry the old row and the new, deletes the old; a table not
+/// configured is never delivered; an `ALTER TABLE` between changes is followed (the new column
+/// named from the next change on). Each change once, with batches smaller than a transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_arrive_once_each_in_commit_order_with_their_images() {
+    let (url, database) = binlog_database(
+        "CREATE TABLE orders (id INT PRIMARY KEY, note VARCHAR(20));\n\
+         CREATE TABLE items (id INT PRIMARY KEY, order_id INT);\n\
+         CREATE TABLE other (id INT PRIMARY KEY)",
+    )
+    .await;
+    let directory = tempfile::tempdir().unwrap();
+    let tables = vec![format!("{database}.orders"), format!("{database}.items")];
+    let (_app, _, config) = binlog_app(directory.path(), &url, &tables, 2, unused_sink());
+    let store = Arc::new(MemoryStore::new());
+    let (poller, sink) = poller(config, store.clone());
+    assert!(matches!(poller.tick().await.unwrap(), TickOutcome::Idle));
+    let (mut early, mut late) = (connection(&url).await, connection(&url).await);
+    // `late` begins first and commits last.
+    run(&mut late, "BEGIN").await;
+    run(&mut late, "INSERT INTO orders VALUES (10, 'late')").await;
+    run(&mut early, "BEGIN").await;
+    run(&mut early, "INSERT INTO orders VALUES (1, 'a')").await;
+    run(&mut early, "INSERT INTO items VALUES (100, 1)").await;
+    run(&mut early, "INSERT INTO other VALUES (7)").await;
+    run(&mut early, "INSERT INTO items VALUES (101, 1)").await;
+    run(&mut early, "COMMIT").await;
+    let mut rolled_back = connection(&url).await;
+    run(&mut rolled_back, "BEGIN").await;
+    run(&mut rolled_back, "INSERT INTO orders VALUES (666, 'never')").await;
+    run(&mut rolled_back, "ROLLBACK").await;
+    run(&mut late, "UPDATE orders SET note = 'late2' WHERE id = 10").await;
+    run(&mut late, "COMMIT").await;
+    run(&mut early, "UPDATE orders SET note = 'b' WHERE id = 1").await;
+    run(&mut early, "ALTER TABLE orders ADD COLUMN extra INT DEFAULT 5").await;
+    run(&mut early, "DELETE FROM items WHERE order_id = 1").await;
+    run(&mut early, "UPDATE orders SET id = 2 WHERE id = 1").await;
+    tick_until_idle(&poller).await;
+    let expected: Vec<(&str, &str, Value, Value)> = vec![
+        ("insert", "orders", json!(1), Value::Null),
+        ("insert", "items", json!(100), Value::Null),
+        ("insert", "items", json!(101), Value::Null),
+        ("insert", "orders", json!(10), Value::Null),
+        ("update", "orders", json!(10), json!(10)),
+        ("update", "orders", json!(1), json!(1)),
+        ("delete", "items", Value::Null, json!(100)),
+        ("delete", "items", Value::Null, json!(101)),
+        ("update", "orders", json!(2), json!(1)),
+    ];
+    let expected: Vec<(String, String, Value, Value)> =
+        expected.into_iter().map(|(op, table, new, old)| (op.into(), table.into(), new, old)).collect();
+    assert_eq!(changes(&sink), expected);
+    let events = event_values(&sink);
+    // The multi-table transaction: one position, ordinals 1..3 (the other table's row not counted).
+    let first: Vec<(Value, Value)> =
+        events[..3].iter().map(|event| (event["cursor"].clone(), event["pk"]["ordinal"].clone())).collect();
+    assert!(first.iter().all(|(cursor, _)| *cursor == first[0].0), "{first:?}");
+    assert_eq!(first.iter().map(|(_, ordinal)| ordinal.clone()).collect::<Vec<_>>(), [json!(1), json!(2), json!(3)]);
+    assert_eq!(events[4]["row"]["old"]["note"], "late");
+    assert_eq!(events[4]["row"]["new"]["note"], "late2");
+    assert!(events[0]["row"]["gtid"].as_str().unwrap().starts_with("0-1-"), "{}", events[0]["row"]);
+    assert!(events[0]["row"]["binlog_file"].as_str().unwrap().starts_with("binlog."));
+    assert!(events[5]["row"]["new"].get("extra").is_none(), "before the ALTER");
+    assert_eq!(events[8]["row"]["new"]["extra"], 5, "after the ALTER");
+    let at = chrono::DateTime::parse_from_rfc3339(events[0]["row"]["commit_time"].as_str().unwrap()).unwrap();
+    assert!((chrono::Utc::now() - at.with_timezone(&chrono::Utc)).num_seconds().abs() < 60);
+    // Nothing more, nothing again.
+    assert!(matches!(poller.tick().await.unwrap(), TickOutcome::Idle));
+    assert_eq!(changes(&sink).len(), expected.len());
+}
