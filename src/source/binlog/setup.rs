@@ -53,3 +53,13 @@ pub async fn missing(conn: &mut mysql_async::Conn) -> Result<Vec<String>, mysql_
     }
     Ok(missing)
 }
+
+/// [`missing`] on the server of `url` (its errors as text, the URL's secrets scrubbed).
+pub async fn check(url: &str) -> Result<Vec<String>, String> {
+    let redaction = crate::config::redact::Redaction::of_url(url);
+    let options = super::server::options_of(url).map_err(|reason| redaction.scrub(&reason))?;
+    let mut conn = mysql_async::Conn::new(options).await.map_err(|error| redaction.scrub(&error.to_string()))?;
+    let missing = missing(&mut conn).await.map_err(|error| redaction.scrub(&error.to_string()));
+    let _ = conn.disconnect().await;
+    missing
+}
