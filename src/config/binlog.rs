@@ -27,10 +27,10 @@ pub(super) fn build(
     let tables = check(&raw, identity.engine, at)?;
     let server_id = match raw.server_id {
         None => derived_server_id,
-        Some(id) => u32::try_from(id)
-            .ok()
-            .filter(|id| *id > 0)
-            .ok_or_else(|| at.error("poller.source.serverId", format!("{id} is not a server id: 1..={}", u32::MAX)))?,
+        Some(id) => u32::try_from(id).ok().filter(|_| ranges::SERVER_ID.contains(&id)).ok_or_else(|| {
+            let range = ranges::SERVER_ID;
+            at.error("poller.source.serverId", format!("{id} is out of range {}..={}", range.start(), range.end()))
+        })?,
     };
     let effective = effective_of(&identity, &resolved_url, &raw.connection, at)?;
     let pk = vec![LOGICAL_KEY.to_string()];

@@ -216,7 +216,7 @@ fn source() -> Vec<Field> {
         field("slot", Kind::text(TextRule::SlotName), "A logical source's replication slot (pgoutput), created beforehand (`dbtrigger sql` prints how): lower-case letters, digits and '_'.", json!("dbtrigger_orders")),
         field("publication", Kind::text(TextRule::Identifier), "A logical source's publication: the tables whose changes it delivers.", json!("dbtrigger_orders")),
         field("tables", Kind::List { rule: TextRule::TableName, unique: true }, "A binary-log source's tables, each `database.table`: the changes it delivers.", json!(["shop.orders", "shop.order_lines"])),
-        field("serverId", Kind::Integer { range: 1..=u64::from(u32::MAX), default: 0 }, "The server id a binary-log source registers with as a replica: unique among the server's replicas (the server drops the older of two with one id).", json!(4242))
+        field("serverId", Kind::Integer { range: ranges::SERVER_ID, default: 0 }, "The server id a binary-log source registers with as a replica: unique among the server's replicas (the server drops the older of two with one id).", json!(4242))
             .when_absent("derived from the app and poller names, in 2147483648..=4294967295"),
         field("columns", Kind::List { rule: TextRule::Identifier, unique: false }, "The columns to deliver (the cursor and the key are always read).", json!(["id", "status", "total", "updated_at"]))
             .when_absent("every column"),
@@ -440,6 +440,10 @@ fn sink() -> Vec<Field> {
 
 pub(crate) const WEBHOOK_ONLY: [&str; 6] =
     ["url", "secret", "timeoutSeconds", "maxRetries", "maxBodyBytes", "allowLinkLocal"];
+/// The source fields only a binary-log source takes (`kind: "binlog"`).
+#[cfg(test)]
+pub(crate) const BINLOG_ONLY: [&str; 2] = ["tables", "serverId"];
+
 pub(crate) const QUEUE_ONLY: [&str; 4] = ["connection", "queueName", "messageEncoding", "messagePer"];
 
 /// A sink of one type: its needed field holds text, and the other type's fields are left out
