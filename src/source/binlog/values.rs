@@ -31,18 +31,17 @@ pub type TableInfo = HashMap<String, ColumnInfo>;
 /// The binary character set's number: a string column in it holds bytes.
 const BINARY_CHARSET: u16 = 63;
 
-/// A row image as JSON, its columns in the table's order; `None` when a column has no name (the
-/// server does not log names: `binlog_row_metadata` is not `FULL`).
+/// A row image as JSON, its columns in the table's order; an error naming the column when the
+/// server does not log names (`binlog_row_metadata` is not `FULL`).
 pub fn row_json(row: &BinlogRow, info: Option<&TableInfo>) -> Result<Map<String, Value>, String> {
     let mut map = Map::with_capacity(row.len());
     for (index, column) in row.columns_ref().iter().enumerate() {
         let name = column.name_str();
-        if name.starts_with('@') {
+        if let Some(offset) = name.strip_prefix('@') {
             return Err(format!(
-                "the binary log does not name the columns of {}.{} (column {}): set binlog_row_metadata=FULL",
+                "the binary log does not name the columns of {}.{} (column {offset}): set binlog_row_metadata=FULL",
                 column.schema_str(),
                 column.table_str(),
-                &name[1..]
             ));
         }
         let known = info.and_then(|info| info.get(name.as_ref()));
