@@ -9,7 +9,12 @@
 //!    32 MiB and of 4 GiB (no bound in practice), each in a fresh process: `VmHWM` after the burst,
 //!    and the wall time of the burst.
 //!
-//! Run: `cargo bench --bench fleet` (`DBTRIGGER_BENCH_FLEET_ROWS`, default 100 rows a table).
+//! 3. A tick's p50 and p90 with no telemetry and with an OTLP endpoint that refuses every
+//!    connection (issue 40: exporting never slows a tick): 200 ticks of one poller, each after
+//!    10 new rows, metrics exported every second, the receiver answering at once.
+//!
+//! Run: `cargo bench --bench fleet` (`DBTRIGGER_BENCH_FLEET_ROWS`, default 100 rows a table;
+//! `DBTRIGGER_BENCH_FLEET_PART=telemetry` runs part 3 alone).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -185,6 +190,10 @@ fn median(values: &[f64]) -> f64 {
 
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    if std::env::var("DBTRIGGER_BENCH_FLEET_PART").as_deref() == Ok("telemetry") {
+        runtime.block_on(telemetry_cost());
+        return;
+    }
     runtime.block_on(async {
         ready_and_idle().await;
 
@@ -214,6 +223,62 @@ fn main() {
         }
         println!("  (events received: {})", received.load(std::sync::atomic::Ordering::SeqCst));
     });
+    runtime.block_on(telemetry_cost());
+}
+
+/// Part 3: a tick's time (the host's request to its answer) with no telemetry, and with an OTLP
+/// endpoint nothing listens on.
+async fn telemetry_cost() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook = format!("http://{}/hook", listener.local_addr().unwrap());
+    let router = axum::Router::new().route("/hook", axum::routing::post(|| async { "{}" }));
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let cases: [(&str, Vec<(&'static str, String)>); 2] = [
+        ("no telemetry", vec![]),
+        (
+            "unreachable OTLP endpoint",
+            vec![
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", dead.clone()),
+                ("OTEL_METRIC_EXPORT_INTERVAL", "1000".to_string()),
+                ("OTEL_BSP_SCHEDULE_DELAY", "200".to_string()),
+            ],
+        ),
+    ];
+    println!("a tick of one poller, 10 new rows each, 200 ticks:");
+    for (index, (label, extra)) in cases.into_iter().enumerate() {
+        let directory = tempfile::tempdir().unwrap();
+        let database = directory.path().join(format!("telemetry-{index}.db"));
+        write_database(&database, 1, 0, 100);
+        let root = directory.path().join("app");
+        write_app(&root, 1, json!({"size": 100}));
+        let mut settings = settings(directory.path(), &database, &hook);
+        settings.extend(extra);
+        let (serve, _) = start(&root, &settings).await;
+        let connection = rusqlite::Connection::open(&database).unwrap();
+        let client = reqwest::Client::new();
+        let mut took = Vec::new();
+        for tick in 0..200_i64 {
+            for id in tick * 10 + 1..=tick * 10 + 10 {
+                connection.execute("INSERT INTO t0 VALUES (?1, ?1, 'x')", rusqlite::params![id]).unwrap();
+            }
+            let started = Instant::now();
+            let response = client
+                .post(format!("{}/p0", serve.base))
+                .header("content-type", "application/json")
+                .body(TIMER)
+                .send()
+                .await
+                .unwrap();
+            let body: serde_json::Value = response.json().await.unwrap();
+            took.push(started.elapsed().as_secs_f64() * 1000.0);
+            let line = body["Logs"][0].as_str().unwrap_or_default();
+            assert!(line.contains("outcome=caught-up rows=10"), "{line}");
+        }
+        let mut sorted = took.clone();
+        sorted.sort_by(f64::total_cmp);
+        println!("  {label:<26} p50 {:.2} ms, p90 {:.2} ms", median(&took), sorted[sorted.len() * 9 / 10]);
+    }
 }
 
 /// A webhook receiver in this process that counts events, with a 20 ms answer time.

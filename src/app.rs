@@ -472,7 +472,15 @@ impl App {
                 let budget = poller.config.batch.tick_budget;
                 match kick_fits(deadline, self.clock.now(), budget) {
                     Ok(()) => {
-                        let kicked = self.tick(poller).await;
+                        let kicked = match crate::telemetry::traced::child_context(&format!("kick {name}")) {
+                            Some(context) => {
+                                use opentelemetry::context::FutureExt as _;
+                                let kicked = self.tick(poller).with_context(context.clone()).await;
+                                crate::telemetry::traced::finish(context, kicked.succeeded(), &kicked.line());
+                                kicked
+                            }
+                            None => self.tick(poller).await,
+                        };
                         lines.push(format!("watchdog kicked {name}: {}", kicked.line()));
                     }
                     Err(left) => {
@@ -502,9 +510,13 @@ impl App {
             return Invocation::Abandoned { poller: poller_name, lease_released: false };
         }
         tokio::select! {
-            ticked = poller.tick_reported() => match ticked {
-                (Ok(outcome), report) => Invocation::Ticked { poller: poller_name, outcome, report },
-                (Err(error), report) => Invocation::Failed { poller: poller_name, error, report },
+            ticked = poller.tick_reported() => {
+                let (result, report) = ticked;
+                crate::telemetry::record_tick(poller, result.as_ref(), &report);
+                match result {
+                    Ok(outcome) => Invocation::Ticked { poller: poller_name, outcome, report },
+                    Err(error) => Invocation::Failed { poller: poller_name, error, report },
+                }
             },
             () = abandoned(&mut abandon) => {
                 // The tick's future is dropped here, at whatever await it was: nothing it
@@ -603,7 +615,8 @@ fn open_poller(
         Err(error) => return unusable("poller.source", error.to_string()),
     };
     let sink = match crate::sink::open(&config.sink) {
-        Ok(sink) => sink,
+        // A span per delivery when telemetry is on; the sink itself otherwise.
+        Ok(sink) => crate::telemetry::traced::sink(sink),
         Err(error) => return unusable("poller.sink", error.to_string()),
     };
     let (store, blobs) = match crate::store::open(&config.state) {

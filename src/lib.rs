@@ -18,6 +18,7 @@
 //! | [`status`]   | what `status` reads of each poller (state, lag), for the CLI and the app; the page.|
 //! | [`tick`]     | one tick: the orchestrator that carries out the domain's decisions.            |
 //! | [`watchdog`] | the watchdog function's run: judge every poller, remember, report, alert.    |
+//! | [`telemetry`]| metrics and a span per tick to Application Insights / OTLP, when set.        |
 //! | [`operations`]| operator commands as library code: plan (pure), apply by CAS; quarantine.   |
 //! | [`app`]      | every function of the app, and `App::invoke`, the one way to run one.          |
 //! | [`protocol`] | what the Functions host posts: the invocation envelope, timer and HTTP data.   |
@@ -49,5 +50,6 @@ pub mod sink;
 pub mod source;
 pub mod status;
 pub mod store;
+pub mod telemetry;
 pub mod tick;
 pub mod watchdog;

@@ -398,6 +398,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve { app_root, port, bind, grace_seconds } => {
             let root = app_root.resolve()?;
             let settings = Settings::from_env();
+            // Before the app opens its pollers: their sinks trace deliveries when it is on.
+            crate::telemetry::install(|name| settings.get(name).map(str::to_string));
             let app = Arc::new(App::load(&root, &settings)?);
             warn_unverified_connections(&app);
             let address = SocketAddr::new(bind, port);

@@ -101,6 +101,9 @@ pub async fn run(
     grace: Duration,
     under_host: bool,
 ) -> anyhow::Result<ExitCode> {
+    if let Some(telemetry) = crate::telemetry::installed() {
+        tokio::spawn(sample_status(app.clone(), telemetry.interval));
+    }
     let (stopped_sender, stopped) = tokio::sync::watch::channel(None::<Stop>);
     let signalled = stop_signal();
     tokio::spawn(async move {
@@ -141,6 +144,7 @@ pub async fn run(
             warn!("exiting with requests still open: the leases of their ticks expire by themselves");
         }
     }
+    crate::telemetry::shutdown().await;
     info!(exit_code = code, "handler stopped");
     Ok(ExitCode::from(code))
 }
@@ -149,5 +153,30 @@ async fn wait_for_stop(stopped: &mut tokio::sync::watch::Receiver<Option<Stop>>)
     match stopped.wait_for(Option::is_some).await {
         Ok(stop) => (*stop).unwrap_or(Stop::Terminate),
         Err(_) => Stop::Terminate,
+    }
+}
+
+/// Telemetry's gauges: every `interval`, the status of every poller, read as `dbtrigger status`
+/// and the status function read it (`App::status`, its source reads shared with the status
+/// function's), handed to the exporter. One status read per interval, never during a tick's
+/// critical path (it is a task of its own).
+async fn sample_status(app: Arc<App>, interval: Duration) {
+    let mut every = tokio::time::interval(interval);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let Some(healths) = app.status(None, crate::domain::horizon::Audience::Published).await else {
+            continue;
+        };
+        let pollers: Vec<_> = healths
+            .into_iter()
+            .map(|health| {
+                let poller =
+                    app.pollers().find(|(name, _)| **name == health.function).map(|(_, poller)| poller.clone());
+                (health, poller)
+            })
+            .collect();
+        let borrowed: Vec<_> = pollers.iter().map(|(health, poller)| (health.clone(), poller.as_deref())).collect();
+        crate::telemetry::observe_status(&borrowed);
     }
 }

@@ -14,6 +14,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use opentelemetry::context::FutureExt as _;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tracing::{debug, error, info, warn};
@@ -74,8 +75,17 @@ async fn invoke(
         }
     };
     say_how_the_timer_fired(&function, &invocation_id, &request);
-    let invocation = app.invoke_with(&function, &request).await;
+    // A span for the invocation, with the host's id, when telemetry is on (the tick puts its
+    // facts on it; its deliveries are its children).
+    let traced = crate::telemetry::traced::invocation_context(&function, &invocation_id);
+    let invocation = match &traced {
+        Some(context) => app.invoke_with(&function, &request).with_context(context.clone()).await,
+        None => app.invoke_with(&function, &request).await,
+    };
     let line = invocation.line();
+    if let Some(context) = traced {
+        crate::telemetry::traced::finish(context, invocation.succeeded(), &line);
+    }
     // A succeeded invocation's line goes into `Logs` only: the host logs each `Logs` entry under
     // the invocation (at Information), and a copy on stdout would be a second trace of every tick.
     // It is on stdout at debug level. A failure goes to stderr (Error), since the host drops the

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::FutureExt;
+use opentelemetry::context::FutureExt as _;
 use serde_json::Value;
 use tracing::warn;
 
@@ -209,15 +210,19 @@ impl Poller {
         let sink = self.sink.clone();
         let sink_deadline = runtime_deadline(deadline, self.clock.now());
         // A task of its own, so that the part goes on while the lease is renewed.
-        let mut delivery = tokio::spawn(async move {
-            let delivered = AssertUnwindSafe(sink.deliver(&part_batch, sink_deadline)).catch_unwind().await;
-            delivered.unwrap_or_else(|panic| {
-                Err(SinkError::Transient {
-                    batch_id: part_batch.batch_id.clone(),
-                    reason: format!("the delivery panicked: {}", panic_message(panic.as_ref())),
+        let mut delivery = tokio::spawn(
+            async move {
+                let delivered = AssertUnwindSafe(sink.deliver(&part_batch, sink_deadline)).catch_unwind().await;
+                delivered.unwrap_or_else(|panic| {
+                    Err(SinkError::Transient {
+                        batch_id: part_batch.batch_id.clone(),
+                        reason: format!("the delivery panicked: {}", panic_message(panic.as_ref())),
+                    })
                 })
-            })
-        });
+            }
+            // The tick's trace context (telemetry: the delivery's span is the tick's child).
+            .with_current_context(),
+        );
         let delivered = loop {
             let current = document.lease.clone().expect("the lease is held while isolating");
             let now = self.clock.now();

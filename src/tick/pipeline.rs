@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::FutureExt;
+use opentelemetry::context::FutureExt as _;
 use tokio::task::{JoinError, JoinSet};
 use tracing::warn;
 
@@ -414,19 +415,23 @@ impl Poller {
             let sink = self.sink.clone();
             // The sink counts its time in its runtime's terms: the budget left, by our clock.
             let sink_deadline = runtime_deadline(deadline, self.clock.now());
-            let abort = pipeline.in_flight.spawn(async move {
-                // A failed batch comes back with its rows' positions: it may have to be isolated.
-                // A delivered one is dropped here, so acknowledged batches hold no rows. A panic in
-                // the sink is a failed delivery of this batch, not a lost task.
-                let delivered = AssertUnwindSafe(sink.deliver(&prepared.batch, sink_deadline)).catch_unwind().await;
-                let delivered = delivered.unwrap_or_else(|panic| {
-                    Err(SinkError::Transient {
-                        batch_id: prepared.batch.batch_id.clone(),
-                        reason: format!("the delivery panicked: {}", panic_message(panic.as_ref())),
-                    })
-                });
-                (sequence, delivered.map_err(|error| (error, prepared)))
-            });
+            let abort = pipeline.in_flight.spawn(
+                async move {
+                    // A failed batch comes back with its rows' positions: it may have to be isolated.
+                    // A delivered one is dropped here, so acknowledged batches hold no rows. A panic in
+                    // the sink is a failed delivery of this batch, not a lost task.
+                    let delivered = AssertUnwindSafe(sink.deliver(&prepared.batch, sink_deadline)).catch_unwind().await;
+                    let delivered = delivered.unwrap_or_else(|panic| {
+                        Err(SinkError::Transient {
+                            batch_id: prepared.batch.batch_id.clone(),
+                            reason: format!("the delivery panicked: {}", panic_message(panic.as_ref())),
+                        })
+                    });
+                    (sequence, delivered.map_err(|error| (error, prepared)))
+                }
+                // The tick's trace context (telemetry: the delivery's span is the tick's child).
+                .with_current_context(),
+            );
             if pipeline.ordered.is_none() {
                 let opened =
                     pipeline.window.open(Sent { batch_id, first, last, rows, batches: 1, keys, abort: Some(abort) });

@@ -474,6 +474,11 @@ impl Handler {
     /// `Transfer-Encoding: chunked` and no `Content-Length` (the host's `ObjectContent`), in a few
     /// chunks. Returns status, content type, JSON body.
     pub async fn invoke(&self, function: &str, body: &str) -> (u16, String, Value) {
+        self.invoke_as(function, body, &uuid::Uuid::new_v4().to_string()).await
+    }
+
+    /// [`Handler::invoke`] with the invocation id the host sends in `X-Azure-Functions-InvocationId`.
+    pub async fn invoke_as(&self, function: &str, body: &str, invocation_id: &str) -> (u16, String, Value) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let address = self.base_url.trim_start_matches("http://");
         let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
@@ -481,7 +486,7 @@ impl Handler {
             "POST /{function} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json; charset=utf-8\r\n\
              X-Azure-Functions-InvocationId: {}\r\nX-Azure-Functions-HostVersion: 4.1036.1.23224\r\n\
              User-Agent: Azure-Functions-Host/4.1036.1.23224\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
-            uuid::Uuid::new_v4()
+            invocation_id
         )
         .into_bytes();
         for chunk in body.as_bytes().chunks(97) {

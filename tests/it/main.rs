@@ -47,6 +47,7 @@ mod sources;
 mod status;
 mod status_page;
 mod store;
+mod telemetry;
 mod tick;
 mod watchdog;
 mod webhook;
