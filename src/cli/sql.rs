@@ -21,6 +21,11 @@ pub fn run(app_root: &Path, name: &str) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::SUCCESS);
     }
+    if let crate::config::SourceTarget::Binlog { tables, .. } = &source.target {
+        let user = connecting_user(source).unwrap_or_else(|| "<user>".into());
+        print!("{}", crate::source::binlog::setup::statements(&user, tables));
+        return Ok(ExitCode::SUCCESS);
+    }
     match crate::source::ddl::cursor_ddl(&poller.config.poller_name, source, connecting_user(source).as_deref()) {
         Ok(ddl) => {
             print!("{ddl}");
@@ -42,8 +47,28 @@ pub async fn check_logical(app_root: &Path) -> anyhow::Result<bool> {
     let mut all_ok = true;
     for parsed in config.functions.values() {
         let Ok(crate::config::FunctionConfig::Poller(poller)) = parsed else { continue };
-        let crate::config::SourceTarget::Logical { slot, publication } = &poller.source.target else { continue };
         let name = &poller.poller_name;
+        if let crate::config::SourceTarget::Binlog { .. } = &poller.source.target {
+            match crate::source::binlog::setup::check(poller.source.url.expose()).await {
+                Ok(missing) if missing.is_empty() => {
+                    println!(
+                        "ok {name}: log_bin, ROW events with full images and column names, the grants to read them"
+                    );
+                }
+                Ok(missing) => {
+                    all_ok = false;
+                    for what in missing {
+                        println!("missing {name}: {what} (`dbtrigger sql {name}` prints the set-up)");
+                    }
+                }
+                Err(reason) => {
+                    all_ok = false;
+                    println!("missing {name}: the server cannot be asked: {reason}");
+                }
+            }
+            continue;
+        }
+        let crate::config::SourceTarget::Logical { slot, publication } = &poller.source.target else { continue };
         match crate::source::logical::setup::check(poller.source.url.expose(), slot, publication).await {
             Ok(findings) => {
                 for finding in findings {

@@ -201,7 +201,7 @@ fn poller() -> Section {
 
 fn source() -> Vec<Field> {
     vec![
-        field("kind", Kind::Choice { values: &["polling", "logical"], default: Some("polling") }, "\"polling\" reads rows after a cursor column; \"logical\" (PostgreSQL, wal_level=logical) reads every insert, update, delete and truncate of a publication's tables from a replication slot, in commit order (docs/logical.md). A logical source takes `connection`, `slot`, `publication` and `queryTimeoutSeconds` only.", json!("logical")),
+        field("kind", Kind::Choice { values: &["polling", "logical", "binlog"], default: Some("polling") }, "\"polling\" reads rows after a cursor column; \"logical\" (PostgreSQL, wal_level=logical) reads every insert, update, delete and truncate of a publication's tables from a replication slot, in commit order (docs/logical.md). A logical source takes `connection`, `slot`, `publication` and `queryTimeoutSeconds` only. \"binlog\" (MySQL, MariaDB: log_bin, binlog_format=ROW) reads every insert, update and delete of `tables` from the binary log as a replica, in commit order (docs/binlog.md); it takes `connection`, `tables`, `serverId` and `queryTimeoutSeconds` only.", json!("logical")),
         field(
             "connection",
             Kind::SettingName { default: None },
@@ -215,6 +215,9 @@ fn source() -> Vec<Field> {
         field("pk", Kind::List { rule: TextRule::Identifier, unique: true }, "One or more stable key columns: the tiebreaker between rows of one cursor value. Not the cursor. Required by a polling source.", json!(["id"])),
         field("slot", Kind::text(TextRule::SlotName), "A logical source's replication slot (pgoutput), created beforehand (`dbtrigger sql` prints how): lower-case letters, digits and '_'.", json!("dbtrigger_orders")),
         field("publication", Kind::text(TextRule::Identifier), "A logical source's publication: the tables whose changes it delivers.", json!("dbtrigger_orders")),
+        field("tables", Kind::List { rule: TextRule::TableName, unique: true }, "A binary-log source's tables, each `database.table`: the changes it delivers.", json!(["shop.orders", "shop.order_lines"])),
+        field("serverId", Kind::Integer { range: ranges::SERVER_ID, default: 0 }, "The server id a binary-log source registers with as a replica: unique among the server's replicas (the server drops the older of two with one id).", json!(4242))
+            .when_absent("derived from the app and poller names, in 2147483648..=4294967295"),
         field("columns", Kind::List { rule: TextRule::Identifier, unique: false }, "The columns to deliver (the cursor and the key are always read).", json!(["id", "status", "total", "updated_at"]))
             .when_absent("every column"),
         field("where", Kind::text(TextRule::Any), "A fixed SQL filter, part of the source's fingerprint: one expression that stays inside its own parentheses (no `;`, `--`, `/*`, `#`, no `$` outside quotes, no backslash inside them). Write `%%` for a literal `%`.", json!("tenant_id = 7"))
@@ -244,7 +247,7 @@ fn source() -> Vec<Field> {
 fn source_rules() -> Vec<Rule> {
     vec![
         Rule {
-            says: "a logical source (kind \"logical\") gives `slot` and `publication`; a polling source gives `table` or `query` (not both), `cursor` and `pk`",
+            says: "a logical source (kind \"logical\") gives `slot` and `publication`; a binary-log source (kind \"binlog\") gives `tables`; a polling source gives `table` or `query` (not both), `cursor` and `pk`",
             // `null` is "left out" to the loader: a field counts only when it holds text.
             schema: json!({
                 "if": {"required": ["kind"], "properties": {"kind": {"const": "logical"}}},
@@ -253,12 +256,16 @@ fn source_rules() -> Vec<Rule> {
                     "properties": {"slot": {"type": "string"}, "publication": {"type": "string"}}
                 },
                 "else": {
-                    "required": ["cursor", "pk"],
-                    "properties": {"cursor": {"type": "string"}, "pk": {"type": "array"}},
-                    "oneOf": [
-                        {"required": ["table"], "properties": {"table": {"type": "string"}}},
-                        {"required": ["query"], "properties": {"query": {"type": "string"}}}
-                    ]
+                    "if": {"required": ["kind"], "properties": {"kind": {"const": "binlog"}}},
+                    "then": {"required": ["tables"], "properties": {"tables": {"type": "array"}}},
+                    "else": {
+                        "required": ["cursor", "pk"],
+                        "properties": {"cursor": {"type": "string"}, "pk": {"type": "array"}},
+                        "oneOf": [
+                            {"required": ["table"], "properties": {"table": {"type": "string"}}},
+                            {"required": ["query"], "properties": {"query": {"type": "string"}}}
+                        ]
+                    }
                 }
             }),
         },
@@ -433,6 +440,10 @@ fn sink() -> Vec<Field> {
 
 pub(crate) const WEBHOOK_ONLY: [&str; 6] =
     ["url", "secret", "timeoutSeconds", "maxRetries", "maxBodyBytes", "allowLinkLocal"];
+/// The source fields only a binary-log source takes (`kind: "binlog"`).
+#[cfg(test)]
+pub(crate) const BINLOG_ONLY: [&str; 2] = ["tables", "serverId"];
+
 pub(crate) const QUEUE_ONLY: [&str; 4] = ["connection", "queueName", "messageEncoding", "messagePer"];
 
 /// A sink of one type: its needed field holds text, and the other type's fields are left out

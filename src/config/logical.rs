@@ -99,6 +99,12 @@ fn check(raw: &RawSource, engine: Engine, at: &Located<'_>) -> Result<(String, S
              in commit order (leave it out)",
         ));
     }
+    if let Some(name) = [("tables", raw.tables.is_some()), ("serverId", raw.server_id.is_some())]
+        .iter()
+        .find_map(|(name, given)| given.then_some(*name))
+    {
+        return Err(at.error(&format!("poller.source.{name}"), "belongs to a binary-log source (kind \"binlog\")"));
+    }
     let slot = raw
         .slot
         .clone()

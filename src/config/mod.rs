@@ -15,6 +15,7 @@
 //! written from it, and `tests_schema.rs` holds it to the raw types and the loader.
 
 pub mod batch;
+pub mod binlog;
 pub mod connection;
 mod disabled;
 pub mod fields;
@@ -50,8 +51,8 @@ pub use self::sink::{
     MessageEncoding, MessagePer, OutboundUrl, QueueConfig, SigningKey, SinkConfig, WebhookConfig, outbound_refusal,
 };
 pub use self::source::{
-    Engine, GenerationConfig, LOGICAL_CURSOR, LOGICAL_KEY, OnGenerationChange, OpRule, OversizedRows, SourceConfig,
-    SourceTarget, validate_identifier,
+    BINLOG_CURSOR, Engine, GenerationConfig, LOGICAL_CURSOR, LOGICAL_KEY, OnGenerationChange, OpRule, OversizedRows,
+    SourceConfig, SourceTarget, validate_identifier,
 };
 pub use self::state::{StateConfig, StateLocation};
 pub use self::status::StatusConfig;
@@ -429,6 +430,9 @@ pub mod ranges {
 
     use super::{defaults, limits};
 
+    /// A binary-log source's `serverId`: a replica's id, 32 bits, never 0.
+    pub const SERVER_ID: RangeInclusive<u64> = 1..=4_294_967_295;
+
     pub const BATCH_SIZE: RangeInclusive<usize> = 1..=defaults::MAX_BATCH_SIZE;
     pub const BATCH_MAX_BYTES: RangeInclusive<usize> = 1024..=limits::BATCH_MAX_BYTES;
     pub const MAX_IN_FLIGHT: RangeInclusive<usize> = 1..=64;
@@ -493,7 +497,7 @@ fn build(
     let mut late_arrivals = late::build_late_arrivals(raw.source.late_arrivals.as_ref(), at)?;
     let late_arrivals_asked = late::asked_for(raw.source.late_arrivals.as_ref());
     let raw_max_row_bytes = raw.source.max_row_bytes;
-    let (source, fingerprints) = build_any_source(raw.source, settings, app_root, at)?;
+    let (source, fingerprints) = build_any_source(raw.source, settings, app_root, (&app_name, &poller_name), at)?;
     if source.cursor_kind == Some(CursorKind::Xid) {
         // Below the commit horizon no row can commit behind the checkpoint: there is nothing to
         // detect, and the recount's buckets are not defined on xid8.
@@ -546,12 +550,17 @@ fn build_any_source(
     raw: function_json::RawSource,
     settings: &Settings,
     app_root: &Path,
+    (app_name, poller_name): (&str, &str),
     at: &Located<'_>,
 ) -> Result<(SourceConfig, Fingerprints), ConfigError> {
     let url = source_url::resolve(&raw.connection, settings, app_root, at)?;
     match SourceKind::parse(raw.kind.as_deref()).map_err(|reason| at.error("poller.source.kind", reason))? {
         SourceKind::Polling => build_source(raw, url, settings, at),
         SourceKind::Logical => logical::build(raw, url.identity, url.resolved, at),
+        SourceKind::Binlog => {
+            let server_id = crate::domain::binlog::derived_server_id(app_name, poller_name);
+            binlog::build(raw, url.identity, url.resolved, server_id, at)
+        }
     }
 }
 

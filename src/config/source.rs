@@ -6,8 +6,8 @@ use std::time::Duration;
 use super::function_json::RawSource;
 pub(super) use super::source_types::Fingerprints;
 pub use super::source_types::{
-    AUTO_SETTLE_SECONDS, CursorKind, Engine, GenerationConfig, LOGICAL_CURSOR, LOGICAL_KEY, OnGenerationChange, OpRule,
-    OversizedRows, SettleMode, SourceConfig, SourceTarget, validate_identifier,
+    AUTO_SETTLE_SECONDS, BINLOG_CURSOR, CursorKind, Engine, GenerationConfig, LOGICAL_CURSOR, LOGICAL_KEY,
+    OnGenerationChange, OpRule, OversizedRows, SettleMode, SourceConfig, SourceTarget, validate_identifier,
 };
 use super::{ConfigError, Located, defaults, in_range, ranges};
 use crate::domain::ids::{FingerprintInput, source_fingerprint};
@@ -261,6 +261,12 @@ fn refuse_logical_fields(raw: &RawSource, at: &Located<'_>) -> Result<(), Config
     {
         return Err(at.error(&format!("poller.source.{name}"), "belongs to a logical source (kind \"logical\")"));
     }
+    if let Some(name) = [("tables", raw.tables.is_some()), ("serverId", raw.server_id.is_some())]
+        .iter()
+        .find_map(|(name, given)| given.then_some(*name))
+    {
+        return Err(at.error(&format!("poller.source.{name}"), "belongs to a binary-log source (kind \"binlog\")"));
+    }
     Ok(())
 }
 
@@ -410,6 +416,7 @@ fn fingerprints(
         SourceTarget::Table { schema: None, name } => format!("table:{name}"),
         SourceTarget::Query(query) => format!("query:{query}"),
         SourceTarget::Logical { slot, publication } => format!("logical:{slot}:{publication}"),
+        SourceTarget::Binlog { tables, .. } => format!("binlog:{}", tables.join(",")),
     };
     let current = source_fingerprint(&FingerprintInput {
         columns: raw.columns.as_deref(),

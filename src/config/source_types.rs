@@ -38,11 +38,20 @@ pub enum SourceTarget {
         slot: String,
         publication: String,
     },
+    /// The MySQL/MariaDB binary log (`source.kind: "binlog"`, issue 39): the row changes of
+    /// `tables` (`database.table`), read as a replica with `server_id`. Its positions are
+    /// (binary log position, ordinal): never a seek.
+    Binlog {
+        tables: Vec<String>,
+        server_id: u32,
+    },
 }
 
 /// A logical source's cursor and key, as its positions name them.
 pub const LOGICAL_CURSOR: &str = "commit_lsn";
 pub const LOGICAL_KEY: &str = "ordinal";
+/// A binary-log source's cursor (its key is [`LOGICAL_KEY`]).
+pub const BINLOG_CURSOR: &str = "binlog_position";
 
 #[derive(Debug, Clone)]
 pub struct SourceConfig {
@@ -196,6 +205,8 @@ pub(in crate::config) enum SourceKind {
     Polling,
     /// PostgreSQL logical decoding through a slot.
     Logical,
+    /// The MySQL/MariaDB binary log, read as a replica.
+    Binlog,
 }
 
 impl SourceKind {
@@ -203,7 +214,8 @@ impl SourceKind {
         match kind {
             None | Some("polling") => Ok(SourceKind::Polling),
             Some("logical") => Ok(SourceKind::Logical),
-            Some(other) => Err(format!("{other:?}: expected \"polling\" or \"logical\"")),
+            Some("binlog") => Ok(SourceKind::Binlog),
+            Some(other) => Err(format!("{other:?}: expected \"polling\", \"logical\" or \"binlog\"")),
         }
     }
 }
@@ -223,6 +235,7 @@ impl fmt::Display for SourceTarget {
             SourceTarget::Logical { slot, publication } => {
                 write!(formatter, "(publication {publication}, slot {slot})")
             }
+            SourceTarget::Binlog { tables, .. } => write!(formatter, "(binary log of {})", tables.join(", ")),
         }
     }
 }

@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 
 use serde_json::{Value, json};
 
-use super::fields::{self, Field, Kind, QUEUE_ONLY};
+use super::fields::{self, BINLOG_ONLY, Field, Kind, QUEUE_ONLY};
 use super::function_json::{POLLER_SETTING_NAME_FIELDS, RawPoller, WATCHDOG_SETTING_NAME_FIELDS};
 use super::schema::{SCHEMA_FILE_NAME, SCHEMA_REFERENCE, function_json_schema};
 use super::status::RawStatus;
@@ -54,6 +54,7 @@ pub(super) fn assert_schema_takes(document: &Value) {
 fn settings() -> Settings {
     Settings::from_pairs([
         ("ORDERS_DB", "sqlite://orders.db"),
+        ("BINLOG_DB", "mysql://reader@127.0.0.1:3306/shop"),
         ("ORDERS_URL", "http://127.0.0.1:9/hook"),
         ("ORDERS_SECRET", "whsec_c2NoZW1hLXRlc3Qtc2lnbmluZy1rZXktMzItYnl0ZXM="),
         ("STATE", "file:state"),
@@ -92,9 +93,15 @@ fn base(section: &str, path: &str) -> Value {
                 Some(name) if QUEUE_ONLY.contains(&name) => json!({"type": "queue", "queueName": "orders-changes"}),
                 _ => json!({"type": "webhook", "url": "%ORDERS_URL%"}),
             };
+            let source = match path.strip_prefix("source.") {
+                Some(name) if BINLOG_ONLY.contains(&name) => {
+                    json!({"kind": "binlog", "connection": "BINLOG_DB", "tables": ["shop.orders"]})
+                }
+                _ => json!({"connection": "ORDERS_DB", "table": "orders", "cursor": "updated_at", "pk": ["id"],
+                            "generation": {"query": "SELECT max(load_id) FROM load_log"}, "lateArrivals": {}}),
+            };
             json!({
-                "source": {"connection": "ORDERS_DB", "table": "orders", "cursor": "updated_at", "pk": ["id"],
-                           "generation": {"query": "SELECT max(load_id) FROM load_log"}, "lateArrivals": {}},
+                "source": source,
                 "batch": {},
                 "sink": sink,
                 "lease": {},
@@ -346,6 +353,11 @@ fn writing_the_schema_default_is_leaving_the_field_out() {
         let mut leaves = Vec::new();
         flatten("", &section.fields, &mut leaves);
         for (path, field) in leaves {
+            // A binary-log source's server id left out is derived from the app and poller names:
+            // no constant is the same as leaving it out.
+            if path == "source.serverId" {
+                continue;
+            }
             let default = match &field.kind {
                 Kind::Integer { default, .. } => json!(default),
                 Kind::Boolean { default } => json!(default),

@@ -16,6 +16,8 @@
 //! | `horizon_held`       | rows wait behind a transaction open (or seen holding) longer than `horizonHeldAfterSeconds` |
 //! | `slot_retention`     | a logical source's slot holds more WAL than `slotRetentionBytes`      |
 //! | `slot_lost`          | the server invalidated a logical source's slot: a gap                  |
+//! | `binlog_retention`   | a binary-log source's checkpoint is more than `slotRetentionBytes` behind the log's end |
+//! | `binlog_lost`        | a binary-log source's checkpoint is in a purged file: a gap            |
 //!
 //! `stalled` and `lease_abandoned` are what a tick can fix, so `kick` runs one for them.
 
@@ -37,6 +39,8 @@ pub enum FindingKind {
     HorizonHeld,
     SlotRetention,
     SlotLost,
+    BinlogRetention,
+    BinlogLost,
 }
 
 impl FindingKind {
@@ -55,6 +59,8 @@ impl FindingKind {
             FindingKind::HorizonHeld => "horizon_held",
             FindingKind::SlotRetention => "slot_retention",
             FindingKind::SlotLost => "slot_lost",
+            FindingKind::BinlogRetention => "binlog_retention",
+            FindingKind::BinlogLost => "binlog_lost",
         }
     }
 

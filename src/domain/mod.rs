@@ -16,6 +16,7 @@
 //! - [`ids`]: deterministic event and batch ids, and the source fingerprint.
 //! - [`horizon`]: what holds a poller's horizon back, who may see its query, and what
 //!   `settle: "auto"` may conclude from the server (a replica, a prepared transaction).
+//! - [`binlog`]: a binary-log source's positions, file names, server id, retention (issue 39).
 //! - [`slot`]: a logical source's replication slot as `status` shows it.
 //! - [`finding`]: what the watchdog reports, one kind per thing a person should look at.
 //! - [`watchdog`]: what the watchdog concludes about a poller (stalled, abandoned lease, failing,
@@ -24,6 +25,7 @@
 //! - [`window`]: batches in flight, acknowledged out of order, committed in order (seed 004).
 //! - [`schedule`]: NCRONTAB and time-span timer schedules (for `dbtrigger dev`).
 
+pub mod binlog;
 pub mod cursor;
 pub mod endpoint;
 pub mod event;

@@ -59,6 +59,9 @@ async fn target(parts: Parts<'_>, to: &ResetTo) -> Result<ResetTarget, Operation
     if matches!(source_config.target, SourceTarget::Logical { .. }) {
         return logical_target(parts, to).await;
     }
+    if matches!(source_config.target, SourceTarget::Binlog { .. }) {
+        return binlog_target(parts, to).await;
+    }
     match to {
         ResetTo::Beginning => Ok(ResetTarget::Beginning),
         ResetTo::End => match crate::source::last_position(parts.source).await? {
@@ -151,6 +154,53 @@ async fn logical_target(parts: Parts<'_>, to: &ResetTo) -> Result<ResetTarget, O
             "replication slot {slot} is at {at}: it no longer holds the changes committed before it, and a slot cannot go \
              back. Give a position at or after {at} (commit LSN {}), or --to-end",
             ends.confirmed
+        )));
+    }
+    Ok(ResetTarget::After(logical_position(key.0, key.1)))
+}
+
+/// Where a reset puts a binary-log poller's checkpoint: between the start of the oldest file the
+/// server keeps (`--to-beginning`) and the end of the log (`--to-end`); a cursor as an event
+/// carries it (a number) or as `file:offset` (`binlog.000042:1234`), with its ordinal.
+async fn binlog_target(parts: Parts<'_>, to: &ResetTo) -> Result<ResetTarget, OperationError> {
+    use crate::domain::binlog::{BinlogPos, FileNames};
+    let Some(ends) = parts.source.slot_ends().await? else {
+        return Err(OperationError::Invalid("this source reports no binary log".into()));
+    };
+    let key = match to {
+        ResetTo::Beginning => (ends.confirmed, 0),
+        ResetTo::End => (ends.end, 0),
+        ResetTo::Cursor { value, keys } => {
+            let ordinal = key_values(&parts.config.source.pk, keys)?.remove(0);
+            let ordinal = ordinal.parse::<u32>().map_err(|_| {
+                OperationError::Invalid(format!(
+                    "--pk ordinal={ordinal}: the ordinal is a change's number in its transaction"
+                ))
+            })?;
+            let by_name = value.rsplit_once(':').and_then(|(file, offset)| {
+                let (_, number) = FileNames::parse(file)?;
+                Some(BinlogPos { file: number, offset: offset.parse().ok()? }.cursor() as u64)
+            });
+            let cursor = value.parse::<u64>().ok().or(by_name).ok_or_else(|| {
+                OperationError::Invalid(format!(
+                    "{value:?} is not a binary log position: give an event's `cursor` (a number) or file:offset \
+                     (binlog.000042:1234)"
+                ))
+            })?;
+            (cursor, ordinal)
+        }
+        ResetTo::Checkpoint(json) => {
+            let position = Position::try_from(json)
+                .map_err(|reason| OperationError::Invalid(format!("not a checkpoint position: {reason}")))?;
+            let (pos, ordinal) = crate::source::binlog::key_of(&position).map_err(OperationError::Invalid)?;
+            (pos.cursor() as u64, ordinal)
+        }
+    };
+    if key.0 < ends.confirmed || key.0 > ends.end {
+        return Err(OperationError::Invalid(format!(
+            "position {} is outside the binary log the server keeps ({}..={}, {}): give one within it, \
+             --to-beginning or --to-end",
+            key.0, ends.confirmed, ends.end, ends.slot
         )));
     }
     Ok(ResetTarget::After(logical_position(key.0, key.1)))

@@ -34,6 +34,14 @@ pub enum SourceError {
          recreate the slot, `dbtrigger reset <poller> --to-end`, and load the gap again through a polling poller"
     )]
     SlotLost { location: String, slot: String, reason: String },
+    /// A binary-log source's checkpoint in a file the server no longer keeps (purged): the
+    /// changes in between are a gap no tick can deliver.
+    #[error(
+        "binary log {file} on {location} is lost: {reason}. The changes it held are a gap: the poller stops here, \
+         its checkpoint stays where it is. Recover by hand (docs/binlog.md, \"A purged binary log\"): \
+         `dbtrigger reset <poller> --to-end`, and load the gap again through a polling poller"
+    )]
+    BinlogLost { location: String, file: String, reason: String },
     /// A row larger than `source.maxRowBytes` (by default what the sink can carry): never kept
     /// whole, never skipped; the poller stops at it.
     #[error(

@@ -165,6 +165,7 @@ fn columns_and_from(config: &SourceConfig) -> (Vec<String>, String) {
         SourceTarget::Query(query) => format!("({query}) AS dbtrigger_source"),
         // Never read by a seek (see `source::logical`): a name that cannot be a table's.
         SourceTarget::Logical { slot, .. } => quote(&format!("logical slot {slot}")),
+        SourceTarget::Binlog { .. } => quote("binary log"),
     };
     (columns, from)
 }

@@ -24,6 +24,7 @@
 //! | `postgres.rs`, `mysql.rs`, `sqlite.rs` | each engine: its connection, pre-flight, decoding   |
 //! | `sqlite_time.rs` | cursor texts as SQLite stores timestamps (its rows, operator positions)  |
 
+pub mod binlog;
 pub mod ddl;
 mod error;
 mod fetch;
@@ -70,6 +71,10 @@ pub struct FetchLimit {
     pub rows: usize,
     pub bytes: usize,
 }
+
+/// How a stop on a purged binary log is recorded in the state document's `failure.slot_lost`
+/// (the same stop-until-reset rule as a lost slot), before the file's name.
+pub const BINLOG_LOST_PREFIX: &str = "binary log ";
 
 /// What one fetch returned.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -123,6 +128,15 @@ pub trait Source: Send + Sync {
 
     /// A logical source's replication slot, as the server reports it; `None` for the others.
     async fn slot(&self) -> Result<Option<crate::domain::slot::SlotView>, SourceError> {
+        Ok(None)
+    }
+
+    /// Where the checkpoint may rest when nothing after `checkpoint` waits: a source that reads a
+    /// log from its current end (a binary-log source with no checkpoint) says where the read that
+    /// found nothing ended, and the tick records it, so that a poller's first tick fixes where it
+    /// starts and a quiet poller's checkpoint follows the log. `None` for the others.
+    async fn resting_position(&self, checkpoint: Option<&Position>) -> Result<Option<Position>, SourceError> {
+        let _ = checkpoint;
         Ok(None)
     }
 
@@ -247,6 +261,9 @@ pub fn open_shared(
         }
         Engine::Postgres => {
             Ok(Arc::new(postgres::PostgresSource::open(config, pools::Gate::new(pools.target(config), wait_limit))?))
+        }
+        Engine::MySql if matches!(config.target, crate::config::SourceTarget::Binlog { .. }) => {
+            Ok(Arc::new(binlog::BinlogSource::open(config)?))
         }
         Engine::MySql => {
             Ok(Arc::new(mysql::MySqlSource::open(config, pools::Gate::new(pools.target(config), wait_limit))?))

@@ -274,6 +274,7 @@ pub fn build_seek(config: &SourceConfig, plan: &SeekPlan) -> SeekQuery {
         SourceTarget::Query(query) => format!("({query}) AS dbtrigger_source"),
         // Never read by a seek (see `source::logical`): a name that cannot be a table's.
         SourceTarget::Logical { slot, .. } => quote(&format!("logical slot {slot}")),
+        SourceTarget::Binlog { .. } => quote("binary log"),
     };
     let cursor = quote(&config.cursor);
     let keys: Vec<String> = config.pk.iter().map(|column| quote(column)).collect();

@@ -20,6 +20,7 @@ pub fn poller_attributes(config: &PollerConfig) -> Vec<KeyValue> {
         SourceTarget::Table { .. } => "table",
         SourceTarget::Query(_) => "query",
         SourceTarget::Logical { .. } => "logical",
+        SourceTarget::Binlog { .. } => "binlog",
     };
     let engine = match config.source.engine {
         Engine::Postgres => "postgresql",

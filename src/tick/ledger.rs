@@ -256,10 +256,17 @@ impl Poller {
             &self.config.lease,
         );
         // A lost slot stops the poller until an operator resets it.
-        if let (Ok(next), TickError::Source(crate::source::SourceError::SlotLost { slot, .. })) = (&mut failed, error)
+        let lost = match error {
+            TickError::Source(crate::source::SourceError::SlotLost { slot, .. }) => Some(slot.clone()),
+            TickError::Source(crate::source::SourceError::BinlogLost { file, .. }) => {
+                Some(format!("{}{file}", crate::source::BINLOG_LOST_PREFIX))
+            }
+            _ => None,
+        };
+        if let (Ok(next), Some(lost)) = (&mut failed, lost)
             && let Some(failure) = next.failure.as_mut()
         {
-            failure.slot_lost = Some(slot.clone());
+            failure.slot_lost = Some(lost);
         }
         self.write_letting_go(writer, document, failed, "could not record the failure").await;
     }

@@ -320,6 +320,17 @@ impl Poller {
         if let Some(failure) = &document.failure
             && let Some(slot) = &failure.slot_lost
         {
+            let since = format!(
+                "an earlier tick found it lost (the poller has failed since {}), and no operator has reset the poller since",
+                failure.first_failure_at.to_rfc3339()
+            );
+            if let Some(file) = slot.strip_prefix(crate::source::BINLOG_LOST_PREFIX) {
+                return Err(TickError::Source(crate::source::SourceError::BinlogLost {
+                    location: self.source.describe(),
+                    file: file.to_string(),
+                    reason: since,
+                }));
+            }
             return Err(TickError::Source(crate::source::SourceError::SlotLost {
                 location: self.source.describe(),
                 slot: slot.clone(),
@@ -385,7 +396,13 @@ impl Poller {
             if let Some(cleared) = cleared {
                 next = cleared;
             }
-            if restarted || next_is_cleared || adopted {
+            // A source read from the end of a log (a binary log) records where the read ended:
+            // a first tick fixes where the poller starts, a quiet one follows the log.
+            let rested = match self.source.resting_position(checkpoint.as_ref()).await? {
+                Some(rest) => transitions::rest_at(&mut next, &rest, self.clock.now()),
+                None => false,
+            };
+            if restarted || next_is_cleared || adopted || rested {
                 match writer.write(&mut next).await {
                     Ok(()) => *document = next,
                     Err(WriteFailure::Conflict(current)) => return Ok(held_by_whoever_wrote(current)),

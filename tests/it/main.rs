@@ -3,6 +3,8 @@
 
 mod azure;
 mod big_rows;
+mod binlog;
+mod binlog_ops;
 mod budget;
 mod chaos;
 mod dev;

@@ -301,6 +301,23 @@ pub fn mariadb() -> &'static MariaDb {
     SERVER.get_or_init(|| start_mariadb(300))
 }
 
+/// The options a binary-log source needs (issue 39): ROW events with full images and column
+/// names, a server id of the server's own.
+pub const BINLOG_ARGUMENTS: &[&str] = &[
+    "--log-bin=binlog",
+    "--binlog-format=ROW",
+    "--binlog-row-image=FULL",
+    "--binlog-row-metadata=FULL",
+    "--server-id=1",
+];
+
+/// The shared MariaDB server with its binary log on (the binary-log source's tests), started on
+/// first use: each test reads the tables of its own database.
+pub fn mariadb_binlog() -> &'static MariaDb {
+    static SERVER: OnceLock<MariaDb> = OnceLock::new();
+    SERVER.get_or_init(|| mariadb_with(&MariaDbOptions { arguments: BINLOG_ARGUMENTS, system_time_zone: None }))
+}
+
 /// A MariaDB server of its own, accepting at most `max_connections` (stopped at exit).
 pub fn mariadb_with_max_connections(max_connections: u32) -> MariaDb {
     start_mariadb(max_connections)

@@ -13,6 +13,7 @@
 //! | [`record_failure`]    | the lease is not ours                                               |
 //! | [`record_tick_failure`]| another owner's lease is live                                      |
 //! | [`clear_failures`]    | never (`None`: nothing to clear)                                    |
+//! | [`rest_at`]           | never (`false`: the rest is not forward of the checkpoint)          |
 //! | [`reset`]             | another owner's lease is live, unless forced                        |
 //! | [`accept_fingerprint`]| another owner's lease is live, unless forced; nothing would change   |
 //! | [`clone_to`]          | never (a new document for another poller name)                      |
@@ -38,7 +39,7 @@ pub use identity::{FingerprintCheck, GenerationCheck, check_fingerprint, check_g
 pub use operator::{accept_fingerprint, audit, clone_to, reset};
 pub use tick::{
     Delivered, acquire, clear_failures, commit, commit_isolating, heartbeat, record_failure, record_tick_failure,
-    release, release_after_success,
+    release, release_after_success, rest_at,
 };
 
 /// How many operator entries a document keeps.

@@ -158,6 +158,19 @@ fn late_undelivered(document: &StateDocument) -> bool {
     document.late.as_ref().is_some_and(|late| late.undelivered.is_some())
 }
 
+/// Moves the checkpoint of an idle tick's document to `rest` (where a read that found nothing
+/// after the checkpoint ended), when that is forward; whether it moved. No row is counted.
+pub fn rest_at(document: &mut StateDocument, rest: &Position, now: DateTime<Utc>) -> bool {
+    let batch_id = document.checkpoint.as_ref().map(|checkpoint| checkpoint.last_successful_batch_id.clone());
+    match advance_checkpoint(document.checkpoint.as_ref(), rest, batch_id.as_deref().unwrap_or("rest"), 0, now) {
+        Ok(checkpoint) => {
+            document.checkpoint = Some(checkpoint);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
 /// The document an idle tick writes when it finds failures recorded: nothing waits after the
 /// checkpoint, so whatever failed is fixed or gone (but a late bucket still undelivered keeps
 /// its failure). `None` when there is nothing to clear (an idle

@@ -11,6 +11,9 @@ use crate::domain::slot::SlotView;
 pub fn judge_slot(health: &PollerHealth, threshold_bytes: u64) -> Option<Finding> {
     let finding =
         |kind, message| Finding { kind, function: health.function.clone(), poller: health.poller.clone(), message };
+    if let Some(found) = judge_binlog(health, threshold_bytes) {
+        return Some(finding(found.0, found.1));
+    }
     if let Some(slot) = &health.slot_lost
         && !health.slot.as_ref().is_some_and(SlotView::lost)
     {
@@ -23,6 +26,9 @@ pub fn judge_slot(health: &PollerHealth, threshold_bytes: u64) -> Option<Finding
         ));
     }
     let slot = health.slot.as_ref()?;
+    if slot.slot.starts_with(BINLOG) {
+        return None;
+    }
     if slot.lost() {
         return Some(finding(
             FindingKind::SlotLost,
@@ -46,6 +52,42 @@ pub fn judge_slot(health: &PollerHealth, threshold_bytes: u64) -> Option<Finding
         ));
     }
     None
+}
+
+/// How a binary-log source's position shows as a slot (`status`, the state document's stop).
+const BINLOG: &str = "binary log ";
+
+/// A binary-log source (issue 39): `binlog_lost` when the poller stopped on a purged file or its
+/// checkpoint's file is gone; `binlog_retention` when the checkpoint is more than `threshold_bytes`
+/// behind the end of the log (the server purges by age: a poller that far behind is at risk).
+fn judge_binlog(health: &PollerHealth, threshold_bytes: u64) -> Option<(FindingKind, String)> {
+    if let Some(file) = health.slot_lost.as_deref().and_then(|lost| lost.strip_prefix(BINLOG)) {
+        return Some((
+            FindingKind::BinlogLost,
+            format!(
+                "the poller stopped on binary log {file}, purged before it was read: the changes it held are a gap; \
+                 reset the poller and load the gap again (docs/binlog.md, \"A purged binary log\")"
+            ),
+        ));
+    }
+    let slot = health.slot.as_ref().filter(|slot| slot.slot.starts_with(BINLOG))?;
+    if slot.lost() {
+        return Some((
+            FindingKind::BinlogLost,
+            format!("the checkpoint's {} is purged: the changes it held are a gap (docs/binlog.md)", slot.slot),
+        ));
+    }
+    let behind = slot.retained_bytes.filter(|bytes| *bytes > 0 && *bytes as u64 > threshold_bytes)?;
+    Some((
+        FindingKind::BinlogRetention,
+        format!(
+            "the checkpoint is {} MiB behind the end of the binary log (in {}; threshold {} MiB): the server purges \
+             its files by age (binlog_expire_logs_seconds), and a file purged before it is read is a gap",
+            behind / (1024 * 1024),
+            slot.slot,
+            threshold_bytes / (1024 * 1024)
+        ),
+    ))
 }
 
 #[cfg(test)]
@@ -81,5 +123,36 @@ mod tests {
             "{}",
             finding.message
         );
+    }
+}
+
+#[cfg(test)]
+mod binlog_tests {
+    use super::*;
+
+    fn binlog_health(behind: i64, status: &str) -> PollerHealth {
+        let mut health = PollerHealth::empty("feed", "feed");
+        health.slot = Some(SlotView {
+            slot: "binary log binlog.000003".into(),
+            retained_bytes: Some(behind),
+            wal_status: Some(status.into()),
+            active_pid: None,
+        });
+        health
+    }
+
+    #[test]
+    fn a_binary_log_far_behind_or_purged_is_reported_as_binlog() {
+        assert_eq!(judge_slot(&binlog_health(10, "0 files after it"), 100), None);
+        assert_eq!(
+            judge_slot(&binlog_health(1000, "2 files after it"), 100).unwrap().kind,
+            FindingKind::BinlogRetention
+        );
+        assert_eq!(judge_slot(&binlog_health(0, "lost"), 100).unwrap().kind, FindingKind::BinlogLost);
+        let mut stopped = binlog_health(0, "0 files after it");
+        stopped.slot_lost = Some("binary log binlog.000001".into());
+        let finding = judge_slot(&stopped, 100).unwrap();
+        assert_eq!(finding.kind, FindingKind::BinlogLost);
+        assert!(finding.message.contains("binlog.000001"));
     }
 }

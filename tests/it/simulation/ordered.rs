@@ -10,8 +10,8 @@
 //!   unordered window and keeps it with the ordered one;
 //! - wide-window runs ([`run_wide_seed`]): windows of 4 or 8, more rows than the window takes at
 //!   once with one of the first slow, and updates aimed at the rows around the slow one while a
-//!   tick runs. With the unordered window 4 of the first 100 seeds break the invariant (3, 7, 11,
-//!   23); seed 3 is kept as a scenario. With the ordered window, 400 seeds keep every invariant;
+//!   tick runs. With the unordered window 4 of the first 100 seeds break the invariant (11, 37,
+//!   57, 97, since the schedules draw issue 35's transactions too); seed 11 is kept as a scenario. With the ordered window, 400 seeds keep every invariant;
 //!   the test runs 64.
 
 use super::config::UNORDERED;
@@ -136,14 +136,15 @@ fn wide_windows_keep_every_invariant() {
     }
 }
 
-/// Seed 3 of the wide windows (8 in flight): the first of 4 seeds of 100 in which the unordered
-/// window breaks the key order (also 7, 11, 23); the ordered window keeps every invariant.
+/// Seed 11 of the wide windows: the first of 4 seeds of 100 in which the unordered window breaks
+/// the key order (also 37, 57, 97, since the schedules gained issue 35's transactions; 3, 7, 11
+/// and 23 before); the ordered window keeps every invariant.
 #[test]
-fn wide_window_seed_3_breaks_the_key_order_only_without_the_ordered_window() {
-    let ordered = run_wide_seed(3);
+fn wide_window_seed_11_breaks_the_key_order_only_without_the_ordered_window() {
+    let ordered = run_wide_seed(11);
     assert!(ordered.violation.is_none(), "{}", describe(&ordered, None));
     UNORDERED.with(|cell| cell.set(true));
-    let unordered = run_wide_seed(3);
+    let unordered = run_wide_seed(11);
     UNORDERED.with(|cell| cell.set(false));
     assert!(
         unordered.violation.as_ref().is_some_and(|(_, violation)| violation.invariant == KEY_ORDER),

@@ -1,0 +1,362 @@
+//! The binary-log [`Source`]: a dump (`COM_BINLOG_DUMP`, non-blocking: it ends at the end of
+//! what is written) from the checkpoint's transaction, read as a stream across the tick's
+//! batches; what the checkpoint covers is counted and skipped. A poller with no checkpoint reads
+//! from the current end, and the tick records where a read that found nothing ended
+//! ([`Source::resting_position`]), so nothing committed after its first tick is skipped.
+
+use std::collections::VecDeque;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use mysql_async::{BinlogStream, Conn, Opts};
+use serde_json::{Map, Value};
+use tokio::sync::Mutex;
+
+use super::events::{Change, Decoder, Step, TransactionFields};
+use super::server;
+use crate::config::redact::Redaction;
+use crate::config::{SourceConfig, SourceTarget};
+use crate::domain::binlog::{self, BinlogPos, FileNames};
+use crate::domain::event::RowJson;
+use crate::domain::keyed::Group;
+use crate::domain::{CursorValue, PkValue, Position};
+use crate::source::{FetchLimit, Fetched, Probe, Source, SourceError, SourceRow, timed};
+
+/// A position: the transaction's start and the change's ordinal in it (0: before its first).
+pub type Key = (BinlogPos, u32);
+
+/// The most a count reads (status's lag).
+pub const COUNT_CAP: u64 = 100_000;
+
+pub fn position(key: Key) -> Position {
+    Position {
+        cursor: CursorValue::Integer(key.0.cursor()),
+        pk: vec![(crate::config::LOGICAL_KEY.to_string(), PkValue::Integer(i64::from(key.1)))],
+    }
+}
+
+pub fn key_of(position: &Position) -> Result<Key, String> {
+    let foreign = || {
+        format!(
+            "the checkpoint ({}) is not a binary-log source's (position, ordinal): the poller's source changed kind; reset it",
+            crate::domain::state::describe(position)
+        )
+    };
+    let CursorValue::Integer(cursor) = position.cursor else { return Err(foreign()) };
+    let pos = BinlogPos::of_cursor(cursor).ok_or_else(foreign)?;
+    match position.pk.as_slice() {
+        [(name, PkValue::Integer(ordinal))] if name == crate::config::LOGICAL_KEY => {
+            Ok((pos, u32::try_from(*ordinal).map_err(|_| foreign())?))
+        }
+        _ => Err(foreign()),
+    }
+}
+
+pub struct BinlogSource {
+    config: SourceConfig,
+    options: Opts,
+    tables: Vec<String>,
+    server_id: u32,
+    redaction: Redaction,
+    reading: Mutex<Reading>,
+    /// The last checkpoint this source was asked from: `status` shows the retention behind it.
+    known: std::sync::Mutex<Option<Key>>,
+}
+
+#[derive(Default)]
+struct Reading {
+    open: Option<Open>,
+    /// A read from this position found nothing after it up to that end.
+    rest: Option<(Option<Key>, BinlogPos)>,
+}
+
+/// A dump being read.
+struct Open {
+    stream: BinlogStream,
+    decoder: Decoder,
+    /// The last change handed out (the position asked from, before the first).
+    at: Option<Key>,
+    pending: VecDeque<(Key, SourceRow)>,
+}
+
+impl BinlogSource {
+    pub fn open(config: &SourceConfig) -> Result<Self, SourceError> {
+        let SourceTarget::Binlog { tables, server_id } = &config.target else {
+            return Err(SourceError::Query { location: String::new(), reason: "not a binary-log source".into() });
+        };
+        let redaction = Redaction::of_url(config.url.expose());
+        let options = server::options_of(config.url.expose()).map_err(|reason| SourceError::Unreachable {
+            location: redaction.location.clone(),
+            reason: redaction.scrub(&reason),
+        })?;
+        Ok(BinlogSource {
+            config: config.clone(),
+            options,
+            tables: tables.clone(),
+            server_id: *server_id,
+            redaction,
+            reading: Mutex::new(Reading::default()),
+            known: std::sync::Mutex::new(None),
+        })
+    }
+
+    fn error(&self, error: mysql_async::Error) -> SourceError {
+        server::error(&self.redaction, error)
+    }
+
+    fn query(&self, reason: String) -> SourceError {
+        SourceError::Query { location: self.redaction.location.clone(), reason }
+    }
+
+    async fn connect(&self) -> Result<Conn, SourceError> {
+        Conn::new(self.options.clone()).await.map_err(|error| self.error(error))
+    }
+
+    fn key(&self, after: Option<&Position>) -> Result<Option<Key>, SourceError> {
+        let key = after.map(key_of).transpose().map_err(SourceError::Position)?;
+        if key.is_some() {
+            *self.known.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = key;
+        }
+        Ok(key)
+    }
+
+    /// Where the binary log ends, its naming, and the oldest file it keeps.
+    async fn ends(&self, conn: &mut Conn) -> Result<(BinlogPos, FileNames, u32, Vec<(u32, u64)>), SourceError> {
+        let (end, names) = server::end_position(conn).await.map_err(|error| self.error(error))?.map_err(|reason| {
+            self.query(format!("{reason}: a binary-log source needs log_bin (`dbtrigger check` says what is missing)"))
+        })?;
+        let files = server::files(conn).await.map_err(|error| self.error(error))?;
+        let sizes: Vec<(u32, u64)> =
+            files.iter().filter_map(|(name, size)| Some((names.number(name)?, *size))).collect();
+        let oldest = sizes.first().map(|(number, _)| *number).unwrap_or(end.file);
+        Ok((end, names, oldest, sizes))
+    }
+
+    /// A dump after `after` (from the end when `None`); `counting`: changes are counted, not decoded.
+    async fn start(&self, after: Option<Key>, counting: bool) -> Result<Open, SourceError> {
+        let mut conn = self.connect().await?;
+        let (end, names, oldest, _) = self.ends(&mut conn).await?;
+        let from = after.map(|(pos, _)| pos).unwrap_or(end);
+        if let Some(reason) = binlog::lost_reason(from, oldest, &names) {
+            return Err(SourceError::BinlogLost {
+                location: self.redaction.location.clone(),
+                file: names.name(from.file),
+                reason,
+            });
+        }
+        let info = server::table_info(&mut conn, &self.tables).await.map_err(|error| self.error(error))?;
+        // A count reads beside a tick: a replica id of its own, or the server would drop the tick's.
+        let server_id = if counting { self.server_id ^ 1 } else { self.server_id };
+        let stream = server::dump(conn, server_id, &names, from).await.map_err(|error| self.error(error))?;
+        let mut decoder = Decoder::new(&self.tables, info, after);
+        decoder.counting(counting);
+        Ok(Open { stream, decoder, at: after, pending: VecDeque::new() })
+    }
+
+    /// The next change of the dump; `None` at the end of what is written.
+    async fn next(&self, open: &mut Open) -> Result<Option<(Key, SourceRow)>, SourceError> {
+        loop {
+            if let Some(change) = open.pending.pop_front() {
+                return Ok(Some(change));
+            }
+            let Some(event) = open.stream.next().await else {
+                return Ok(None);
+            };
+            let event = event.map_err(|error| self.error(error))?;
+            let Open { stream, decoder, pending, .. } = open;
+            let step = decoder
+                .push(&event, |id| stream.get_tme(id))
+                .map_err(|reason| self.query(format!("binary log at {}: {reason}", decoder.position().offset)))?;
+            if let Step::Changes(changes) = step {
+                let fields =
+                    decoder.fields().cloned().ok_or_else(|| self.query("a change outside a transaction".into()))?;
+                let head = fields_json(&fields);
+                for change in changes {
+                    let key = change.at;
+                    pending.push_back((key, row_of(&head, change)));
+                }
+            }
+        }
+    }
+
+    async fn deliver(&self, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
+        let after = self.key(after)?;
+        let mut reading = self.reading.lock().await;
+        if reading.open.as_ref().is_some_and(|open| open.at != after) {
+            reading.open = None;
+        }
+        if reading.open.is_none() {
+            reading.open = Some(self.start(after, false).await?);
+        }
+        let mut rows = Vec::new();
+        let mut bytes = 0usize;
+        loop {
+            let open = reading.open.as_mut().expect("a dump is open");
+            let Some((key, row)) = self.next(open).await? else {
+                let end = open.decoder.position();
+                let in_transaction = open.decoder.in_transaction();
+                reading.open = None;
+                if rows.is_empty() && !in_transaction {
+                    reading.rest = Some((after, end));
+                }
+                return Ok(Fetched { rows, full: in_transaction });
+            };
+            let size = row.row.len() + 128;
+            if !rows.is_empty() && bytes + size > limit.bytes {
+                open.pending.push_front((key, row));
+                break;
+            }
+            bytes += size;
+            open.at = Some(key);
+            rows.push(row);
+            if rows.len() >= limit.rows.max(1) {
+                break;
+            }
+        }
+        Ok(Fetched { rows, full: true })
+    }
+
+    /// Up to `limit` changes after `after` (counted only when `counting`), and whether more follow.
+    async fn look(
+        &self,
+        after: Option<Key>,
+        limit: u64,
+        counting: bool,
+    ) -> Result<(Vec<SourceRow>, u64, bool), SourceError> {
+        let mut open = self.start(after, counting).await?;
+        let mut rows = Vec::new();
+        let mut count = 0u64;
+        while let Some((_, row)) = self.next(&mut open).await? {
+            count += 1;
+            if count > limit {
+                return Ok((rows, limit, true));
+            }
+            if !counting {
+                rows.push(row);
+            }
+        }
+        Ok((rows, count, false))
+    }
+}
+
+/// What every change of a transaction carries.
+fn fields_json(fields: &TransactionFields) -> Map<String, Value> {
+    let mut head = Map::new();
+    head.insert("gtid".into(), fields.gtid.clone().map(Value::from).unwrap_or(Value::Null));
+    head.insert("binlog_file".into(), Value::from(fields.file.clone()));
+    head.insert("binlog_position".into(), Value::from(fields.start.offset));
+    let time = chrono::DateTime::from_timestamp(i64::from(fields.time), 0)
+        .map(|at| Value::from(at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)))
+        .unwrap_or(Value::Null);
+    head.insert("commit_time".into(), time);
+    head
+}
+
+fn row_of(head: &Map<String, Value>, change: Change) -> SourceRow {
+    let mut row = Map::new();
+    row.insert("table".into(), Value::from(change.table.clone()));
+    row.insert("new".into(), change.new.map(Value::Object).unwrap_or(Value::Null));
+    row.insert("old".into(), change.old.map(Value::Object).unwrap_or(Value::Null));
+    for (name, value) in head {
+        row.insert(name.clone(), value.clone());
+    }
+    SourceRow {
+        position: position(change.at),
+        row: RowJson::from_map(&row),
+        op: change.op,
+        group: Some(Group::one(&[change.table.as_bytes()])),
+    }
+}
+
+#[async_trait]
+impl Source for BinlogSource {
+    async fn read(&self, probe: Probe, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
+        let location = self.redaction.location.clone();
+        let gate = crate::source::pools::Gate::open();
+        match probe {
+            Probe::Deliver => timed(&gate, &self.config, &location, self.deliver(after, limit)).await,
+            Probe::Pending => {
+                let after = self.key(after)?;
+                let look = async {
+                    let (rows, _, full) = self.look(after, limit.rows as u64, false).await?;
+                    Ok(Fetched { rows, full })
+                };
+                timed(&gate, &self.config, &location, look).await
+            }
+            Probe::Last => Err(SourceError::Query {
+                location,
+                reason: "a binary-log source has no last row: `reset --to-end` puts its checkpoint at the end of the \
+                         binary log instead"
+                    .into(),
+            }),
+        }
+    }
+
+    async fn count_after(&self, after: Option<&Position>, cap: u64) -> Result<u64, SourceError> {
+        let after = self.key(after)?;
+        let cap = cap.min(COUNT_CAP);
+        let count = async { Ok(self.look(after, cap, true).await?.1) };
+        timed(&crate::source::pools::Gate::open(), &self.config, &self.redaction.location, count).await
+    }
+
+    fn count_limit(&self) -> u64 {
+        COUNT_CAP
+    }
+
+    async fn tick_ended(&self) -> Result<(), SourceError> {
+        self.reading.lock().await.open = None;
+        Ok(())
+    }
+
+    async fn generation(&self) -> Result<Option<Value>, SourceError> {
+        Ok(None)
+    }
+
+    fn describe(&self) -> String {
+        format!("{} (binary log, server id {})", self.redaction.location, self.server_id)
+    }
+
+    async fn resting_position(&self, checkpoint: Option<&Position>) -> Result<Option<Position>, SourceError> {
+        let key = self.key(checkpoint)?;
+        let reading = self.reading.lock().await;
+        Ok(match reading.rest {
+            Some((asked, end)) if asked == key && key.is_none_or(|(start, _)| end > start) => Some(position((end, 0))),
+            _ => None,
+        })
+    }
+
+    /// The retention behind the checkpoint last asked from: bytes and files to the end, as a
+    /// slot's view (`lost` when its file was purged).
+    async fn slot(&self) -> Result<Option<crate::domain::slot::SlotView>, SourceError> {
+        let known = *self.known.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let Some((at, _)) = known else { return Ok(None) };
+        let mut conn = self.connect().await?;
+        let (_, names, oldest, sizes) = self.ends(&mut conn).await?;
+        let _ = conn.disconnect().await;
+        let (bytes, files) = binlog::behind(at, &sizes);
+        let lost = binlog::lost_reason(at, oldest, &names).is_some();
+        Ok(Some(crate::domain::slot::SlotView {
+            slot: format!("binary log {}", names.name(at.file)),
+            retained_bytes: Some(i64::try_from(bytes).unwrap_or(i64::MAX)),
+            wal_status: Some(if lost {
+                "lost".to_string()
+            } else {
+                format!("{files} files after it, the oldest kept {}", names.name(oldest))
+            }),
+            active_pid: None,
+        }))
+    }
+
+    async fn slot_ends(&self) -> Result<Option<crate::domain::slot::SlotEnds>, SourceError> {
+        let mut conn = self.connect().await?;
+        let (end, names, oldest, sizes) = self.ends(&mut conn).await?;
+        let _ = conn.disconnect().await;
+        let first = BinlogPos { file: oldest, offset: binlog::FIRST_OFFSET };
+        Ok(Some(crate::domain::slot::SlotEnds {
+            slot: format!("binary log (oldest kept {})", names.name(oldest)),
+            confirmed: first.cursor() as u64,
+            end: end.cursor() as u64,
+            retained_bytes: Some(i64::try_from(binlog::behind(first, &sizes).0).unwrap_or(i64::MAX)),
+        }))
+    }
+}

@@ -1,0 +1,258 @@
+//! A binary log row's values as the JSON the polling MySQL source writes for the same column
+//! (`what_mariadb_logs_decodes_to_the_polling_sources_json` compares them over every type):
+//! integers as numbers, `TINYINT(1)` as a boolean, `DECIMAL` as its exact text, `DATETIME` as a
+//! naive timestamp, `TIMESTAMP` in UTC, binary strings and `BIT` as base64, `ENUM` and `SET` as
+//! their text (MariaDB's `JSON`, a `LONGTEXT` the polling source's driver reads as binary, as
+//! base64 as there). The binary log names a column's storage type; what it cannot tell (a `TINYINT(1)`
+//! from a `TINYINT`, an `ENUM`'s labels, a JSON column on MariaDB) is read from
+//! `information_schema.COLUMNS` when a read starts ([`ColumnInfo`]).
+
+use std::collections::HashMap;
+
+use base64::Engine as _;
+use chrono::{DateTime, NaiveDate, NaiveTime};
+use mysql_async::binlog::row::BinlogRow;
+use mysql_async::binlog::value::BinlogValue;
+use mysql_async::consts::{ColumnFlags, ColumnType};
+use serde_json::{Map, Value};
+
+use crate::domain::CursorValue;
+
+/// What `information_schema.COLUMNS` says of a column: `DATA_TYPE` and `COLUMN_TYPE`, lower case.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ColumnInfo {
+    pub data_type: String,
+    pub column_type: String,
+}
+
+/// A table's columns by name.
+pub type TableInfo = HashMap<String, ColumnInfo>;
+
+/// The binary character set's number: a string column in it holds bytes.
+const BINARY_CHARSET: u16 = 63;
+
+/// A row image as JSON, its columns in the table's order; an error naming the column when the
+/// server does not log names (`binlog_row_metadata` is not `FULL`).
+pub fn row_json(row: &BinlogRow, info: Option<&TableInfo>) -> Result<Map<String, Value>, String> {
+    let mut map = Map::with_capacity(row.len());
+    for (index, column) in row.columns_ref().iter().enumerate() {
+        let name = column.name_str();
+        if let Some(offset) = name.strip_prefix('@') {
+            return Err(format!(
+                "the binary log does not name the columns of {}.{} (column {offset}): set binlog_row_metadata=FULL",
+                column.schema_str(),
+                column.table_str(),
+            ));
+        }
+        let known = info.and_then(|info| info.get(name.as_ref()));
+        let value = match row.as_ref(index) {
+            None => continue,
+            Some(value) => value_json(value, column.column_type(), column.flags(), column.character_set(), known),
+        };
+        map.insert(name.into_owned(), value);
+    }
+    Ok(map)
+}
+
+/// One value as JSON.
+pub fn value_json(
+    value: &BinlogValue<'_>,
+    column_type: ColumnType,
+    flags: ColumnFlags,
+    charset: u16,
+    info: Option<&ColumnInfo>,
+) -> Value {
+    use mysql_async::Value as V;
+    let value = match value {
+        BinlogValue::Value(value) => value,
+        BinlogValue::Jsonb(jsonb) => {
+            return serde_json::Value::try_from(jsonb.clone()).unwrap_or_else(|error| Value::from(error.to_string()));
+        }
+        BinlogValue::JsonDiff(_) => return Value::Null,
+    };
+    let data_type = info.map(|info| info.data_type.as_str()).unwrap_or("");
+    let boolean = info.is_some_and(|info| info.column_type.starts_with("tinyint(1)"));
+    match (value, column_type) {
+        (V::NULL, _) => Value::Null,
+        (V::Int(number), _) if boolean => Value::from(*number != 0),
+        (V::UInt(number), _) if boolean => Value::from(*number != 0),
+        (V::Int(index), ColumnType::MYSQL_TYPE_ENUM) => Value::from(enum_label(info, *index)),
+        (V::Int(seconds), ColumnType::MYSQL_TYPE_TIMESTAMP) => timestamp(*seconds, 0),
+        (V::Int(number), _) if flags.contains(ColumnFlags::UNSIGNED_FLAG) && *number < 0 => {
+            // A BIGINT UNSIGNED past i64: the driver reads the bits as signed.
+            Value::from(*number as u64)
+        }
+        (V::Int(number), _) => Value::from(*number),
+        (V::UInt(number), _) => Value::from(*number),
+        (V::Float(number), _) => float(f64::from(*number)),
+        (V::Double(number), _) => float(*number),
+        (V::Date(year, month, day, hour, minute, second, micros), ColumnType::MYSQL_TYPE_DATE)
+        | (V::Date(year, month, day, hour, minute, second, micros), ColumnType::MYSQL_TYPE_NEWDATE)
+            if (*hour, *minute, *second, *micros) == (0, 0, 0, 0) =>
+        {
+            match NaiveDate::from_ymd_opt(i32::from(*year), u32::from(*month), u32::from(*day)) {
+                Some(date) => Value::from(date.to_string()),
+                None => Value::from(format!("{year:04}-{month:02}-{day:02}")),
+            }
+        }
+        (V::Date(year, month, day, hour, minute, second, micros), _) => {
+            let at = NaiveDate::from_ymd_opt(i32::from(*year), u32::from(*month), u32::from(*day)).and_then(|date| {
+                date.and_hms_micro_opt(u32::from(*hour), u32::from(*minute), u32::from(*second), *micros)
+            });
+            match at {
+                Some(at) => CursorValue::NaiveTimestamp(at).to_json(),
+                None => Value::from(format!("{year:04}-{month:02}-{day:02} {hour:02}:{minute:02}:{second:02}")),
+            }
+        }
+        (V::Time(negative, days, hours, minutes, seconds, micros), _) => {
+            match NaiveTime::from_hms_micro_opt(u32::from(*hours), u32::from(*minutes), u32::from(*seconds), *micros)
+                .filter(|_| !negative && *days == 0)
+            {
+                Some(time) => Value::from(time.to_string()),
+                None => {
+                    let hours = u64::from(*days) * 24 + u64::from(*hours);
+                    let sign = if *negative { "-" } else { "" };
+                    let fraction = if *micros > 0 { format!(".{micros:06}") } else { String::new() };
+                    Value::from(format!("{sign}{hours:02}:{minutes:02}:{seconds:02}{fraction}"))
+                }
+            }
+        }
+        (V::Bytes(bytes), ColumnType::MYSQL_TYPE_TIMESTAMP2) => {
+            let text = String::from_utf8_lossy(bytes);
+            let (seconds, micros) = text.split_once('.').unwrap_or((&text, "0"));
+            timestamp(seconds.parse().unwrap_or_default(), micros.parse().unwrap_or_default())
+        }
+        (V::Bytes(bytes), ColumnType::MYSQL_TYPE_YEAR) => {
+            String::from_utf8_lossy(bytes).parse::<u64>().map(Value::from).unwrap_or(Value::Null)
+        }
+        (V::Bytes(bytes), ColumnType::MYSQL_TYPE_NEWDECIMAL | ColumnType::MYSQL_TYPE_DECIMAL) => {
+            Value::from(String::from_utf8_lossy(bytes).into_owned())
+        }
+        (V::Bytes(bytes), ColumnType::MYSQL_TYPE_SET) => Value::from(set_labels(info, bytes)),
+        (V::Bytes(bytes), ColumnType::MYSQL_TYPE_BIT) => base64(bytes),
+        // MariaDB's JSON (LONGTEXT in utf8mb4_bin): the polling source's driver reads it as a
+        // binary string, so it is base64 there, and here too.
+        (V::Bytes(bytes), _) if data_type == "json" => base64(bytes),
+        (V::Bytes(bytes), _) if charset == BINARY_CHARSET || is_binary(data_type) => base64(bytes),
+        (V::Bytes(bytes), _) => Value::from(text(bytes, charset)),
+    }
+}
+
+/// latin1's collations (MySQL's latin1 is Windows-1252).
+const LATIN1_COLLATIONS: &[u16] = &[5, 8, 15, 31, 47, 48, 49, 94];
+
+/// Windows-1252's characters at 0x80..=0x9F (the rest of latin1 is Unicode's first 256).
+const CP1252_HIGH: [char; 32] = [
+    '€', '\u{81}', '‚', 'ƒ', '„', '…', '†', '‡', 'ˆ', '‰', 'Š', '‹', 'Œ', '\u{8d}', 'Ž', '\u{8f}', '\u{90}', '‘', '’',
+    '“', '”', '•', '–', '—', '˜', '™', 'š', '›', 'œ', '\u{9d}', 'ž', 'Ÿ',
+];
+
+/// A string column's bytes as text: latin1 decoded, anything else read as UTF-8 (utf8mb3 and
+/// utf8mb4 are; another character set's non-ASCII bytes come out as U+FFFD).
+fn text(bytes: &[u8], charset: u16) -> String {
+    if LATIN1_COLLATIONS.contains(&charset) {
+        return bytes
+            .iter()
+            .map(|byte| match byte {
+                0x80..=0x9F => CP1252_HIGH[usize::from(byte - 0x80)],
+                _ => char::from(*byte),
+            })
+            .collect();
+    }
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn is_binary(data_type: &str) -> bool {
+    matches!(data_type, "binary" | "varbinary" | "tinyblob" | "blob" | "mediumblob" | "longblob" | "bit")
+}
+
+fn base64(bytes: &[u8]) -> Value {
+    Value::from(base64::engine::general_purpose::STANDARD.encode(bytes))
+}
+
+fn float(number: f64) -> Value {
+    serde_json::Number::from_f64(number).map(Value::Number).unwrap_or(Value::Null)
+}
+
+fn timestamp(seconds: i64, micros: u32) -> Value {
+    match DateTime::from_timestamp(seconds, micros.saturating_mul(1000)) {
+        Some(at) => CursorValue::Timestamp { at, source_text: None }.to_json(),
+        None => Value::from(seconds),
+    }
+}
+
+/// The labels of an `enum(…)` or `set(…)` column type, in order.
+fn labels(info: Option<&ColumnInfo>) -> Vec<String> {
+    let Some(info) = info else { return Vec::new() };
+    let inside = info
+        .column_type
+        .split_once('(')
+        .and_then(|(_, rest)| rest.rsplit_once(')'))
+        .map(|(inside, _)| inside)
+        .unwrap_or("");
+    let mut labels = Vec::new();
+    let mut current = String::new();
+    let mut quoted = false;
+    let mut characters = inside.chars().peekable();
+    while let Some(character) = characters.next() {
+        match (character, quoted) {
+            ('\'', false) => quoted = true,
+            ('\'', true) if characters.peek() == Some(&'\'') => {
+                characters.next();
+                current.push('\'');
+            }
+            ('\'', true) => {
+                quoted = false;
+                labels.push(std::mem::take(&mut current));
+            }
+            (_, true) => current.push(character),
+            _ => {}
+        }
+    }
+    labels
+}
+
+/// An `ENUM` value's label (index 0 is the empty string of an invalid value).
+fn enum_label(info: Option<&ColumnInfo>, index: i64) -> String {
+    usize::try_from(index)
+        .ok()
+        .and_then(|index| index.checked_sub(1))
+        .and_then(|index| labels(info).get(index).cloned())
+        .unwrap_or_else(|| if index == 0 { String::new() } else { index.to_string() })
+}
+
+/// A `SET` value's labels, comma-separated as the server writes them (the bits little-endian).
+fn set_labels(info: Option<&ColumnInfo>, bits: &[u8]) -> String {
+    let labels = labels(info);
+    let mut chosen = Vec::new();
+    for (index, label) in labels.iter().enumerate() {
+        if bits.get(index / 8).is_some_and(|byte| byte & (1 << (index % 8)) != 0) {
+            chosen.push(label.as_str());
+        }
+    }
+    chosen.join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(column_type: &str) -> ColumnInfo {
+        ColumnInfo { data_type: column_type.split('(').next().unwrap().into(), column_type: column_type.into() }
+    }
+
+    #[test]
+    fn enum_and_set_labels_come_from_the_column_type() {
+        let colour = info("enum('red','it''s','blue')");
+        assert_eq!(enum_label(Some(&colour), 2), "it's");
+        assert_eq!(enum_label(Some(&colour), 0), "");
+        let flags = info("set('a','b','c')");
+        assert_eq!(set_labels(Some(&flags), &[0b101]), "a,c");
+    }
+
+    #[test]
+    fn latin1_text_is_decoded_and_utf8_read_as_it_is() {
+        assert_eq!(text(&[b'h', 0xE9, 0x80], 8), "hé€");
+        assert_eq!(text("hé".as_bytes(), 45), "hé");
+    }
+}
