@@ -2,17 +2,14 @@
 //! polling source reads by (table, cursor, key, filters, settle) means nothing here and is
 //! refused by name, rather than ignored, as for the logical source.
 
-use std::time::Duration;
-
 use super::function_json::RawSource;
 use super::source_types::{
-    BINLOG_CURSOR, Engine, Fingerprints, LOGICAL_KEY, OpRule, SettleMode, SourceConfig, SourceTarget,
-    validate_identifier,
+    BINLOG_CURSOR, Engine, Fingerprints, LOGICAL_KEY, SourceConfig, SourceTarget, validate_identifier,
 };
 use super::source_url::{UrlIdentity, effective_of, pool_key};
-use super::{ConfigError, Located, defaults, in_range, ranges};
+use super::stream::{Stream, polling_field, source_config};
+use super::{ConfigError, Located, ranges};
 use crate::domain::ids::source_fingerprint;
-use crate::settings::Secret;
 
 /// A binary-log source's configuration and fingerprint: its tables and server id checked, the
 /// rest fixed (its cursor is the binary log position, its key the change's ordinal, no settle).
@@ -41,36 +38,10 @@ pub(super) fn build(
         BINLOG_CURSOR,
         &pk,
     ));
-    let query_timeout_seconds = in_range(
-        at,
-        "poller.source.queryTimeoutSeconds",
-        raw.query_timeout_seconds,
-        defaults::QUERY_TIMEOUT_SECONDS,
-        ranges::QUERY_TIMEOUT_SECONDS,
-    )?;
-    let source = SourceConfig {
-        connection: raw.connection,
-        engine: identity.engine,
-        url: Secret::new(resolved_url.clone()),
-        target: SourceTarget::Binlog { tables, server_id },
-        cursor: BINLOG_CURSOR.to_string(),
-        pk,
-        columns: None,
-        where_clause: None,
-        settle: Duration::ZERO,
-        settle_mode: SettleMode::Fixed,
-        cursor_kind: None,
-        settle_configured: false,
-        query_timeout: Duration::from_secs(query_timeout_seconds),
-        cursor_time_zone: defaults::CURSOR_TIME_ZONE.to_string(),
-        ops: OpRule::Upsert,
-        generation: None,
-        // The binary log is read on a connection of its own, outside the shared pools.
-        pool_key: pool_key(identity.engine, &effective, &resolved_url),
-        max_connections: 1,
-        max_row_bytes: super::limits::ROW_MAX_BYTES,
-        oversized_rows: super::source_types::OversizedRows::Stop,
-    };
+    let pool_key = pool_key(identity.engine, &effective, &resolved_url);
+    let target = SourceTarget::Binlog { tables, server_id };
+    let stream = Stream { engine: identity.engine, url: resolved_url, target, cursor: BINLOG_CURSOR, pk, pool_key };
+    let source = source_config(raw, stream, at)?;
     Ok((source, Fingerprints { current: fingerprint, legacy: None }))
 }
 
@@ -82,25 +53,7 @@ fn check(raw: &RawSource, engine: Engine, at: &Located<'_>) -> Result<Vec<String
             format!("\"binlog\" reads the binary log of MySQL or MariaDB; this source is {}", engine.name()),
         ));
     }
-    let not_here = [
-        ("table", raw.table.is_some()),
-        ("query", raw.query.is_some()),
-        ("cursor", raw.cursor.is_some()),
-        ("pk", raw.pk.is_some()),
-        ("columns", raw.columns.is_some()),
-        ("where", raw.where_clause.is_some()),
-        ("settleSeconds", raw.settle_seconds.is_some()),
-        ("settle", raw.settle.is_some()),
-        ("cursorKind", raw.cursor_kind.is_some()),
-        ("cursorTimeZone", raw.cursor_time_zone.is_some()),
-        ("softDelete", raw.soft_delete.is_some()),
-        ("opColumn", raw.op_column.is_some()),
-        ("generation", raw.generation.is_some()),
-        ("maxConnections", raw.max_connections.is_some()),
-        ("maxRowBytes", raw.max_row_bytes.is_some()),
-        ("oversizedRows", raw.oversized_rows.is_some()),
-    ];
-    if let Some((name, _)) = not_here.iter().find(|(_, given)| *given) {
+    if let Some(name) = polling_field(raw) {
         return Err(at.error(
             &format!("poller.source.{name}"),
             "belongs to a polling source: a binary-log source delivers every change of its tables, in commit order \

@@ -32,6 +32,7 @@ mod source_types;
 mod source_url;
 pub mod state;
 pub mod status;
+mod stream;
 pub mod tls;
 pub mod watchdog;
 
