@@ -327,6 +327,16 @@ impl App {
     /// `audience` says what it may show of other sessions (an operator's `dbtrigger status`, or
     /// the status function).
     pub async fn status(&self, only: Option<&str>, audience: Audience) -> Option<Vec<PollerHealth>> {
+        self.status_read(only, audience, false).await
+    }
+
+    /// Every poller's status for telemetry's gauges: as [`App::status`] (published), without
+    /// counting a change stream's lag ([`crate::status::of_poller_sampled`]).
+    pub async fn sampled_status(&self) -> Option<Vec<PollerHealth>> {
+        self.status_read(None, Audience::Published, true).await
+    }
+
+    async fn status_read(&self, only: Option<&str>, audience: Audience, sampled: bool) -> Option<Vec<PollerHealth>> {
         let now = self.clock.now();
         let wanted = |name: &str, poller: Option<&Poller>| match only {
             None => true,
@@ -351,7 +361,13 @@ impl App {
                 continue;
             }
             match function {
-                Function::Poller(poller) => reports.push(crate::status::of_poller_cached(name, poller, now, audience)),
+                Function::Poller(poller) => reports.push(async move {
+                    if sampled {
+                        crate::status::of_poller_sampled(name, poller, now).await
+                    } else {
+                        crate::status::of_poller_cached(name, poller, now, audience).await
+                    }
+                }),
                 Function::Unusable(reason) => healths.push(PollerHealth::unusable(name, reason.to_string())),
                 _ => {}
             }

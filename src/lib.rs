@@ -13,7 +13,7 @@
 //! | [`config`]   | function.json, one file a section, parsed once into a validated `PollerConfig`.|
 //! | [`store`]    | `BlobStore` (get/put/list/delete, ETag CAS): Azure Blob, file; state documents.|
 //! | [`azure`]    | Azure Storage clients from a validated connection; Shared Key signing.         |
-//! | [`source`]   | `Source`: the keyset query: PostgreSQL, MySQL/MariaDB (sqlx), SQLite (rusqlite)|
+//! | [`source`]   | `Source`: keyset queries (sqlx, rusqlite), a PostgreSQL slot, a binary log     |
 //! | [`sink`]     | `Sink`: webhook and Storage queue (a recording sink for tests).                |
 //! | [`status`]   | what `status` reads of each poller (state, lag), for the CLI and the app; the page.|
 //! | [`tick`]     | one tick: the orchestrator that carries out the domain's decisions.            |

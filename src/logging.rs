@@ -24,9 +24,25 @@ pub enum LogStream {
     Stderr,
 }
 
+/// Targets never logged: the OpenTelemetry SDK and exporters' own lines.
+const QUIET_TARGETS: [&str; 5] = [
+    "opentelemetry",
+    "opentelemetry_sdk",
+    "opentelemetry_otlp",
+    "opentelemetry_http",
+    "opentelemetry_application_insights",
+];
+
 /// Installs the subscriber. `RUST_LOG` overrides `default_level`.
 pub fn init(default_level: &str, stream: LogStream) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+    let mut filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+    // The OpenTelemetry crates log each failed export (and, at debug, a response body that may
+    // echo a token): telemetry's own watch says it once instead (src/telemetry/watched.rs).
+    for quiet in QUIET_TARGETS {
+        if let Ok(directive) = format!("{quiet}=off").parse() {
+            filter = filter.add_directive(directive);
+        }
+    }
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
     let _ = match stream {
         LogStream::BySeverity => {

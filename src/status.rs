@@ -90,14 +90,29 @@ static STATUS_FUNCTION_READS: LazyLock<SourceReadCache> =
 /// The status of one poller at `now`, its source read afresh, as published (the watchdog: no
 /// other session's query text, see [`Audience`]).
 pub async fn of_poller(function: &str, poller: &Poller, now: DateTime<Utc>) -> PollerHealth {
-    observe(function, poller, now, None, Audience::Published).await
+    observe(function, poller, now, None, Audience::Published, Count::Always).await
 }
 
 /// The status of one poller at `now` for `audience`, its source reads reused for
 /// [`SOURCE_READS_REUSED_FOR`] (the status function is reachable by anyone holding a function
 /// key; `dbtrigger status` is an operator's).
 pub async fn of_poller_cached(function: &str, poller: &Poller, now: DateTime<Utc>, audience: Audience) -> PollerHealth {
-    observe(function, poller, now, Some(&STATUS_FUNCTION_READS), audience).await
+    observe(function, poller, now, Some(&STATUS_FUNCTION_READS), audience, Count::Always).await
+}
+
+/// What telemetry's sampler reads at every export interval: as [`of_poller_cached`], but a
+/// change stream's lag is not counted (a count peeks the slot or reads the binary log: in this
+/// process it would give up a tick's open read, in another it can meet one). Its retention (the
+/// slot's bytes, the binary log behind) is read as always.
+pub async fn of_poller_sampled(function: &str, poller: &Poller, now: DateTime<Utc>) -> PollerHealth {
+    observe(function, poller, now, Some(&STATUS_FUNCTION_READS), Audience::Published, Count::NotChangeStreams).await
+}
+
+/// Whether a status read counts the rows waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Count {
+    Always,
+    NotChangeStreams,
 }
 
 async fn observe(
@@ -106,7 +121,9 @@ async fn observe(
     now: DateTime<Utc>,
     cache: Option<&SourceReadCache>,
     audience: Audience,
+    count: Count,
 ) -> PollerHealth {
+    let counted = count == Count::Always || !poller.config.source.target.is_change_stream();
     let config = &poller.config;
     let read = poller.store.read(&poller.key()).await;
     let document = match &read {
@@ -131,6 +148,7 @@ async fn observe(
     };
     let read_source = || async {
         let lag = match &position {
+            Some(Ok(_)) if !counted => None,
             Some(Ok(position)) => Some(
                 crate::source::backlog(poller.source.as_ref(), position.as_ref(), LAG_CAP)
                     .await
@@ -166,7 +184,8 @@ async fn observe(
     let from_source = match cache {
         None => read_source().await,
         Some(cache) => {
-            let key = format!("{}/{}/{}", config.app_name, config.poller_name, config.fingerprint);
+            let uncounted = if counted { "" } else { "/uncounted" };
+            let key = format!("{}/{}/{}{uncounted}", config.app_name, config.poller_name, config.fingerprint);
             let checkpoint = match &position {
                 Some(Ok(Some(position))) => format!("{position:?}"),
                 Some(Ok(None)) => "start".to_string(),

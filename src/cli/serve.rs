@@ -165,7 +165,7 @@ async fn sample_status(app: Arc<App>, interval: Duration) {
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
-        let Some(healths) = app.status(None, crate::domain::horizon::Audience::Published).await else {
+        let Some(healths) = app.sampled_status().await else {
             continue;
         };
         let pollers: Vec<_> = healths

@@ -47,6 +47,14 @@ pub enum SourceTarget {
     },
 }
 
+impl SourceTarget {
+    /// A change stream (a logical slot, a binary log): read by one reader at a time, so that a
+    /// read for a report (a count) would compete with the tick's.
+    pub fn is_change_stream(&self) -> bool {
+        matches!(self, SourceTarget::Logical { .. } | SourceTarget::Binlog { .. })
+    }
+}
+
 /// A logical source's cursor and key, as its positions name them.
 pub const LOGICAL_CURSOR: &str = "commit_lsn";
 pub const LOGICAL_KEY: &str = "ordinal";

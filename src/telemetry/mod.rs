@@ -139,9 +139,11 @@ fn build(plan: &Plan) -> Option<Telemetry> {
                 tracers = tracers.with_span_processor(BatchSpanProcessor::builder(spans, Tokio).build());
                 any = true;
             }
-            (Err(error), _) | (_, Err(error)) => {
-                warn!(%error, "the OTLP exporter could not be built from OTEL_EXPORTER_OTLP_*: nothing is sent over OTLP")
-            }
+            // The error may quote the endpoint, whose query or user part can hold a token.
+            (Err(_), _) | (_, Err(_)) => warn!(
+                "the OTLP exporter could not be built from OTEL_EXPORTER_OTLP_* (is the endpoint a URL?): nothing is \
+                 sent over OTLP"
+            ),
         }
     }
     if !any {

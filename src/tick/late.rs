@@ -94,7 +94,16 @@ impl Poller {
     pub(super) async fn check_late(&self, document: &StateDocument) -> Option<LateFound> {
         let config = &self.config.late_arrivals;
         if !config.enabled {
-            return None;
+            // Turned off with a bucket marked undelivered: nothing delivers it now, so the mark
+            // (and the failure it keeps visible) goes, said once here.
+            let marked = document.late.as_ref().and_then(|record| record.undelivered.as_ref()).is_some();
+            let position = document.position().ok().flatten().filter(|_| marked)?;
+            warn!(
+                poller = %self.config.poller_name,
+                "late arrivals are turned off: the late bucket still undelivered is dropped, its rows are not delivered"
+            );
+            let plan = late::CheckPlan { late: Vec::new(), shrunk: Vec::new() };
+            return Some(LateFound { plan, checkpoint: position, clear_undelivered: true });
         }
         let tick = self.late_ticks.fetch_add(1, Ordering::Relaxed);
         // A late bucket whose delivery failed is checked at every tick until delivered: the

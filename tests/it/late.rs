@@ -875,7 +875,28 @@ async fn an_endpoint_refusing_a_late_batch_holds_it_and_quarantines_nothing(engi
     assert_eq!(case.document().failure, None);
 }
 
+/// A late bucket held undelivered (the endpoint refusing it) when late arrivals are then turned
+/// off: nothing would deliver it any more, so the next tick drops the mark, and the failure it
+/// kept visible clears (it stayed for ever before).
+async fn turning_late_arrivals_off_drops_an_undelivered_mark_and_its_failure(engine: Engine) {
+    let (case, poller, sink) =
+        late_rows_one_refused(engine, 401, dbtrigger::domain::poison::PoisonMode::Quarantine).await;
+    assert!(poller.tick().await.is_err());
+    assert!(case.document().late.as_ref().is_some_and(|late| late.undelivered.is_some()));
+    assert!(case.document().failure.is_some());
+    let mut config = poller.config.clone();
+    config.late_arrivals.enabled = false;
+    let source = dbtrigger::source::open(&config.source).unwrap();
+    let clock = Arc::new(dbtrigger::tick::SystemClock);
+    let off = Poller::new(config, source, sink.clone(), case.store.clone(), clock, "it".into())
+        .with_quarantine(case.store.clone());
+    off.tick().await.unwrap();
+    assert!(case.document().late.as_ref().is_none_or(|late| late.undelivered.is_none()));
+    assert_eq!(case.document().failure, None);
+}
+
 per_engine! {
+    sqlite_turning_late_arrivals_off_drops_an_undelivered_mark_and_its_failure: turning_late_arrivals_off_drops_an_undelivered_mark_and_its_failure, Engine::Sqlite;
     sqlite_a_late_row_refused_with_422_is_quarantined_and_the_rest_delivered: a_late_row_refused_with_422_is_quarantined_and_the_rest_delivered, Engine::Sqlite;
     postgres_a_late_row_refused_with_422_is_quarantined_and_the_rest_delivered: a_late_row_refused_with_422_is_quarantined_and_the_rest_delivered, Engine::Postgres;
     sqlite_with_poison_mode_stop_a_refused_late_row_is_held_not_quarantined: with_poison_mode_stop_a_refused_late_row_is_held_not_quarantined, Engine::Sqlite;

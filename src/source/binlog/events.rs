@@ -16,6 +16,8 @@ use crate::domain::binlog::{BinlogPos, FileNames};
 
 /// MariaDB's GTID event (`GTID_EVENT`, 162): mysql_common does not know MariaDB's event types.
 const MARIADB_GTID_EVENT: u8 = 162;
+/// MariaDB's compressed query and rows events (165 to 171).
+const MARIADB_COMPRESSED_EVENTS: std::ops::RangeInclusive<u8> = 165..=171;
 /// A MariaDB GTID's flag: the transaction is one statement, without `BEGIN`/`COMMIT`.
 const MARIADB_FL_STANDALONE: u8 = 1;
 /// An event the server made for the reader (a Rotate or a format description at the start of a
@@ -146,6 +148,14 @@ impl Decoder {
                 open.begun = !standalone;
             }
             return Ok(Step::Nothing);
+        }
+        // MariaDB's compressed events (`log_bin_compress=ON`): the driver does not know them, and
+        // skipping one would lose its rows while the transaction's commit moves the checkpoint on.
+        if MARIADB_COMPRESSED_EVENTS.contains(&raw_type) {
+            return Err(format!(
+                "a MariaDB compressed event (type {raw_type}, log_bin_compress=ON), which this source cannot read: \
+                 set log_bin_compress=OFF, then `dbtrigger reset` past this transaction if it must be skipped"
+            ));
         }
         let data = match event.read_data() {
             Ok(Some(data)) => data,

@@ -128,7 +128,9 @@ impl BinlogSource {
         let files = server::files(conn).await.map_err(|error| self.error(error))?;
         let sizes: Vec<(u32, u64)> =
             files.iter().filter_map(|(name, size)| Some((names.number(name)?, *size))).collect();
-        let oldest = sizes.first().map(|(number, _)| *number).unwrap_or(end.file);
+        // A file list that names none of the log's files (another base name) judges nothing
+        // lost: the oldest kept is then taken to be the first file there can be.
+        let oldest = sizes.first().map(|(number, _)| *number).unwrap_or(0);
         Ok((end, names, oldest, sizes))
     }
 
@@ -184,6 +186,18 @@ impl BinlogSource {
         let mut reading = self.reading.lock().await;
         if reading.open.as_ref().is_some_and(|open| open.at != after) {
             reading.open = None;
+        }
+        if after.is_none() {
+            // No checkpoint: this tick only fixes where the poller starts (the end of the log,
+            // recorded by the idle tick's write, `resting_position`). Delivering from an end
+            // not yet recorded would, if the tick failed before its first commit, let the next
+            // tick start at a later end and skip what this one read.
+            reading.open = None;
+            let mut conn = self.connect().await?;
+            let (end, ..) = self.ends(&mut conn).await?;
+            let _ = conn.disconnect().await;
+            reading.rest = Some((None, end));
+            return Ok(Fetched { rows: Vec::new(), full: false });
         }
         if reading.open.is_none() {
             reading.open = Some(self.start(after, false).await?);
@@ -351,6 +365,7 @@ impl Source for BinlogSource {
         let mut conn = self.connect().await?;
         let (end, names, oldest, sizes) = self.ends(&mut conn).await?;
         let _ = conn.disconnect().await;
+        let oldest = if sizes.is_empty() { end.file } else { oldest };
         let first = BinlogPos { file: oldest, offset: binlog::FIRST_OFFSET };
         Ok(Some(crate::domain::slot::SlotEnds {
             slot: format!("binary log (oldest kept {})", names.name(oldest)),
