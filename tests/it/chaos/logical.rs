@@ -347,7 +347,13 @@ async fn chaos_on_the_logical_source_delivers_every_committed_change_in_commit_o
 
     // The slot and the checkpoint. PostgreSQL moves a slot's restart_lsn at a running-transactions
     // record, which it writes at a checkpoint (or every 15 s of activity): the test asks for one
-    // rather than waiting, then lets idle ticks move the slot over it.
+    // rather than waiting, then lets idle ticks move the slot over it. An idle tick moves the slot
+    // over unpublished WAL once it is a segment away (issue 37, finding 4: it takes the lease for
+    // that), so the test first writes a segment's worth of WAL to a table outside the publication.
+    execute(&url, "CREATE TABLE chaos_filler (id INT)").await;
+    for id in 0..2 {
+        execute(&url, &format!("INSERT INTO chaos_filler VALUES ({id});\nSELECT pg_switch_wal()")).await;
+    }
     let document = app.state_document().await.expect("the state document");
     let last = decoded.last().expect("some transaction committed");
     let last_commit = *commit_lsns.get(&last.xid).and_then(|lsns| lsns.first()).expect("the last commit delivered");
@@ -357,7 +363,7 @@ async fn chaos_on_the_logical_source_delivers_every_committed_change_in_commit_o
             break;
         }
         checkpoints += 1;
-        execute(&url, "CHECKPOINT").await;
+        execute(&url, "INSERT INTO chaos_filler VALUES (2);\nCHECKPOINT").await;
         let (_, stdout, stderr) = run_dbtrigger(&app, &settings, &["tick", "orders"]);
         assert!(stdout.contains("nothing new") || stdout.contains("lease held"), "{stdout}{stderr}");
     }
