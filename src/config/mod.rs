@@ -458,6 +458,18 @@ pub mod ranges {
 
 /// A number from function.json (or its default), refused with the field and the range when it
 /// falls outside `range`.
+/// A source's `queryTimeoutSeconds`, its default and range applied (every kind of source).
+fn query_timeout(raw: &function_json::RawSource, at: &Located<'_>) -> Result<Duration, ConfigError> {
+    let seconds = in_range(
+        at,
+        "poller.source.queryTimeoutSeconds",
+        raw.query_timeout_seconds,
+        defaults::QUERY_TIMEOUT_SECONDS,
+        ranges::QUERY_TIMEOUT_SECONDS,
+    )?;
+    Ok(Duration::from_secs(seconds))
+}
+
 pub(crate) fn in_range<T>(
     at: &Located<'_>,
     field: &str,

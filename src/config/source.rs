@@ -203,13 +203,7 @@ pub(super) fn build_source(
     let engine = url.identity.engine;
     let (cursor_kind, settle_mode, settle_seconds) =
         build_cursor_rules(raw.cursor_kind.as_deref(), raw.settle.as_deref(), raw.settle_seconds, engine, at)?;
-    let query_timeout_seconds = in_range(
-        at,
-        "poller.source.queryTimeoutSeconds",
-        raw.query_timeout_seconds,
-        defaults::QUERY_TIMEOUT_SECONDS,
-        ranges::QUERY_TIMEOUT_SECONDS,
-    )?;
+    let query_timeout = super::query_timeout(&raw, at)?;
     let cursor_time_zone = raw.cursor_time_zone.clone().unwrap_or_else(|| defaults::CURSOR_TIME_ZONE.to_string());
     validate_time_zone(engine, &cursor_time_zone).map_err(|reason| at.error("poller.source.cursorTimeZone", reason))?;
     let effective = effective_of(&url.identity, &url.resolved, &raw.connection, at)?;
@@ -229,7 +223,7 @@ pub(super) fn build_source(
         settle_mode,
         cursor_kind,
         settle_configured: raw.settle_seconds.is_some(),
-        query_timeout: Duration::from_secs(query_timeout_seconds),
+        query_timeout,
         cursor_time_zone,
         ops,
         generation,

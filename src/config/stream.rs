@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::function_json::RawSource;
 use super::source_types::{Engine, OpRule, SettleMode, SourceConfig, SourceTarget};
-use super::{ConfigError, Located, defaults, in_range, ranges};
+use super::{ConfigError, Located, defaults};
 use crate::settings::Secret;
 
 /// The first field set that only a polling source reads (table, cursor, key, filters, settle,
@@ -46,13 +46,7 @@ pub(super) struct Stream {
 
 /// A change stream's [`SourceConfig`]: `queryTimeoutSeconds` checked, the rest fixed.
 pub(super) fn source_config(raw: RawSource, stream: Stream, at: &Located<'_>) -> Result<SourceConfig, ConfigError> {
-    let query_timeout_seconds = in_range(
-        at,
-        "poller.source.queryTimeoutSeconds",
-        raw.query_timeout_seconds,
-        defaults::QUERY_TIMEOUT_SECONDS,
-        ranges::QUERY_TIMEOUT_SECONDS,
-    )?;
+    let query_timeout = super::query_timeout(&raw, at)?;
     Ok(SourceConfig {
         connection: raw.connection,
         engine: stream.engine,
@@ -66,7 +60,7 @@ pub(super) fn source_config(raw: RawSource, stream: Stream, at: &Located<'_>) ->
         settle_mode: SettleMode::Fixed,
         cursor_kind: None,
         settle_configured: false,
-        query_timeout: Duration::from_secs(query_timeout_seconds),
+        query_timeout,
         cursor_time_zone: defaults::CURSOR_TIME_ZONE.to_string(),
         ops: OpRule::Upsert,
         generation: None,
