@@ -64,6 +64,12 @@ async fn a_slot_read_by_another_process_is_a_clear_error_naming_its_pid() {
     assert!(error.contains(&format!("PID {pid}")), "{error}");
     assert!(error.contains("in use by another process"), "{error}");
     assert!(sink.batches().is_empty());
+    // The server ends pg_recvlogical's walsender a moment after the process: the slot is free then.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while active_pid(&url, &slot).await.is_some() {
+        assert!(std::time::Instant::now() < deadline, "the killed reader's walsender kept the slot");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     drop_slot(&url, &slot).await;
 }
 
