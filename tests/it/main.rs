@@ -5,6 +5,7 @@ mod azure;
 mod big_rows;
 mod binlog;
 mod binlog_ops;
+mod binlog_poison;
 mod budget;
 mod chaos;
 mod dev;
