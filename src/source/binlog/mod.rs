@@ -17,4 +17,4 @@ pub mod setup;
 mod source;
 pub mod values;
 
-pub use source::{BinlogSource, Key, key_of, position};
+pub use source::{BinlogSource, Key, fields_json, key_of, position, row_of};

@@ -253,8 +253,8 @@ impl BinlogSource {
     }
 }
 
-/// What every change of a transaction carries.
-fn fields_json(fields: &TransactionFields) -> Map<String, Value> {
+/// What every change of a transaction carries (the row fields after `table`, `new`, `old`).
+pub fn fields_json(fields: &TransactionFields) -> Map<String, Value> {
     let mut head = Map::new();
     head.insert("gtid".into(), fields.gtid.clone().map(Value::from).unwrap_or(Value::Null));
     head.insert("binlog_file".into(), Value::from(fields.file.clone()));
@@ -266,7 +266,8 @@ fn fields_json(fields: &TransactionFields) -> Map<String, Value> {
     head
 }
 
-fn row_of(head: &Map<String, Value>, change: Change) -> SourceRow {
+/// A change as the row a source hands to the tick: `table`, `new`, `old`, then `head`.
+pub fn row_of(head: &Map<String, Value>, change: Change) -> SourceRow {
     let mut row = Map::new();
     row.insert("table".into(), Value::from(change.table.clone()));
     row.insert("new".into(), change.new.map(Value::Object).unwrap_or(Value::Null));
