@@ -240,6 +240,7 @@ pub fn parse_mariadb_binlog(text: &str, database: &str) -> Result<Vec<Logged>, S
             }
         }
     }
+    finish(row.take(), &mut changes, database)?;
     Ok(transactions)
 }
 
