@@ -30,6 +30,10 @@ use dbtrigger::tick::{Poller, SystemClock, TickOutcome};
 use futures::StreamExt;
 use serde_json::json;
 
+/// The allocator the `dbtrigger` binary runs with (both paths use it).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The replica id the raw read registers with (the pollers derive theirs from their names).
 const RAW_SERVER_ID: u32 = 77_001;
 
