@@ -135,7 +135,7 @@ async fn observe(
     let position = match &document {
         Ok(document) => match document.map(|document| document.position()) {
             // A checkpoint of another key (the key changed) cannot be counted from: say so.
-            Some(Ok(Some(position))) => match position.fits_key(&config.source.pk) {
+            Some(Ok(Some(position))) => match crate::source::fits_source_key(&config.source, &position) {
                 Ok(()) => Some(Ok(Some(position))),
                 Err(mismatch) => Some(Err(mismatch.to_string())),
             },

@@ -223,6 +223,8 @@ pub struct Sight<'a> {
     /// The identity of the server read now.
     pub current: &'a str,
     pub at: BinlogPos,
+    /// The changes of the checkpoint's transaction delivered.
+    pub ordinal: u32,
     pub mark: Option<&'a GtidMark>,
     /// The server's `@@gtid_binlog_pos`: every transaction it has logged.
     pub server_pos: &'a GtidPos,
@@ -254,12 +256,16 @@ pub fn judge(sight: &Sight<'_>, names: &FileNames) -> Resume {
             _ => Resume::ByPosition,
         };
     };
-    if !sight.server_pos.covers(&mark.before) {
+    // Some of the checkpoint's transaction delivered (its ordinal): the server must have it too.
+    let delivered_tx = mark.tx.filter(|_| sight.ordinal > 0);
+    if !sight.server_pos.covers(&mark.before) || delivered_tx.is_some_and(|tx| !sight.server_pos.contains(&tx)) {
         return Resume::Lost {
             reason: format!(
                 "the server's GTID position ({}) does not reach the checkpoint's ({}): the server has not logged                  transactions already delivered. Its binary log was reset (RESET MASTER starts its GTIDs again), or it is                  a replica behind the server the checkpoint was read on. If it is catching up, wait and `dbtrigger reset                  <poller> --to-cursor {}`",
                 show(sight.server_pos),
-                show(&mark.before),
+                delivered_tx
+                    .map(|tx| format!("{}, and {tx} partly or wholly delivered", show(&mark.before)))
+                    .unwrap_or_else(|| show(&mark.before)),
                 show(&mark.before)
             ),
         };
@@ -391,6 +397,7 @@ mod tests {
             recorded,
             current: "1",
             at: BinlogPos { file: 3, offset: 400 },
+            ordinal: 0,
             mark,
             server_pos,
             oldest_kept: 2,
@@ -420,6 +427,14 @@ mod tests {
             assert!(reason.contains("(0-1-3)") && reason.contains("--to-cursor 0-1-10"), "{reason}");
         }
         assert!(matches!(judge(&sight(Some("1"), Some(&mark), &GtidPos::default()), &names), Resume::Lost { .. }));
+        // A failover back to a server that lacks the transaction the checkpoint is in, partly
+        // delivered: lost; with none of it delivered, the server need not have it.
+        let behind = pos("0-1-10");
+        let mut partly = sight(Some("2"), Some(&mark), &behind);
+        partly.ordinal = 1;
+        let Resume::Lost { reason } = judge(&partly, &names) else { panic!("a delivered transaction is missing") };
+        assert!(reason.contains("0-1-11 partly or wholly delivered"), "{reason}");
+        assert_eq!(judge(&sight(Some("2"), Some(&mark), &behind), &names), Resume::ByGtid);
         // The same server, its log reset and its GTID state carried over: past the end, lost.
         let mut past = sight(Some("1"), Some(&mark), &server);
         past.end = BinlogPos { file: 1, offset: 4 };

@@ -89,6 +89,15 @@ pub struct Rebase {
     pub what: Option<String>,
 }
 
+/// Whether a stored position fits the source's key ([`Position::fits_key`]): a binary-log
+/// source's position on MariaDB carries its GTIDs after the configured ordinal.
+pub fn fits_source_key(config: &SourceConfig, position: &Position) -> Result<(), crate::domain::cursor::KeyMismatch> {
+    if matches!(config.target, crate::config::SourceTarget::Binlog { .. }) && binlog::key_of(position).is_ok() {
+        return Ok(());
+    }
+    position.fits_key(&config.pk)
+}
+
 /// What one fetch returned.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Fetched {

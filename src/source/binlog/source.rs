@@ -418,6 +418,7 @@ impl BinlogSource {
             recorded,
             current: &identity,
             at: at.key.0,
+            ordinal: at.key.1,
             mark: at.mark.as_ref(),
             server_pos: &server_pos,
             oldest_kept: oldest,
