@@ -249,7 +249,8 @@ pub fn judge(sight: &Sight<'_>, names: &FileNames) -> Resume {
         return match sight.recorded {
             Some(recorded) if recorded != sight.current => Resume::Lost {
                 reason: format!(
-                    "the checkpoint was read on server {recorded} and this is {}, and it has no GTID position to be found                      again by: `dbtrigger reset` it on this server",
+                    "the checkpoint was read on server {recorded} and this is {}, and it has no GTID position to be found \
+                     again by: `dbtrigger reset` it on this server",
                     sight.current
                 ),
             },
@@ -261,7 +262,10 @@ pub fn judge(sight: &Sight<'_>, names: &FileNames) -> Resume {
     if !sight.server_pos.covers(&mark.before) || delivered_tx.is_some_and(|tx| !sight.server_pos.contains(&tx)) {
         return Resume::Lost {
             reason: format!(
-                "the server's GTID position ({}) does not reach the checkpoint's ({}): the server has not logged                  transactions already delivered. Its binary log was reset (RESET MASTER starts its GTIDs again), or it is                  a replica behind the server the checkpoint was read on. If it is catching up, wait and `dbtrigger reset                  <poller> --to-cursor {}`",
+                "the server's GTID position ({}) does not reach the checkpoint's ({}): the server has not logged \
+                 transactions already delivered. Its binary log was reset (RESET MASTER starts its GTIDs again), or it is \
+                 a replica behind the server the checkpoint was read on. If it is catching up, wait and `dbtrigger reset \
+                 <poller> --to-cursor {}`",
                 show(sight.server_pos),
                 delivered_tx
                     .map(|tx| format!("{}, and {tx} partly or wholly delivered", show(&mark.before)))
@@ -280,7 +284,9 @@ pub fn judge(sight: &Sight<'_>, names: &FileNames) -> Resume {
     if sight.at > sight.end {
         return Resume::Lost {
             reason: format!(
-                "the checkpoint is at {}:{}, past the end of the server's binary log ({}:{}): the log was reset (RESET                  MASTER) or replaced under it, and its GTIDs may name other transactions now. If the server's GTID state                  was carried over, `dbtrigger reset <poller> --to-cursor {}`",
+                "the checkpoint is at {}:{}, past the end of the server's binary log ({}:{}): the log was reset (RESET \
+                 MASTER) or replaced under it, and its GTIDs may name other transactions now. If the server's GTID state \
+                 was carried over, `dbtrigger reset <poller> --to-cursor {}`",
                 names.name(sight.at.file),
                 sight.at.offset,
                 names.name(sight.end.file),

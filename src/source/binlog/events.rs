@@ -135,6 +135,11 @@ impl Decoder {
         self.gtids = Some(Tracking { pos, mark, expect });
     }
 
+    /// Whether the first transaction the read expects has not been read yet.
+    pub fn expecting(&self) -> bool {
+        self.gtids.as_ref().is_some_and(|tracking| tracking.expect.is_some())
+    }
+
     /// The last transaction that ended in this read.
     pub fn last_committed(&self) -> Option<&TransactionFields> {
         self.last.as_ref()

@@ -236,7 +236,26 @@ impl BinlogSource {
             let Some(event) = open.stream.next().await else {
                 return Ok(None);
             };
-            let event = event.map_err(|error| self.error(error))?;
+            let event = match event {
+                Ok(event) => event,
+                // The server refuses to read from the checkpoint's place before its transaction
+                // (ER_MASTER_FATAL_ERROR_READING_BINLOG: not the start of an event, in a log reset
+                // or replaced under it): the same stop as a transaction found there that is not it.
+                Err(mysql_async::Error::Server(error)) if error.code == 1236 && open.decoder.expecting() => {
+                    let (file, from, _) = &open.from;
+                    return Err(self.lost(
+                        file.clone(),
+                        format!(
+                            "the server cannot read its binary log from the checkpoint's place ({file}:{}): {}; the log \
+                             was reset or replaced under the checkpoint. If the server's GTID state was carried over, \
+                             `dbtrigger reset <poller> --to-cursor` the checkpoint's GTID position (its `gtid_pos`)",
+                            from.offset,
+                            self.redaction.scrub(&error.message)
+                        ),
+                    ));
+                }
+                Err(error) => return Err(self.error(error)),
+            };
             let Open { stream, decoder, pending, .. } = open;
             let step = decoder
                 .push(&event, |id| stream.get_tme(id))
