@@ -256,3 +256,44 @@ async fn a_failover_to_a_replica_resumes_by_gtid_with_nothing_skipped_or_repeate
     assert!(document(&app)["failure"]["slot_lost"].is_string());
     assert_eq!(received(&receiver).len(), 7, "nothing delivered from the old primary");
 }
+
+/// The check a read makes at the checkpoint's place on the same server: the transaction there must
+/// be the checkpoint's (by its GTID), and where no transaction names the checkpoint,
+/// `BINLOG_GTID_POS` there must be its GTID position. A checkpoint that names another (as after a
+/// log replaced under it) stops the poller as lost, delivering nothing; the true one goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_whose_place_holds_another_transaction_stops_the_poller() {
+    let (url, database) = crate::binlog::binlog_database("CREATE TABLE orders (id INT PRIMARY KEY)").await;
+    let receiver = Receiver::start().await;
+    let directory = tempfile::tempdir().unwrap();
+    let sink = json!({"type": "webhook", "url": receiver.url});
+    let (app, settings, _) = binlog_app(directory.path(), &url, &[format!("{database}.orders")], 50, sink);
+    assert!(dbtrigger(&app, &settings, &["tick", "orders"]).await.0);
+    execute(&url, "INSERT INTO orders VALUES (1)").await;
+    assert!(dbtrigger(&app, &settings, &["tick", "orders"]).await.0);
+    execute(&url, "INSERT INTO orders VALUES (2)").await;
+    let true_document = document(&app);
+    let tiebreaker = true_document["checkpoint"]["cursor"]["tiebreaker"].clone();
+    assert_eq!(tiebreaker["ordinal"], 1, "{tiebreaker}");
+    let cases = [
+        // Another transaction's GTID at the checkpoint's place (one the server has logged).
+        (json!("0-1-1"), tiebreaker["gtid_pos"].clone(), "not the checkpoint's 0-1-1"),
+        // No transaction named, and another GTID position there.
+        (json!(""), json!("0-1-1"), "not the checkpoint's (0-1-1)"),
+    ];
+    for (gtid, gtid_pos, says) in cases {
+        let mut edited = true_document.clone();
+        edited["checkpoint"]["cursor"]["tiebreaker"]["gtid"] = gtid;
+        edited["checkpoint"]["cursor"]["tiebreaker"]["gtid_pos"] = gtid_pos;
+        app.put_state_document("orders", &edited).await;
+        let (ok, output) = dbtrigger(&app, &settings, &["tick", "orders"]).await;
+        assert!(!ok, "{output}");
+        assert!(output.contains("is lost") && output.contains(says), "{says}: {output}");
+        assert!(document(&app)["failure"]["slot_lost"].is_string());
+        assert_eq!(received(&receiver), [1], "nothing delivered from a place the checkpoint does not name");
+    }
+    app.put_state_document("orders", &true_document).await;
+    let (ok, output) = dbtrigger(&app, &settings, &["tick", "orders"]).await;
+    assert!(ok, "{output}");
+    assert_eq!(received(&receiver), [1, 2]);
+}
