@@ -123,6 +123,24 @@ async fn a_reset_binary_log_stops_the_poller_until_an_operator_resets_it_by_gtid
     assert_eq!(received(&receiver), [1, 2], "the change in the new log, once");
     let history = document(&app)["history"].as_array().unwrap().clone();
     assert_eq!(history.last().unwrap()["action"], "rebase", "{history:?}");
+    // By GTID to where the log ends now: the next tick finds nothing after it and rests there.
+    let now = scalar(&url, "SELECT @@gtid_binlog_pos").await;
+    let (ok, output) = dbtrigger(
+        &app,
+        &settings,
+        &["reset", "orders", "--to-cursor", &now, "--yes", "--reason", "to the end, by GTID"],
+    )
+    .await;
+    assert!(ok, "{output}");
+    let (ok, output) = dbtrigger(&app, &settings, &["tick", "orders"]).await;
+    assert!(ok, "{output}");
+    let tiebreaker = document(&app)["checkpoint"]["cursor"]["tiebreaker"].clone();
+    assert_eq!((tiebreaker["gtid"].as_str(), tiebreaker["gtid_pos"].as_str()), (Some(""), Some(now.as_str())));
+    assert!(document(&app)["checkpoint"]["cursor"]["value"].as_i64().unwrap() > 0, "a file position on this server");
+    execute(&url, "INSERT INTO orders VALUES (22)").await;
+    let (ok, output) = dbtrigger(&app, &settings, &["tick", "orders"]).await;
+    assert!(ok, "{output}");
+    assert_eq!(received(&receiver), [1, 2, 22]);
 
     // A plain RESET MASTER: the GTIDs start again, and the new log's 0-1-1 is not the old one.
     execute(&url, "RESET MASTER").await;
@@ -142,7 +160,7 @@ async fn a_reset_binary_log_stops_the_poller_until_an_operator_resets_it_by_gtid
     execute(&url, "INSERT INTO orders VALUES (4)").await;
     let (ok, output) = dbtrigger(&app, &settings, &["tick", "orders"]).await;
     assert!(ok, "{output}");
-    assert_eq!(received(&receiver), [1, 2, 4], "3 was in the reset log; 4 after the reset");
+    assert_eq!(received(&receiver), [1, 2, 22, 4], "3 was in the reset log; 4 after the reset");
 }
 
 /// The options of a replica that logs what it replicates, with GTIDs kept (a failover target).

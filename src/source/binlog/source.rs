@@ -611,7 +611,8 @@ impl Source for BinlogSource {
     /// slot's view (`lost` when its file was purged).
     async fn slot(&self) -> Result<Option<crate::domain::slot::SlotView>, SourceError> {
         let known = *self.known.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let Some((at, _)) = known else { return Ok(None) };
+        // A checkpoint placed by GTID has no file yet (the next tick finds it): nothing to judge.
+        let Some((at, _)) = known.filter(|(at, _)| *at != binlog::BY_GTID_ONLY) else { return Ok(None) };
         let mut conn = self.connect().await?;
         let (_, names, oldest, sizes) = self.ends(&mut conn).await?;
         let _ = conn.disconnect().await;
