@@ -14,7 +14,7 @@ use crate::harness::run_dbtrigger;
 use crate::logical::{drop_slot, logical_app, logical_database, poller};
 use crate::sources::execute;
 
-async fn active_pid(url: &str, slot: &str) -> Option<i32> {
+pub(crate) async fn active_pid(url: &str, slot: &str) -> Option<i32> {
     let pool = sqlx::PgPool::connect(url).await.unwrap();
     let pid: Option<i32> = sqlx::query_scalar("SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1")
         .bind(slot)
@@ -26,7 +26,7 @@ async fn active_pid(url: &str, slot: &str) -> Option<i32> {
 }
 
 /// `pg_recvlogical` reading `slot`: another consumer holding it.
-fn another_reader(url: &str, slot: &str) -> Child {
+pub(crate) fn another_reader(url: &str, slot: &str) -> Child {
     let program = std::fs::read_dir("/usr/lib/postgresql")
         .expect("PostgreSQL is installed under /usr/lib/postgresql")
         .filter_map(|entry| Some(entry.ok()?.path().join("bin/pg_recvlogical")))

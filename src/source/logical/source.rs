@@ -157,14 +157,9 @@ impl Shared {
     fn query_error(&self, error: sqlx::Error) -> SourceError {
         let classified = classify(&self.redaction, error);
         match classified {
-            SourceError::Query { location, reason } if reason.contains("is active for PID") => SourceError::Query {
-                location,
-                reason: format!(
-                    "the replication slot {:?} is in use by another process ({reason}): a slot has one reader; \
-                     stop the other consumer, or give this poller a slot of its own",
-                    self.slot
-                ),
-            },
+            SourceError::Query { location, reason } if reason.contains("is active for PID") => {
+                SourceError::SlotInUse { location, slot: self.slot.clone(), reason }
+            }
             SourceError::Query { location, reason } if reason.contains("does not exist") => SourceError::Query {
                 location,
                 reason: format!("{reason}: create the slot and the publication first (`dbtrigger sql` prints how)"),
