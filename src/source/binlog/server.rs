@@ -145,6 +145,13 @@ pub async fn gtid_binlog_pos(conn: &mut Conn) -> Result<Result<GtidPos, String>,
     Ok(GtidPos::parse(&text).ok_or_else(|| format!("@@gtid_binlog_pos is {text:?}, not a GTID position")))
 }
 
+/// MariaDB's `@@gtid_strict_mode`: the server refuses to log a GTID whose sequence number does not
+/// grow within its domain.
+pub async fn gtid_strict_mode(conn: &mut Conn) -> Result<bool, mysql_async::Error> {
+    let strict: Option<Option<i64>> = conn.query_first("SELECT @@gtid_strict_mode").await?;
+    Ok(strict.flatten().unwrap_or(0) != 0)
+}
+
 /// MariaDB's `BINLOG_GTID_POS(file, offset)`: the GTID position at a place in the binary log,
 /// `None` when the place is not the start of an event of a file the server keeps. (The server
 /// reads the file from its start to there.)
