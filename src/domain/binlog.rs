@@ -314,6 +314,20 @@ pub fn rebased_ordinal(mark: &GtidMark, ordinal: u32, first: Option<Gtid>) -> u3
     }
 }
 
+/// Whether a re-base must ask the server for the checkpoint's transaction itself: some of it was
+/// delivered, and the first transaction a dump by GTID sent is another (another domain's first,
+/// or a server that never logged it, its history diverged). The GTID position through that
+/// transaction, which a server that does not hold it refuses to send from; `None`: no need.
+pub fn probe_through(mark: &GtidMark, ordinal: u32, first: Option<Gtid>) -> Option<GtidPos> {
+    let tx = mark.tx.filter(|_| ordinal > 0)?;
+    if first == Some(tx) {
+        return None;
+    }
+    let mut through = mark.before.clone();
+    through.advance(tx);
+    Some(through)
+}
+
 /// A change of a transaction read after a checkpoint is delivered unless the checkpoint covers it:
 /// its transaction is at or before the checkpoint's GTID position (a dump by position re-reads
 /// such transactions only after a re-base across domains ordered differently on the new server).
@@ -464,6 +478,16 @@ mod tests {
         assert_eq!(rebased_ordinal(&mark, 7, None), 0);
         let end = GtidMark { tx: None, before: pos("0-1-10") };
         assert_eq!(rebased_ordinal(&end, 0, Gtid::parse("0-1-11")), 0);
+    }
+
+    #[test]
+    fn a_partly_delivered_transaction_not_sent_first_is_asked_for() {
+        let mark = GtidMark { tx: Gtid::parse("0-2-11"), before: pos("0-1-10,1-3-4") };
+        assert_eq!(probe_through(&mark, 1, Gtid::parse("0-2-11")), None, "sent first: the server holds it");
+        assert_eq!(probe_through(&mark, 0, Gtid::parse("0-1-11")), None, "none of it delivered");
+        assert_eq!(probe_through(&mark, 3, Gtid::parse("0-1-11")), Some(pos("0-2-11,1-3-4")));
+        assert_eq!(probe_through(&mark, 3, None), Some(pos("0-2-11,1-3-4")));
+        assert_eq!(probe_through(&GtidMark { tx: None, before: pos("0-1-10") }, 3, None), None);
     }
 
     #[test]

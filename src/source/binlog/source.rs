@@ -459,24 +459,24 @@ impl BinlogSource {
         // Another server, or a checkpoint placed by GTID: a dump by GTID from the checkpoint's
         // GTID position, to its first transaction.
         let other = self.connect().await?;
-        let mut stream = server::dump_by_gtid(other, self.server_id, &mark.before).await.map_err(|error| {
-            let error = self.error(error);
-            self.lost(
+        // The server's refusal to send from there (ER_MASTER_FATAL_ERROR_READING_BINLOG: purged, or
+        // a GTID it never logged) is a loss; anything else (the network) fails the tick only.
+        let refused = |error: mysql_async::Error| match error {
+            mysql_async::Error::Server(server) if server.code == 1236 => self.lost(
                 format!("at GTID position {}", mark.before),
-                format!("this server cannot send its binary log from the checkpoint's GTID position: {error}"),
-            )
-        })?;
+                format!(
+                    "this server cannot send its binary log from the checkpoint's GTID position: {}",
+                    self.redaction.scrub(&server.message)
+                ),
+            ),
+            other => self.error(other),
+        };
+        let mut stream = server::dump_by_gtid(other, self.server_id, &mark.before).await.map_err(refused)?;
         let mut decoder = Decoder::new(&self.tables, Default::default(), None);
         decoder.track_gtids(mark.before.clone(), Some(mark.clone()), None);
         let mut first = None;
         while let Some(event) = stream.next().await {
-            let event = event.map_err(|error| {
-                let error = self.error(error);
-                self.lost(
-                    format!("at GTID position {}", mark.before),
-                    format!("this server cannot send its binary log from the checkpoint's GTID position: {error}"),
-                )
-            })?;
+            let event = event.map_err(refused)?;
             let _ = decoder.push(&event, |id| stream.get_tme(id)).map_err(|reason| self.query(reason))?;
             if let Some(fields) = decoder.fields()
                 && let Some((tx, before)) = &fields.mariadb
@@ -486,6 +486,30 @@ impl BinlogSource {
             }
         }
         drop(stream);
+        if let Some(through) = binlog::probe_through(&mark, at.key.1, first.as_ref().map(|(_, tx, _)| *tx)) {
+            // Some of the checkpoint's transaction was delivered, and it was not sent first: does
+            // this server hold it at all? A dump from the position through it is refused if not.
+            let diverged = |error: mysql_async::Error| {
+                match error {
+                mysql_async::Error::Server(server) if server.code == 1236 => self.lost(
+                    format!("at GTID position {}", mark.before),
+                    format!(
+                        "this server's binary log does not hold {}, which the poller delivered (all or part of it) from \
+                         the server the checkpoint was read on: the two histories diverged ({}). Decide what to do with \
+                         it, then `dbtrigger reset <poller> --to-cursor <GTID position>` or `--to-end`",
+                        mark.tx.map(|tx| tx.to_string()).unwrap_or_default(),
+                        self.redaction.scrub(&server.message)
+                    ),
+                ),
+                other => self.error(other),
+            }
+            };
+            let conn = self.connect().await?;
+            let mut probe = server::dump_by_gtid(conn, self.server_id, &through).await.map_err(diverged)?;
+            if let Some(event) = probe.next().await {
+                event.map_err(diverged)?;
+            }
+        }
         let old = format!("{}:{}", names.name(at.key.0.file), at.key.0.offset);
         let (key, next) = match first {
             Some((start, tx, before)) => {
