@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use dbtrigger::domain::keyed::Group;
+use dbtrigger::domain::keyed::{Group, group_of};
 use dbtrigger::source::{FetchLimit, Probe};
 use serde_json::{Value, json};
 
@@ -184,7 +184,8 @@ async fn binlog_rows_keep_commit_order_with_eight_batches_in_flight() {
 /// A writer's session under `binlog_row_image=MINIMAL`, then `NOBLOB`: each image holds what the
 /// server logged, and the table's other columns are named in `not_logged` (never sent as null);
 /// a row keeps its key whichever image holds it (an update's after image without the key, a
-/// delete's before image with the key only), a key change has both.
+/// delete's before image with the key only), a key change has both; so does a `batch.orderKey`
+/// column either image holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partial_row_image_names_the_columns_it_did_not_log() {
     let (url, database) =
@@ -263,6 +264,16 @@ async fn a_partial_row_image_names_the_columns_it_did_not_log() {
     assert_eq!(keys(3), [keys(1)[0], keys(7)[0]], "the key change waits for 2 and 3");
     assert_ne!(keys(1), keys(7));
     assert_eq!(group(5), group(4), "row 4's update without its key in the after image");
+    // `batch.orderKey` (the tick's grouping of these rows): a column the after image lacks is the
+    // before image's; one neither image holds makes the change wait for every other.
+    let ordered = |columns: &[&str], index: usize| {
+        let columns: Vec<String> = columns.iter().map(|column| column.to_string()).collect();
+        group_of(Some(&columns), rows[index].group.as_ref(), b"", rows[index].row.as_bytes())
+    };
+    assert_ne!(ordered(&["id"], 0), Group::All);
+    assert_eq!(ordered(&["id"], 2), ordered(&["id"], 0), "{shown}");
+    assert_eq!(ordered(&["id"], 6), ordered(&["id"], 0), "{shown}");
+    assert_eq!(ordered(&["n"], 2), Group::All, "{shown}");
 }
 
 /// `dbtrigger status` while a tick's dump is open on the server (a transaction of 20 MB read by a
