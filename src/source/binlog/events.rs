@@ -8,6 +8,7 @@
 //! key for per-key order. No I/O: events in, changes out.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use mysql_async::binlog::events::{Event, EventData, OptionalMetaExtractor, RowsEventData, TableMapEvent};
 use serde_json::{Map, Value};
@@ -38,7 +39,7 @@ pub struct Change {
     /// Its transaction's start and its place in it, from 1.
     pub at: (BinlogPos, u32),
     /// The primary key's columns in the table's order (`None`: the table has none).
-    pub key: Option<Vec<String>>,
+    pub key: Option<Arc<[String]>>,
     /// The table's columns `old` and `new` lack: the server did not log them
     /// (`binlog_row_image=MINIMAL` or `NOBLOB`). Empty under `FULL`, and for an absent image.
     pub not_logged_old: Vec<String>,
@@ -58,10 +59,16 @@ impl Change {
 /// column it needs, or when the table's primary key is not the one `seen` has for it from the
 /// changes before (an `ALTER TABLE` between them: the changes keyed the old way finish first).
 /// `seen` keeps each table's key for the tick.
-pub fn order_group(change: &Change, seen: &mut HashMap<String, Option<Vec<String>>>) -> Group {
-    let before = seen.insert(change.table.clone(), change.key.clone());
-    if before.is_some_and(|before| before != change.key) {
-        return Group::All;
+pub fn order_group(change: &Change, seen: &mut HashMap<String, Option<Arc<[String]>>>) -> Group {
+    match seen.get(&change.table) {
+        Some(before) if *before == change.key => {}
+        before => {
+            let changed = before.is_some();
+            seen.insert(change.table.clone(), change.key.clone());
+            if changed {
+                return Group::All;
+            }
+        }
     }
     let Some(columns) = &change.key else {
         return Group::one(&[change.table.as_bytes()]);
@@ -97,7 +104,7 @@ pub fn order_group(change: &Change, seen: &mut HashMap<String, Option<Vec<String
 /// A table map's column names (empty when the server does not log them) and primary key (in the
 /// table's order): the map's own when `binlog_row_metadata=FULL` logs it, else the columns
 /// `information_schema` marks when the read started.
-fn table_columns(table_map: &TableMapEvent<'_>, info: Option<&TableInfo>) -> (Vec<String>, Option<Vec<String>>) {
+fn table_columns(table_map: &TableMapEvent<'_>, info: Option<&TableInfo>) -> (Vec<String>, Option<Arc<[String]>>) {
     let Ok(extractor) = OptionalMetaExtractor::new(table_map.iter_optional_meta()) else {
         return (Vec::new(), None);
     };
@@ -120,7 +127,7 @@ fn table_columns(table_map: &TableMapEvent<'_>, info: Option<&TableInfo>) -> (Ve
     } else {
         indexes.iter().map(|index| names[*index].clone()).collect()
     };
-    (names, Some(key).filter(|key| !key.is_empty()))
+    (names, Some(key).filter(|key| !key.is_empty()).map(Arc::from))
 }
 
 /// The names of `columns` an image lacks (none for an absent image, or when names are unknown).
@@ -383,7 +390,7 @@ mod tests {
             new: image(new),
             old: image(old),
             at: (BinlogPos { file: 1, offset: 4 }, 1),
-            key: key.map(|columns| columns.iter().map(|column| column.to_string()).collect()),
+            key: key.map(|columns| columns.iter().map(|column| column.to_string()).collect::<Vec<_>>().into()),
             not_logged_old: Vec::new(),
             not_logged_new: Vec::new(),
         }

@@ -69,7 +69,7 @@ struct Reading {
     /// A read from this position found nothing after it up to that end.
     rest: Option<(Option<Key>, BinlogPos)>,
     /// Each table's primary key as this tick's changes had it ([`order_group`]).
-    keys: HashMap<String, Option<Vec<String>>>,
+    keys: HashMap<String, Option<std::sync::Arc<[String]>>>,
 }
 
 /// A dump being read.
@@ -163,7 +163,7 @@ impl BinlogSource {
     async fn next(
         &self,
         open: &mut Open,
-        keys: &mut HashMap<String, Option<Vec<String>>>,
+        keys: &mut HashMap<String, Option<std::sync::Arc<[String]>>>,
     ) -> Result<Option<(Key, SourceRow)>, SourceError> {
         loop {
             if let Some(change) = open.pending.pop_front() {
