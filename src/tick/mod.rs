@@ -71,7 +71,7 @@ use crate::domain::poison::{self, PoisonMode};
 use crate::domain::state::describe;
 use crate::domain::transitions::{self, FingerprintCheck, GenerationCheck};
 use crate::sink::Sink;
-use crate::source::{FetchLimit, Source};
+use crate::source::{FetchLimit, Source, SourceError};
 use crate::store::{BlobStore, StateKey, StateStore, StateWriter, WriteFailure};
 
 use isolate::Isolation;
@@ -268,7 +268,14 @@ impl Poller {
 
         let mut writer = StateWriter::new(self.store.as_ref(), &key, etag);
         self.source.fence(false);
-        let result = self.work(&mut writer, &mut document, new_document, deadline).await;
+        let mut result = self.work(&mut writer, &mut document, new_document, deadline).await;
+        if let Err(TickError::Source(SourceError::SlotInUse { .. })) = &result
+            && !self.holds_lease(&document)
+            && let Some(held) = self.held_since(&key).await
+        {
+            // The slot's reader is the tick that took the lease after this one's first read.
+            result = Ok(held);
+        }
         // A source that moves a position of its own (a logical slot) keeps the lease to here: it
         // counts and moves under it, and the write that follows gives it back.
         let leased = self.may_act(&writer, &document);
@@ -541,6 +548,16 @@ impl Poller {
             }
             _ if self.holds_lease(document) => self.release_lease(writer, document, false).await,
             _ => {}
+        }
+    }
+
+    /// The lease another owner holds now, read again: a tick that met a busy slot before taking
+    /// the lease stands down when the reader is the holder's tick, instead of failing.
+    async fn held_since(&self, key: &StateKey) -> Option<TickOutcome> {
+        let current = self.store.read(key).await.ok()??;
+        match lease::status(current.document.lease.as_ref(), &self.owner_id, self.clock.now(), &self.config.lease) {
+            LeaseStatus::HeldByOther { owner_id, expires_at } => Some(TickOutcome::LeaseHeld { owner_id, expires_at }),
+            _ => None,
         }
     }
 

@@ -102,31 +102,9 @@ pub async fn table_info(conn: &mut Conn, tables: &[String]) -> Result<HashMap<St
         for (column, data_type, column_type, key) in rows {
             columns.insert(column, ColumnInfo { data_type, column_type, key: key != 0 });
         }
-        // MariaDB's JSON is LONGTEXT with a json_valid check: the polling source reads it as JSON.
-        let checks: Vec<(String,)> = conn
-            .exec(
-                "SELECT CHECK_CLAUSE FROM information_schema.CHECK_CONSTRAINTS \
-                 WHERE CONSTRAINT_SCHEMA = ? AND TABLE_NAME = ?",
-                (database, name),
-            )
-            .await
-            .unwrap_or_default();
-        for (clause,) in checks {
-            if let Some(column) = json_valid_column(&clause)
-                && let Some(info) = columns.get_mut(&column)
-            {
-                info.data_type = "json".into();
-            }
-        }
         info.insert(table.clone(), columns);
     }
     Ok(info)
-}
-
-/// The column of a `json_valid(`col`)` check.
-fn json_valid_column(clause: &str) -> Option<String> {
-    let rest = clause.trim().strip_prefix("json_valid(")?.strip_suffix(')')?;
-    Some(rest.trim_matches('`').to_string())
 }
 
 /// A dump from `from`, to the end of what is written (non-blocking), as replica `server_id`.
@@ -149,12 +127,6 @@ pub async fn dump(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_mariadb_json_check_names_its_column() {
-        assert_eq!(json_valid_column("json_valid(`doc`)"), Some("doc".into()));
-        assert_eq!(json_valid_column("`a` > 0"), None);
-    }
 
     #[test]
     fn url_options_carry_the_target_and_tls() {
