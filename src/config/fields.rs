@@ -352,7 +352,7 @@ fn batch() -> Vec<Field> {
         field(
             "orderKey",
             Kind::List { rule: TextRule::Identifier, unique: true },
-            "The columns whose values make the key of batch.order (their values as the source gives them; a logical source reads them from new, else old). Left out: the primary key (a logical source: each table's replica identity).",
+            "The columns whose values make the key of batch.order (their values as the source gives them; a logical or binlog source reads them from new, else old). Left out: the primary key (a logical source: each table's replica identity; a binlog source: each table's primary key).",
             json!(["account_id"]),
         ),
         field(
