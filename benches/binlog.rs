@@ -3,7 +3,7 @@
 //! store) to an in-process sink that acknowledges every batch and counts its events, against the
 //! **raw limit** measured in the same run on the same events: a dump of the same range of the
 //! binary log through the same driver (`mysql_async`'s binlog stream, the source's own connect,
-//! column look-up and dump request), every event through the same decoder into the same JSON rows,
+//! column look-up and dump request), every event through the same decoder into the same event rows (`rows_of`, as a read hands them out: JSON, GTID marks, order groups),
 //! nothing delivered, nothing committed. Both clocks include connecting and the server's
 //! questions a read asks before its dump. The binary log is not consumed by a read: the changes
 //! are written once, every poller's first tick having recorded where the log ended before them;
@@ -18,6 +18,7 @@ mod common;
 #[path = "../tests/it/services.rs"]
 mod services;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -25,7 +26,7 @@ use std::time::Instant;
 use common::{Acknowledging, env_number, median};
 use dbtrigger::domain::binlog::BinlogPos;
 use dbtrigger::source::binlog::events::{Decoder, Step};
-use dbtrigger::source::binlog::{fields_json, row_of, server};
+use dbtrigger::source::binlog::{rows_of, server};
 use dbtrigger::tick::{Poller, SystemClock, TickOutcome};
 use futures::StreamExt;
 use serde_json::json;
@@ -48,13 +49,13 @@ async fn raw(url: &str, tables: &[String], from: BinlogPos) -> (usize, f64) {
     let mut stream = server::dump(conn, RAW_SERVER_ID, &names, from).await.unwrap();
     let mut decoder = Decoder::new(tables, info, Some((from, 0)));
     let (mut changes, mut bytes) = (0usize, 0usize);
+    let mut keys = HashMap::new();
     while let Some(event) = stream.next().await {
         let event = event.unwrap();
         let step = decoder.push(&event, |id| stream.get_tme(id)).unwrap();
         if let Step::Changes(decoded) = step {
-            let head = fields_json(decoder.fields().unwrap());
-            for change in decoded {
-                bytes += row_of(&head, change).row.len();
+            for (_, row) in rows_of(decoder.fields().unwrap(), decoded, &mut keys) {
+                bytes += row.row.len();
                 changes += 1;
             }
         }

@@ -347,6 +347,29 @@ impl Poller {
                 ),
             }));
         }
+        // A source read from a server's log (a binary log) says where the checkpoint is on the
+        // server read now: recorded by CAS before anything is read (a failover re-bases it).
+        let rebase = self
+            .source
+            .rebase(document.position()?.as_ref(), document.generation.as_ref().map(|record| &record.value))
+            .await?;
+        if let Some(rebase) = rebase {
+            let mut next = transitions::rebase(
+                document,
+                rebase.checkpoint.as_ref(),
+                &rebase.server,
+                rebase.what.as_deref(),
+                self.clock.now(),
+            );
+            if let Some(what) = &rebase.what {
+                warn!(poller = %self.config.poller_name, "{what}");
+            }
+            match writer.write(&mut next).await {
+                Ok(()) => *document = next,
+                Err(WriteFailure::Conflict(current)) => return Ok(held_by_whoever_wrote(current)),
+                Err(WriteFailure::Store(error)) => return Err(error.into()),
+            }
+        }
         // 2. The source generation the work is bound to (seed 003), read before any row.
         let generation = self.source.generation().await?;
         let restart = self
