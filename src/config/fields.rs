@@ -352,7 +352,7 @@ fn batch() -> Vec<Field> {
         field(
             "orderKey",
             Kind::List { rule: TextRule::Identifier, unique: true },
-            "The columns whose values make the key of batch.order (their values as the source gives them; a logical or binlog source reads them from new, else old). Left out: the primary key (a logical source: each table's replica identity; a binlog source: each table's primary key).",
+            "The columns whose values make the key of batch.order (their values as the source gives them; a logical or binlog source reads them from new, else old, and an update that changed them belongs to the old values' key and the new; a polling source sees only the row as it is now). Left out: the primary key (a logical source: each table's replica identity; a binlog source: each table's primary key).",
             json!(["account_id"]),
         ),
         field(
