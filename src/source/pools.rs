@@ -154,6 +154,14 @@ impl Gate {
         self.target.as_ref()
     }
 
+    /// Permits of the target's cap free now (`usize::MAX` without a shared cap).
+    pub(crate) fn free_permits(&self) -> usize {
+        match &self.target {
+            Some(target) => target.permits().available_permits(),
+            None => usize::MAX,
+        }
+    }
+
     /// How long this source waited for connections since the last call.
     pub(crate) fn take_waited(&self) -> Duration {
         Duration::from_micros(self.waited_micros.swap(0, Ordering::Relaxed))
@@ -172,7 +180,7 @@ impl Permit {
         pool: &sqlx::Pool<DB>,
     ) -> Result<HeldConnection<DB>, sqlx::Error> {
         let connection = pool.acquire().await?;
-        Ok(HeldConnection { connection: Some(connection), permit: self, finished: false })
+        Ok(HeldConnection { connection: Some(connection), permit: self, finished: false, closing: false })
     }
 }
 
@@ -187,6 +195,9 @@ pub(crate) struct HeldConnection<DB: sqlx::Database> {
     connection: Option<sqlx::pool::PoolConnection<DB>>,
     permit: Permit,
     finished: bool,
+    /// Marked to close when it goes ([`HeldConnection::close_on_drop`]): never kept for another
+    /// question.
+    closing: bool,
 }
 
 impl<DB: sqlx::Database> HeldConnection<DB> {
@@ -197,6 +208,26 @@ impl<DB: sqlx::Database> HeldConnection<DB> {
 
     pub(crate) fn pooled(&mut self) -> &mut sqlx::pool::PoolConnection<DB> {
         self.connection.as_mut().expect("held until dropped")
+    }
+
+    /// Closes the connection when it goes, instead of giving it back to the pool.
+    pub(crate) fn close_on_drop(&mut self) {
+        self.closing = true;
+        self.pooled().close_on_drop();
+    }
+
+    /// Whether the connection may serve another question (it is not marked to close).
+    pub(crate) fn reusable(&self) -> bool {
+        !self.closing
+    }
+
+    /// Closes a connection that failed between questions (a kept one that did not answer its
+    /// ping) and keeps its permit, for the question to take another connection with.
+    pub(crate) fn close(mut self) -> Permit {
+        if let Some(mut connection) = self.connection.take() {
+            connection.close_on_drop();
+        }
+        Permit(self.permit.0.take())
     }
 }
 
