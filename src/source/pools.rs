@@ -9,7 +9,9 @@
 //! question's query timeout starts. A fetch and a count take their connection with the permit
 //! ([`HeldConnection`]): when the question times out with the connection still busy, the permit
 //! is held until the connection is back in the pool or closed. A question that finds every permit taken waits, up to its
-//! poller's tick budget; the wait is added up per source for the tick's summary line.
+//! poller's tick budget; the wait is added up per source for the tick's summary line. A tick's
+//! delivering reads keep their connection, with its permit, from one read to the next while
+//! another permit is free ([`super::kept`]), and give it back when the tick ends.
 //!
 //! Pollers of one target may ask for different query timeouts; the target's sessions get the
 //! longest as PostgreSQL's `statement_timeout` (each question is still cancelled at its own).

@@ -17,20 +17,26 @@ use dbtrigger::store::memory::MemoryStore;
 use dbtrigger::tick::{Poller, SystemClock, TickOutcome};
 use serde_json::json;
 
-use crate::services::postgres;
-use crate::sources::{execute, items_config};
+use crate::services::{mariadb, postgres};
+use crate::sources::{Engine, execute, items_config};
 
-/// 40 rows of `items` (cursor `c`, one row a value), read through a query that says which
-/// session read each row.
-async fn items_with_pids() -> (String, serde_json::Value) {
-    let url = postgres().fresh_database().await;
+/// 40 rows of `items` (cursor `c`, one row a value) in a fresh database of `engine`, read through
+/// a query that says which session read each row.
+async fn items_with_sessions(engine: Engine) -> (String, serde_json::Value) {
+    let (url, session) = match engine {
+        Engine::MariaDb => (mariadb().fresh_database().await, "CONNECTION_ID()"),
+        _ => (postgres().fresh_database().await, "pg_backend_pid()"),
+    };
+    let rows: Vec<String> = (1..=40).map(|id| format!("({id}, {id})")).collect();
     execute(
         &url,
-        "CREATE TABLE items (id BIGINT PRIMARY KEY, c BIGINT NOT NULL);\n\
-         INSERT INTO items SELECT x, x FROM generate_series(1, 40) AS x;\n",
+        &format!(
+            "CREATE TABLE items (id BIGINT PRIMARY KEY, c BIGINT NOT NULL);\nINSERT INTO items VALUES {};\n",
+            rows.join(", ")
+        ),
     )
     .await;
-    (url, json!({"table": null, "query": "SELECT id, c, pg_backend_pid() AS pid FROM items"}))
+    (url, json!({"table": null, "query": format!("SELECT id, c, {session} AS pid FROM items")}))
 }
 
 fn poller(config: PollerConfig, source: Arc<dyn Source>, sink: Arc<dyn Sink>) -> Poller {
@@ -44,11 +50,10 @@ fn ids_and_pids(batches: &[Batch]) -> (Vec<i64>, Vec<i64>) {
 
 /// A catch-up of eight pages in one tick reads them all on one session (the read after each page
 /// would otherwise take a connection of the pool, which sqlx pings as it gives it back: another
-/// one, often), and the tick gives it back as it ends: the two other permits of the target's cap
-/// of 2 are free at once for a second source.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_catch_up_reads_every_page_of_a_tick_on_one_connection_and_gives_it_back() {
-    let (url, mut extra) = items_with_pids().await;
+/// one, often), and the tick gives it back as it ends: both permits of the target's cap of 2 are
+/// free at once for a second source.
+async fn one_session_per_tick(engine: Engine) {
+    let (url, mut extra) = items_with_sessions(engine).await;
     extra["maxConnections"] = json!(2);
     let (config, _directory) = items_config(&url, extra, 5);
     let pools = Pools::new();
@@ -59,17 +64,27 @@ async fn a_catch_up_reads_every_page_of_a_tick_on_one_connection_and_gives_it_ba
     let poller = poller(config, source, sink.clone());
 
     let outcome = poller.tick().await.unwrap();
-    assert!(matches!(outcome, TickOutcome::Delivered { rows: 40, batches: 8, .. }), "{outcome:?}");
+    assert!(matches!(outcome, TickOutcome::Delivered { rows: 40, batches: 8, .. }), "{engine:?}: {outcome:?}");
     let (ids, pids) = ids_and_pids(&sink.batches());
     assert_eq!(ids, (1..=40).collect::<Vec<_>>());
     let mut sessions = pids.clone();
     sessions.dedup();
-    assert_eq!(sessions.len(), 1, "the tick's pages were read by the sessions {pids:?}");
+    assert_eq!(sessions.len(), 1, "{engine:?}: the tick's pages were read by the sessions {pids:?}");
 
     // Both permits of the cap are free: two questions at once, neither waits.
     let (first, second) = tokio::join!(other.count_after(None, 100), other.count_after(None, 100));
     assert_eq!((first.unwrap(), second.unwrap()), (40, 40));
-    assert_eq!(other.connection_wait(), Duration::ZERO, "a question waited for the tick's connection");
+    assert_eq!(other.connection_wait(), Duration::ZERO, "{engine:?}: a question waited for the tick's connection");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_catch_up_reads_every_page_of_a_tick_on_one_connection_and_gives_it_back() {
+    one_session_per_tick(Engine::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mariadb_catch_up_reads_every_page_of_a_tick_on_one_connection_and_gives_it_back() {
+    one_session_per_tick(Engine::MariaDb).await;
 }
 
 /// A sink that, during its first delivery, waits `before`, has the server drop every dbtrigger
@@ -111,7 +126,7 @@ impl Sink for DropsSessions {
 /// lasts `before + after` in all; ticks (a second apart) until caught up. Returns the ticks'
 /// outcomes (errors as text) and what was delivered.
 async fn dropped_mid_tick(before: Duration, after: Duration) -> (Vec<Result<String, String>>, Vec<i64>) {
-    let (url, extra) = items_with_pids().await;
+    let (url, extra) = items_with_sessions(Engine::Postgres).await;
     let (config, _directory) = items_config(&url, extra, 5);
     let sink = Arc::new(DropsSessions {
         url: url.clone(),
