@@ -4,6 +4,7 @@
 mod azure;
 mod big_rows;
 mod binlog;
+mod binlog_gtid;
 mod binlog_ops;
 mod budget;
 mod chaos;

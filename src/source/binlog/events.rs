@@ -12,12 +12,18 @@ use serde_json::{Map, Value};
 
 use super::values::{TableInfo, row_json};
 use crate::domain::Op;
-use crate::domain::binlog::{BinlogPos, FileNames};
+use crate::domain::binlog::{self, BinlogPos, FileNames, Gtid, GtidMark, GtidPos};
 
 /// MariaDB's GTID event (`GTID_EVENT`, 162): mysql_common does not know MariaDB's event types.
 const MARIADB_GTID_EVENT: u8 = 162;
 /// MariaDB's compressed query and rows events (165 to 171).
 const MARIADB_COMPRESSED_EVENTS: std::ops::RangeInclusive<u8> = 165..=171;
+/// MariaDB's GTID list (163) and binlog checkpoint (161) events, and the format description (15):
+/// what a dump sends before the first transaction.
+const MARIADB_GTID_LIST_EVENT: u8 = 163;
+const MARIADB_BINLOG_CHECKPOINT_EVENT: u8 = 161;
+const FORMAT_DESCRIPTION_EVENT: u8 = 15;
+const ROTATE_EVENT: u8 = 4;
 /// A MariaDB GTID's flag: the transaction is one statement, without `BEGIN`/`COMMIT`.
 const MARIADB_FL_STANDALONE: u8 = 1;
 /// An event the server made for the reader (a Rotate or a format description at the start of a
@@ -45,6 +51,9 @@ pub struct TransactionFields {
     /// Seconds since the epoch, as the transaction's first event records it.
     pub time: u32,
     pub file: String,
+    /// MariaDB: the transaction's GTID, and the GTID position before it (tracked from the
+    /// checkpoint's, [`Decoder::track_gtids`]); `None` otherwise.
+    pub mariadb: Option<(Gtid, GtidPos)>,
 }
 
 /// What one event gives.
@@ -60,6 +69,10 @@ pub enum Step {
         end: BinlogPos,
         changes: u32,
     },
+    /// The first transaction read is not the one the reader expected there
+    /// ([`Decoder::track_gtids`]): the log at that position is not the one the checkpoint was read
+    /// from. `None`: the first event there does not start a transaction.
+    Foreign(Option<Gtid>),
 }
 
 struct Open {
@@ -67,6 +80,16 @@ struct Open {
     begun: bool,
     standalone: bool,
     changes: u32,
+    /// The checkpoint's GTID position holds this transaction: none of its changes is given.
+    covered: bool,
+}
+
+/// What the reader tracks of MariaDB's GTIDs: the position before the next transaction, the
+/// checkpoint's mark (what it covers), and the GTID the first transaction must have.
+struct Tracking {
+    pos: GtidPos,
+    mark: Option<GtidMark>,
+    expect: Option<Gtid>,
 }
 
 /// Reads a dump's events in order.
@@ -83,6 +106,9 @@ pub struct Decoder {
     after: Option<(BinlogPos, u32)>,
     /// Every change is counted and given without its rows.
     count_only: bool,
+    gtids: Option<Tracking>,
+    /// The last transaction that ended.
+    last: Option<TransactionFields>,
 }
 
 impl Decoder {
@@ -97,7 +123,31 @@ impl Decoder {
             open: None,
             after,
             count_only: false,
+            gtids: None,
+            last: None,
         }
+    }
+
+    /// MariaDB: tracks GTIDs from `pos` (the GTID position where the read starts), leaves out the
+    /// transactions `mark` covers, and, when `expect` is set, checks that the first event read is
+    /// that transaction's GTID.
+    pub fn track_gtids(&mut self, pos: GtidPos, mark: Option<GtidMark>, expect: Option<Gtid>) {
+        self.gtids = Some(Tracking { pos, mark, expect });
+    }
+
+    /// Whether the first transaction the read expects has not been read yet.
+    pub fn expecting(&self) -> bool {
+        self.gtids.as_ref().is_some_and(|tracking| tracking.expect.is_some())
+    }
+
+    /// The last transaction that ended in this read.
+    pub fn last_committed(&self) -> Option<&TransactionFields> {
+        self.last.as_ref()
+    }
+
+    /// The GTID position after the last transaction read (MariaDB).
+    pub fn gtid_pos(&self) -> Option<&GtidPos> {
+        self.gtids.as_ref().map(|tracking| &tracking.pos)
     }
 
     /// Changes are given without their rows (decoded only as far as counting them takes).
@@ -125,24 +175,50 @@ impl Decoder {
         tme: impl Fn(u64) -> Option<&'t TableMapEvent<'static>>,
     ) -> Result<Step, String> {
         let header = event.header();
-        let start = BinlogPos { file: self.file, offset: self.next };
         let artificial = header.flags_raw() & LOG_EVENT_ARTIFICIAL != 0 || header.log_pos() == 0;
+        // An event in the file ends at its header's position: it starts its size before (a dump
+        // by GTID leaves out the events before the first transaction it sends).
+        let start = if artificial {
+            BinlogPos { file: self.file, offset: self.next }
+        } else {
+            BinlogPos { file: self.file, offset: header.log_pos().saturating_sub(header.event_size()) }
+        };
         if !artificial {
             self.next = header.log_pos();
         }
         let raw_type = header.event_type_raw();
+        if !artificial
+            && let Some(tracking) = self.gtids.as_mut()
+            && let Some(expected) = tracking.expect
+            && !matches!(
+                raw_type,
+                ROTATE_EVENT | FORMAT_DESCRIPTION_EVENT | MARIADB_GTID_LIST_EVENT | MARIADB_BINLOG_CHECKPOINT_EVENT
+            )
+        {
+            // The first event of the read: it must be the checkpoint's transaction's GTID.
+            tracking.expect = None;
+            let found =
+                (raw_type == MARIADB_GTID_EVENT).then(|| mariadb_gtid(event)).transpose()?.map(|(gtid, _)| gtid);
+            if found != Some(expected) {
+                return Ok(Step::Foreign(found));
+            }
+        }
         if raw_type == MARIADB_GTID_EVENT {
-            let data = event.data();
-            let (Some(sequence), Some(domain), Some(flags)) = (
-                data.get(0..8).map(|bytes| u64::from_le_bytes(bytes.try_into().unwrap_or_default())),
-                data.get(8..12).map(|bytes| u32::from_le_bytes(bytes.try_into().unwrap_or_default())),
-                data.get(12),
-            ) else {
-                return Err("a MariaDB GTID event shorter than 13 bytes".into());
-            };
-            let gtid = format!("{domain}-{}-{sequence}", header.server_id());
+            let (gtid, flags) = mariadb_gtid(event)?;
             let standalone = flags & MARIADB_FL_STANDALONE != 0;
-            self.begin(start, Some(gtid), header.timestamp(), standalone);
+            let tracked = self.gtids.as_mut().map(|tracking| {
+                let before = tracking.pos.clone();
+                let covered = binlog::covered_by(tracking.mark.as_ref(), Some(gtid));
+                if !covered {
+                    tracking.pos.advance(gtid);
+                }
+                (before, covered)
+            });
+            self.begin(start, Some(gtid.to_string()), header.timestamp(), standalone);
+            if let Some(open) = self.open.as_mut() {
+                open.covered = tracked.as_ref().is_some_and(|(_, covered)| *covered);
+                open.fields.mariadb = tracked.map(|(before, _)| (gtid, before));
+            }
             // MariaDB's GTID takes the place of `BEGIN`: a transaction's statements follow it.
             if let Some(open) = self.open.as_mut() {
                 open.begun = !standalone;
@@ -214,13 +290,17 @@ impl Decoder {
     }
 
     fn begin(&mut self, start: BinlogPos, gtid: Option<String>, time: u32, standalone: bool) {
-        let fields = TransactionFields { start, gtid, time, file: self.file_name.clone() };
-        self.open = Some(Open { fields, begun: false, standalone, changes: 0 });
+        let fields = TransactionFields { start, gtid, time, file: self.file_name.clone(), mariadb: None };
+        self.open = Some(Open { fields, begun: false, standalone, changes: 0, covered: false });
     }
 
     fn end(&mut self) -> Step {
         match self.open.take() {
-            Some(open) => Step::Committed { start: open.fields.start, end: self.position(), changes: open.changes },
+            Some(open) => {
+                let step = Step::Committed { start: open.fields.start, end: self.position(), changes: open.changes };
+                self.last = Some(open.fields);
+                step
+            }
             None => Step::Nothing,
         }
     }
@@ -239,6 +319,9 @@ impl Decoder {
         let Some(open) = self.open.as_mut() else {
             return Err(format!("a row event of {table} outside a transaction"));
         };
+        if open.covered {
+            return Ok(Step::Nothing);
+        }
         let op = match rows {
             RowsEventData::WriteRowsEvent(_) | RowsEventData::WriteRowsEventV1(_) => Op::Insert,
             RowsEventData::DeleteRowsEvent(_) | RowsEventData::DeleteRowsEventV1(_) => Op::Delete,
@@ -263,4 +346,17 @@ impl Decoder {
         }
         Ok(if changes.is_empty() { Step::Nothing } else { Step::Changes(changes) })
     }
+}
+
+/// A MariaDB GTID event's GTID (sequence, domain, and the header's server id) and flags.
+fn mariadb_gtid(event: &Event) -> Result<(Gtid, u8), String> {
+    let data = event.data();
+    let (Some(seq), Some(domain), Some(flags)) = (
+        data.get(0..8).map(|bytes| u64::from_le_bytes(bytes.try_into().unwrap_or_default())),
+        data.get(8..12).map(|bytes| u32::from_le_bytes(bytes.try_into().unwrap_or_default())),
+        data.get(12),
+    ) else {
+        return Err("a MariaDB GTID event shorter than 13 bytes".into());
+    };
+    Ok((Gtid { domain, server: event.header().server_id(), seq }, *flags))
 }

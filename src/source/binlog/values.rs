@@ -130,9 +130,6 @@ pub fn value_json(
         }
         (V::Bytes(bytes), ColumnType::MYSQL_TYPE_SET) => Value::from(set_labels(info, bytes)),
         (V::Bytes(bytes), ColumnType::MYSQL_TYPE_BIT) => base64(bytes),
-        // MariaDB's JSON (LONGTEXT in utf8mb4_bin): the polling source's driver reads it as a
-        // binary string, so it is base64 there, and here too.
-        (V::Bytes(bytes), _) if data_type == "json" => base64(bytes),
         (V::Bytes(bytes), _) if charset == BINARY_CHARSET || is_binary(data_type) => base64(bytes),
         (V::Bytes(bytes), _) => Value::from(text(bytes, charset)),
     }
