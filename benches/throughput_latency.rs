@@ -138,8 +138,8 @@ enum Connection {
 /// ahead of the posts by up to `window` pages, and up to `window` posts in flight at once: a new
 /// post starts as soon as any post finishes and a page is ready. Rows a second.
 /// `Connection::Pooled`: each page takes a connection from a pool of 10 and gives it back, as
-/// dbtrigger's reads do (sqlx pings a connection as it goes back, one more round trip, so the next
-/// page takes another idle one meanwhile).
+/// dbtrigger's reads did before a tick kept one across them (sqlx pings a connection as it goes
+/// back, one more round trip, so the next page takes another idle one meanwhile).
 async fn raw_pipelined(url: &str, hook: &str, batch: i64, window: usize, rows: i64, connection: Connection) -> f64 {
     let connections = match connection {
         Connection::Held => 1,
