@@ -78,6 +78,29 @@ pub fn derived_server_id(app: &str, poller: &str) -> u32 {
     number | 0x8000_0000
 }
 
+/// Who reads a poller's binary log. Each registers with a replica id of its own, so that none
+/// ends another's read (a server drops the older of two replicas with one id): `status` runs
+/// beside a tick, in another process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reader {
+    /// A tick's read: the poller's server id.
+    Tick,
+    /// `status`'s count of the changes after the checkpoint: the id's lowest bit flipped.
+    Count,
+    /// `status`'s look at the first change waiting: the id's second bit flipped.
+    Look,
+}
+
+/// The replica id `reader` registers with for a poller of `server_id`: within the four ids that
+/// differ from it in the two lowest bits, distinct for each reader.
+pub fn reader_id(server_id: u32, reader: Reader) -> u32 {
+    match reader {
+        Reader::Tick => server_id,
+        Reader::Count => server_id ^ 1,
+        Reader::Look => server_id ^ 2,
+    }
+}
+
 /// Why the checkpoint's place in the binary log is gone, if it is: its file is older than the
 /// oldest the server keeps (purged, by hand or by `binlog_expire_logs_seconds`).
 pub fn lost_reason(checkpoint: BinlogPos, oldest_kept: u32, names: &FileNames) -> Option<String> {
@@ -361,6 +384,19 @@ mod tests {
         assert_eq!(names.number("other.000100"), None);
         assert_eq!(FileNames::parse("nodots"), None);
         assert_eq!(FileNames::parse("a.b"), None);
+    }
+
+    #[test]
+    fn each_reader_of_a_poller_registers_with_an_id_of_its_own() {
+        for server_id in [derived_server_id("app", "orders"), 4242, 4243, u32::MAX] {
+            let ids: Vec<u32> = [Reader::Tick, Reader::Count, Reader::Look]
+                .iter()
+                .map(|reader| reader_id(server_id, *reader))
+                .collect();
+            assert_eq!(ids[0], server_id);
+            assert!(ids[0] != ids[1] && ids[1] != ids[2] && ids[0] != ids[2], "{ids:?}");
+            assert!(ids.iter().all(|id| id & !3 == server_id & !3), "{ids:?}");
+        }
     }
 
     #[test]

@@ -85,21 +85,22 @@ pub async fn end_position(conn: &mut Conn) -> Result<Result<(BinlogPos, FileName
     }))
 }
 
-/// The configured tables' columns, as `information_schema` has them now.
+/// The configured tables' columns, as `information_schema` has them now (their types, and the
+/// primary key's columns for a table map that does not name them).
 pub async fn table_info(conn: &mut Conn, tables: &[String]) -> Result<HashMap<String, TableInfo>, mysql_async::Error> {
     let mut info: HashMap<String, TableInfo> = HashMap::new();
     for table in tables {
         let Some((database, name)) = table.split_once('.') else { continue };
-        let rows: Vec<(String, String, String)> = conn
+        let rows: Vec<(String, String, String, i64)> = conn
             .exec(
-                "SELECT COLUMN_NAME, LOWER(DATA_TYPE), LOWER(COLUMN_TYPE) FROM information_schema.COLUMNS \
-                 WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+                "SELECT COLUMN_NAME, LOWER(DATA_TYPE), LOWER(COLUMN_TYPE), COLUMN_KEY = 'PRI' \
+                 FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
                 (database, name),
             )
             .await?;
         let mut columns = TableInfo::new();
-        for (column, data_type, column_type) in rows {
-            columns.insert(column, ColumnInfo { data_type, column_type });
+        for (column, data_type, column_type, key) in rows {
+            columns.insert(column, ColumnInfo { data_type, column_type, key: key != 0 });
         }
         info.insert(table.clone(), columns);
     }

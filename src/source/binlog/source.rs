@@ -4,7 +4,7 @@
 //! from the current end, and the tick records where a read that found nothing ended
 //! ([`Source::resting_position`]), so nothing committed after its first tick is skipped.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -12,11 +12,11 @@ use mysql_async::{BinlogStream, Conn, Opts};
 use serde_json::{Map, Value};
 use tokio::sync::Mutex;
 
-use super::events::{Change, Decoder, Step, TransactionFields};
+use super::events::{Change, Decoder, Step, TransactionFields, order_group};
 use super::server;
 use crate::config::redact::Redaction;
 use crate::config::{SourceConfig, SourceTarget};
-use crate::domain::binlog::{self, BinlogPos, FileNames, Gtid, GtidMark, GtidPos, Resume};
+use crate::domain::binlog::{self, BinlogPos, FileNames, Gtid, GtidMark, GtidPos, Reader, Resume};
 use crate::domain::event::RowJson;
 use crate::domain::keyed::Group;
 use crate::domain::{CursorValue, PkValue, Position};
@@ -104,6 +104,8 @@ struct Reading {
     open: Option<Open>,
     /// A read from this position found nothing after it: where the checkpoint may rest.
     rest: Option<(Option<Key>, Key, Position)>,
+    /// Each table's primary key as this tick's changes had it ([`order_group`]).
+    keys: HashMap<String, Option<std::sync::Arc<[String]>>>,
 }
 
 /// A dump being read.
@@ -176,11 +178,12 @@ impl BinlogSource {
         Ok((end, names, oldest, sizes))
     }
 
-    /// A dump after `after` (from the end when `None`); `counting`: changes are counted, not decoded.
-    /// On MariaDB, a checkpoint's GTIDs are checked against the log there: its transaction must be
-    /// the first read, or (no transaction names it) `BINLOG_GTID_POS` there must be its GTID
-    /// position; otherwise the log was reset or replaced under it, and the read stops as lost.
-    async fn start(&self, after: Option<&At>, counting: bool) -> Result<Open, SourceError> {
+    /// A dump after `after` (from the end when `None`) for `reader`, with its replica id; a
+    /// count's changes are counted, not decoded. On MariaDB, a checkpoint's GTIDs are checked
+    /// against the log there: its transaction must be the first read, or (no transaction names it)
+    /// `BINLOG_GTID_POS` there must be its GTID position; otherwise the log was reset or replaced
+    /// under it, and the read stops as lost.
+    async fn start(&self, after: Option<&At>, reader: Reader) -> Result<Open, SourceError> {
         let mut conn = self.connect().await?;
         let (end, names, oldest, _) = self.ends(&mut conn).await?;
         let from = after.map(|at| at.key.0).unwrap_or(end);
@@ -218,12 +221,12 @@ impl BinlogSource {
             None => false,
         };
         let info = server::table_info(&mut conn, &self.tables).await.map_err(|error| self.error(error))?;
-        // A count reads beside a tick: a replica id of its own, or the server would drop the tick's.
-        let server_id = if counting { self.server_id ^ 1 } else { self.server_id };
+        // `status` reads beside a tick: a replica id of its own, or the server would drop the tick's.
+        let server_id = binlog::reader_id(self.server_id, reader);
         let stream = server::dump(conn, server_id, &names, from).await.map_err(|error| self.error(error))?;
         let key = after.map(|at| at.key);
         let mut decoder = Decoder::new(&self.tables, info, key);
-        decoder.counting(counting);
+        decoder.counting(reader == Reader::Count);
         let expect = mark.as_ref().and_then(|mark| mark.tx);
         if let Some(mark) = mark {
             // Transactions the checkpoint's GTID position holds are left out only where the server
@@ -235,8 +238,13 @@ impl BinlogSource {
         Ok(Open { stream, decoder, at: key, pending: VecDeque::new(), from: (names.name(from.file), from, expect) })
     }
 
-    /// The next change of the dump; `None` at the end of what is written.
-    async fn next(&self, open: &mut Open) -> Result<Option<(Key, SourceRow)>, SourceError> {
+    /// The next change of the dump; `None` at the end of what is written. `keys`: each table's
+    /// primary key as the changes before had it (for their order keys).
+    async fn next(
+        &self,
+        open: &mut Open,
+        keys: &mut HashMap<String, Option<std::sync::Arc<[String]>>>,
+    ) -> Result<Option<(Key, SourceRow)>, SourceError> {
         loop {
             if let Some(change) = open.pending.pop_front() {
                 return Ok(Some(change));
@@ -283,15 +291,8 @@ impl BinlogSource {
                 ));
             }
             if let Step::Changes(changes) = step {
-                let fields =
-                    decoder.fields().cloned().ok_or_else(|| self.query("a change outside a transaction".into()))?;
-                let head = fields_json(&fields);
-                let mark =
-                    fields.mariadb.as_ref().map(|(tx, before)| GtidMark { tx: Some(*tx), before: before.clone() });
-                for change in changes {
-                    let key = change.at;
-                    pending.push_back((key, row_of(&head, change, mark.as_ref())));
-                }
+                let fields = decoder.fields().ok_or_else(|| self.query("a change outside a transaction".into()))?;
+                pending.extend(rows_of(fields, changes, keys));
             }
         }
     }
@@ -331,13 +332,14 @@ impl BinlogSource {
             return Ok(Fetched { rows: Vec::new(), full: false });
         }
         if reading.open.is_none() {
-            reading.open = Some(self.start(at.as_ref(), false).await?);
+            reading.open = Some(self.start(at.as_ref(), Reader::Tick).await?);
         }
         let mut rows = Vec::new();
         let mut bytes = 0usize;
         loop {
-            let open = reading.open.as_mut().expect("a dump is open");
-            let Some((key, row)) = self.next(open).await? else {
+            let Reading { open, keys, .. } = &mut *reading;
+            let open = open.as_mut().expect("a dump is open");
+            let Some((key, row)) = self.next(open, keys).await? else {
                 let end = open.decoder.position();
                 let in_transaction = open.decoder.in_transaction();
                 // MariaDB: rest at the start of the last transaction read (none of it is this
@@ -381,10 +383,12 @@ impl BinlogSource {
         limit: u64,
         counting: bool,
     ) -> Result<(Vec<SourceRow>, u64, bool), SourceError> {
-        let mut open = self.start(after, counting).await?;
+        let reader = if counting { Reader::Count } else { Reader::Look };
+        let mut open = self.start(after, reader).await?;
         let mut rows = Vec::new();
         let mut count = 0u64;
-        while let Some((_, row)) = self.next(&mut open).await? {
+        let mut keys = HashMap::new();
+        while let Some((_, row)) = self.next(&mut open, &mut keys).await? {
             count += 1;
             if count > limit {
                 return Ok((rows, limit, true));
@@ -535,6 +539,22 @@ impl BinlogSource {
     }
 }
 
+/// The rows a read hands out for changes of the open transaction (`fields`), with their order
+/// groups (`keys`: the tables' primary keys seen so far). The bench's raw path shares it.
+pub fn rows_of(
+    fields: &TransactionFields,
+    changes: Vec<Change>,
+    keys: &mut HashMap<String, Option<std::sync::Arc<[String]>>>,
+) -> impl Iterator<Item = (Key, SourceRow)> {
+    let head = fields_json(fields);
+    let mark = fields.mariadb.as_ref().map(|(tx, before)| GtidMark { tx: Some(*tx), before: before.clone() });
+    changes.into_iter().map(move |change| {
+        let key = change.at;
+        let group = order_group(&change, keys);
+        (key, row_of(&head, change, mark.as_ref(), group))
+    })
+}
+
 /// What every change of a transaction carries.
 fn fields_json(fields: &TransactionFields) -> Map<String, Value> {
     let mut head = Map::new();
@@ -548,9 +568,16 @@ fn fields_json(fields: &TransactionFields) -> Map<String, Value> {
     head
 }
 
-fn row_of(head: &Map<String, Value>, change: Change, mark: Option<&GtidMark>) -> SourceRow {
+fn row_of(head: &Map<String, Value>, change: Change, mark: Option<&GtidMark>, group: Group) -> SourceRow {
     let mut row = Map::new();
     row.insert("table".into(), Value::from(change.table.clone()));
+    if change.partial() {
+        // What the server did not log is named, never sent as null (`binlog_row_image=MINIMAL`).
+        let mut not_logged = Map::new();
+        not_logged.insert("old".into(), Value::from(change.not_logged_old));
+        not_logged.insert("new".into(), Value::from(change.not_logged_new));
+        row.insert("not_logged".into(), Value::Object(not_logged));
+    }
     row.insert("new".into(), change.new.map(Value::Object).unwrap_or(Value::Null));
     row.insert("old".into(), change.old.map(Value::Object).unwrap_or(Value::Null));
     for (name, value) in head {
@@ -560,7 +587,7 @@ fn row_of(head: &Map<String, Value>, change: Change, mark: Option<&GtidMark>) ->
         position: position_marked(change.at, mark),
         row: RowJson::from_map(&row),
         op: change.op,
-        group: Some(Group::one(&[change.table.as_bytes()])),
+        group: Some(group),
     }
 }
 
@@ -600,7 +627,9 @@ impl Source for BinlogSource {
     }
 
     async fn tick_ended(&self) -> Result<(), SourceError> {
-        self.reading.lock().await.open = None;
+        let mut reading = self.reading.lock().await;
+        reading.open = None;
+        reading.keys.clear();
         Ok(())
     }
 

@@ -18,11 +18,13 @@ use serde_json::{Map, Value};
 
 use crate::domain::CursorValue;
 
-/// What `information_schema.COLUMNS` says of a column: `DATA_TYPE` and `COLUMN_TYPE`, lower case.
+/// What `information_schema.COLUMNS` says of a column: `DATA_TYPE` and `COLUMN_TYPE`, lower case,
+/// and whether it is in the primary key (`COLUMN_KEY = 'PRI'`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ColumnInfo {
     pub data_type: String,
     pub column_type: String,
+    pub key: bool,
 }
 
 /// A table's columns by name.
@@ -235,7 +237,11 @@ mod tests {
     use super::*;
 
     fn info(column_type: &str) -> ColumnInfo {
-        ColumnInfo { data_type: column_type.split('(').next().unwrap().into(), column_type: column_type.into() }
+        ColumnInfo {
+            data_type: column_type.split('(').next().unwrap().into(),
+            column_type: column_type.into(),
+            key: false,
+        }
     }
 
     #[test]
