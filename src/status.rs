@@ -101,8 +101,8 @@ pub async fn of_poller_cached(function: &str, poller: &Poller, now: DateTime<Utc
 }
 
 /// What telemetry's sampler reads at every export interval: as [`of_poller_cached`], but a
-/// change stream's lag is not counted (a count peeks the slot or reads the binary log: in this
-/// process it would give up a tick's open read, in another it can meet one). Its retention (the
+/// change stream's lag is not counted (a count makes the server decode a copy of the slot from
+/// its restart position, or reads the binary log: too heavy for every interval). Its retention (the
 /// slot's bytes, the binary log behind) is read as always.
 pub async fn of_poller_sampled(function: &str, poller: &Poller, now: DateTime<Utc>) -> PollerHealth {
     observe(function, poller, now, Some(&STATUS_FUNCTION_READS), Audience::Published, Count::NotChangeStreams).await
@@ -135,7 +135,7 @@ async fn observe(
     let position = match &document {
         Ok(document) => match document.map(|document| document.position()) {
             // A checkpoint of another key (the key changed) cannot be counted from: say so.
-            Some(Ok(Some(position))) => match position.fits_key(&config.source.pk) {
+            Some(Ok(Some(position))) => match crate::source::fits_source_key(&config.source, &position) {
                 Ok(()) => Some(Ok(Some(position))),
                 Err(mismatch) => Some(Err(mismatch.to_string())),
             },

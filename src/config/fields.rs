@@ -232,7 +232,7 @@ fn source() -> Vec<Field> {
         field("cursorTimeZone", Kind::Text { rule: TextRule::TimeZone, default: Some(defaults::CURSOR_TIME_ZONE) }, "The zone of a timestamp-without-time-zone cursor, for settle only. PostgreSQL: a zone name or an offset; MySQL: an offset like +02:00; SQLite: UTC only.", json!("Europe/Paris")),
         field("queryTimeoutSeconds", Kind::integer(ranges::QUERY_TIMEOUT_SECONDS, defaults::QUERY_TIMEOUT_SECONDS), "A fetch is cancelled after this long (PostgreSQL also gets it as statement_timeout) and the tick fails with that reason.", json!(60)),
         field("maxConnections", Kind::integer(ranges::MAX_CONNECTIONS, defaults::MAX_CONNECTIONS_PER_DATABASE), "The most connections the app opens to this source's database, shared by every poller of the app that reads it (the same host, port, database, user and options); when its pollers disagree, the smallest wins. Defaults to app setting DBTRIGGER_MAX_CONNECTIONS_PER_DATABASE, else 10. A tick that finds them all busy waits (its summary line says how long), within its tick budget.", json!(10)),
-        field("maxRowBytes", Kind::size(ranges::ROW_MAX_BYTES, defaults::WEBHOOK_MAX_BODY_BYTES), "The largest row a polling source keeps, as an event (its JSON and about 128 bytes around it). A larger row is never read whole into memory and never skipped: the poller stops at it, naming its key, and status shows it unhealthy until the row shrinks, source.columns leaves its large columns out, or this (and sink.maxBodyBytes) is raised. A row within it that the receiver refuses is quarantined whole.", json!(16777216))
+        field("maxRowBytes", Kind::size(ranges::ROW_MAX_BYTES, defaults::WEBHOOK_MAX_BODY_BYTES), "The largest row a polling source keeps, as an event (its JSON and about 128 bytes around it). A larger row is never kept as JSON past this bound (the database driver still hands over its raw value whole) and never skipped: the poller stops at it, naming its key (big_rows::a_row_over_the_bound_stops_the_poller_naming_its_key), and status shows it unhealthy until the row shrinks, source.columns leaves its large columns out, or this (and sink.maxBodyBytes) is raised. A row within it that the receiver refuses is quarantined whole.", json!(16777216))
             .when_absent("what the sink can carry: sink.maxBodyBytes for a webhook; 49152 for a queue (base64), 65536 with messageEncoding none"),
         field("oversizedRows", Kind::Choice { values: &["stop", "quarantineReference"], default: Some("stop") }, "What a row over maxRowBytes does: stop holds the poller at it, named by its key; quarantineReference keeps it aside as a reference (its key, cursor and size as an event whose row is {\"$dbtrigger_oversized\": {\"bytes\": N, \"limit\": M}}, never its payload), quarantined as refused (413), and the poller goes on. A replay of a reference is refused again: fix the row, then purge the entry.", json!("quarantineReference")),
         field("softDelete", Kind::text(TextRule::Identifier), "A column marking deleted rows: a row whose value is not NULL (nor false or 0) is delivered with op \"delete\". Not with `opColumn`.", json!("deleted_at")),
@@ -354,7 +354,7 @@ fn batch() -> Vec<Field> {
         field(
             "orderKey",
             Kind::List { rule: TextRule::Identifier, unique: true },
-            "The columns whose values make the key of batch.order (their values as the source gives them; a logical source reads them from new, else old). Left out: the primary key (a logical source: each table's replica identity).",
+            "The columns whose values make the key of batch.order (their values as the source gives them; a logical or binlog source reads them from new, else old). Left out: the primary key (a logical source: each table's replica identity; a binlog source: each table's primary key).",
             json!(["account_id"]),
         ),
         field(
@@ -366,7 +366,7 @@ fn batch() -> Vec<Field> {
         field(
             "commitIntervalMs",
             Kind::integer(ranges::COMMIT_INTERVAL_MS, defaults::COMMIT_INTERVAL_MS),
-            "While a tick delivers, its checkpoint is written at most this often (and when it ends); 0 writes as soon as a batch is acknowledged. After a crash at most this long of acknowledged deliveries comes again.",
+            "While a tick delivers, its checkpoint is written about this often (tick::a_slow_catch_up_commits_about_once_per_interval), sooner when a heartbeat is due, and when it ends; 0 writes as soon as a batch is acknowledged. A commit waits for a fetch still running and cannot cover batches acknowledged behind one still in flight, so after a crash about this long of acknowledged deliveries comes again, plus what was in flight.",
             json!(1000),
         ),
     ]

@@ -40,9 +40,10 @@ impl Group {
 
 /// An event's group: the source's own (`source`: the logical source's table and replica
 /// identity), else the primary key as the event's `pk` JSON (`pk_json`); or, when `columns` are
-/// named, their values' JSON exactly as the row holds them (a logical source's row: from `new`,
-/// else `old`, with the table). A column the row lacks, or a row that is not a JSON object, makes
-/// the event a barrier.
+/// named, their values' JSON exactly as the row holds them (a change stream's row: from `new`,
+/// else `old`, with the table; a column `new` lacks, which the server did not send because the
+/// change left it as it was, from `old`). A column the row lacks, or a row that is not a JSON
+/// object, makes the event a barrier.
 pub fn group_of(columns: Option<&[String]>, source: Option<&Group>, pk_json: &[u8], row_json: &[u8]) -> Group {
     use serde_json::value::RawValue;
     type Raw<'a> = std::collections::HashMap<&'a str, &'a RawValue>;
@@ -59,10 +60,20 @@ pub fn group_of(columns: Option<&[String]>, source: Option<&Group>, pk_json: &[u
             return Group::All;
         };
         parts.push(table.get().as_bytes());
-        let side = ["new", "old"].iter().filter_map(|side| row.get(side)).find(|value| value.get() != "null");
-        match side.and_then(|side| serde_json::from_str::<Raw<'_>>(side.get()).ok()) {
-            Some(values) => values,
-            None => return Group::All,
+        let image = |side: &str| {
+            row.get(side)
+                .filter(|value| value.get() != "null")
+                .and_then(|value| serde_json::from_str::<Raw<'_>>(value.get()).ok())
+        };
+        match (image("new"), image("old")) {
+            (Some(mut new), Some(old)) => {
+                for (column, value) in old {
+                    new.entry(column).or_insert(value);
+                }
+                new
+            }
+            (Some(values), None) | (None, Some(values)) => values,
+            (None, None) => return Group::All,
         }
     } else {
         row
@@ -341,6 +352,21 @@ mod tests {
         let delete =
             group_of(Some(&columns), Some(&logical), pk, br#"{"table":"s.t","new":null,"old":{"account":"x"}}"#);
         assert_eq!(insert, delete);
+        // An update whose new row lacks the column (unchanged, not sent): the old row's value.
+        let update = group_of(
+            Some(&columns),
+            Some(&logical),
+            pk,
+            br#"{"table":"s.t","new":{"note":"y"},"old":{"id":7,"account":"x"}}"#,
+        );
+        assert_eq!(update, insert);
+        let moved = group_of(
+            Some(&columns),
+            Some(&logical),
+            pk,
+            br#"{"table":"s.t","new":{"account":"z"},"old":{"account":"x"}}"#,
+        );
+        assert_ne!(moved, insert, "new's value first");
         assert_eq!(group_of(None, Some(&logical), pk, b"{}"), logical);
     }
 

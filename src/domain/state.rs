@@ -152,6 +152,9 @@ pub enum HistoryAction {
     QuarantinePurge,
     /// The tick restarted from the beginning of a new source load (`onChange: restart`).
     GenerationRestart,
+    /// The tick found the checkpoint again on another server's log, by GTID (a binary log's
+    /// failover, issue 39).
+    Rebase,
     /// An action a newer build wrote: kept as it is, so that this build never fails to read the
     /// document (which would stop the poller) nor rewrites the entry.
     #[serde(untagged)]

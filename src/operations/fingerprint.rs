@@ -25,7 +25,7 @@ pub async fn plan_accept(parts: Parts<'_>, operator: Operator<'_>) -> Result<Pla
         .position()
         .map_err(|error| OperationError::Invalid(format!("the stored checkpoint cannot be kept: {error}")))?;
     if let Some(position) = position
-        && let Err(mismatch) = position.fits_key(&config.source.pk)
+        && let Err(mismatch) = crate::source::fits_source_key(&config.source, &position)
     {
         return Err(OperationError::Invalid(format!(
             "refusing to keep the checkpoint: {mismatch}, with `--to-beginning`, `--to-end` or `--to-cursor`"

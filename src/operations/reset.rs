@@ -161,7 +161,8 @@ async fn logical_target(parts: Parts<'_>, to: &ResetTo) -> Result<ResetTarget, O
 
 /// Where a reset puts a binary-log poller's checkpoint: between the start of the oldest file the
 /// server keeps (`--to-beginning`) and the end of the log (`--to-end`); a cursor as an event
-/// carries it (a number) or as `file:offset` (`binlog.000042:1234`), with its ordinal.
+/// carries it (a number) or as `file:offset` (`binlog.000042:1234`), with its ordinal, or a GTID
+/// position (MariaDB: `0-1-1234`).
 async fn binlog_target(parts: Parts<'_>, to: &ResetTo) -> Result<ResetTarget, OperationError> {
     use crate::domain::binlog::{BinlogPos, FileNames};
     let Some(ends) = parts.source.slot_ends().await? else {
@@ -170,6 +171,20 @@ async fn binlog_target(parts: Parts<'_>, to: &ResetTo) -> Result<ResetTarget, Op
     let key = match to {
         ResetTo::Beginning => (ends.confirmed, 0),
         ResetTo::End => (ends.end, 0),
+        // A GTID position (MariaDB's `0-1-1234`, several domains separated by commas): the
+        // checkpoint covers every transaction up to it, and the next tick finds where that is in
+        // the server's log by GTID (a dump from it), on any server of the same history.
+        ResetTo::Cursor { value, .. } if value.contains('-') && !value.contains(':') => {
+            use crate::domain::binlog::{BY_GTID_ONLY, GtidMark, GtidPos};
+            let before = GtidPos::parse(value).filter(|pos| !pos.is_empty()).ok_or_else(|| {
+                OperationError::Invalid(format!(
+                    "{value:?} is not a GTID position: give it as MariaDB writes one (0-1-1234, or 0-1-1234,1-2-56 for \
+                     several domains)"
+                ))
+            })?;
+            let mark = GtidMark { tx: None, before };
+            return Ok(ResetTarget::After(crate::source::binlog::position_marked((BY_GTID_ONLY, 0), Some(&mark))));
+        }
         ResetTo::Cursor { value, keys } => {
             let ordinal = key_values(&parts.config.source.pk, keys)?.remove(0);
             let ordinal = ordinal.parse::<u32>().map_err(|_| {
@@ -192,7 +207,12 @@ async fn binlog_target(parts: Parts<'_>, to: &ResetTo) -> Result<ResetTarget, Op
         ResetTo::Checkpoint(json) => {
             let position = Position::try_from(json)
                 .map_err(|reason| OperationError::Invalid(format!("not a checkpoint position: {reason}")))?;
-            let (pos, ordinal) = crate::source::binlog::key_of(&position).map_err(OperationError::Invalid)?;
+            let at = crate::source::binlog::at_of(&position).map_err(OperationError::Invalid)?;
+            if at.mark.is_some() {
+                // With its GTIDs: the next tick finds it on the server read then, or stops.
+                return Ok(ResetTarget::After(position));
+            }
+            let (pos, ordinal) = at.key;
             (pos.cursor() as u64, ordinal)
         }
     };

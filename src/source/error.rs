@@ -34,6 +34,13 @@ pub enum SourceError {
          recreate the slot, `dbtrigger reset <poller> --to-end`, and load the gap again through a polling poller"
     )]
     SlotLost { location: String, slot: String, reason: String },
+    /// A logical source's replication slot read by another session (a slot has one reader): the
+    /// lease holder's tick, or another consumer.
+    #[error(
+        "the replication slot {slot:?} is in use by another process ({reason}): a slot has one reader; \
+         stop the other consumer, or give this poller a slot of its own"
+    )]
+    SlotInUse { location: String, slot: String, reason: String },
     /// A binary-log source's checkpoint in a file the server no longer keeps (purged): the
     /// changes in between are a gap no tick can deliver.
     #[error(

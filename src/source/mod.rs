@@ -76,6 +76,28 @@ pub struct FetchLimit {
 /// (the same stop-until-reset rule as a lost slot), before the file's name.
 pub const BINLOG_LOST_PREFIX: &str = "binary log ";
 
+/// Where a checkpoint is on the server read now, when a source read from a server's log (a
+/// binary log) finds that the log under it changed ([`Source::rebase`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rebase {
+    /// The checkpoint as it now is (`None`: it stays as it is).
+    pub checkpoint: Option<Position>,
+    /// The server the checkpoint is read on from now on, recorded as the document's `generation`.
+    pub server: Value,
+    /// What happened, for the document's history and a warning (`None`: nothing an operator needs
+    /// to see: the server recorded for the first time, a checkpoint completed).
+    pub what: Option<String>,
+}
+
+/// Whether a stored position fits the source's key ([`Position::fits_key`]): a binary-log
+/// source's position on MariaDB carries its GTIDs after the configured ordinal.
+pub fn fits_source_key(config: &SourceConfig, position: &Position) -> Result<(), crate::domain::cursor::KeyMismatch> {
+    if matches!(config.target, crate::config::SourceTarget::Binlog { .. }) && binlog::key_of(position).is_ok() {
+        return Ok(());
+    }
+    position.fits_key(&config.pk)
+}
+
 /// What one fetch returned.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Fetched {
@@ -124,6 +146,19 @@ pub trait Source: Send + Sync {
     /// last call: a tick reads it at its end, for its summary line.
     fn connection_wait(&self) -> std::time::Duration {
         std::time::Duration::ZERO
+    }
+
+    /// At the start of a tick, before any read: a source read from a server's log (a binary log)
+    /// looks at the server read now against `server`, the one the checkpoint was read on (the
+    /// document's `generation`), and says where the checkpoint is on it ([`Rebase`]), or fails
+    /// when it cannot tell (a lost log stops the poller). `None`: nothing to record.
+    async fn rebase(
+        &self,
+        checkpoint: Option<&Position>,
+        server: Option<&Value>,
+    ) -> Result<Option<Rebase>, SourceError> {
+        let _ = (checkpoint, server);
+        Ok(None)
     }
 
     /// A logical source's replication slot, as the server reports it; `None` for the others.

@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use base64::Engine as _;
 use chrono::{DateTime, NaiveDate, NaiveDateTime, NaiveTime, Utc};
 use serde_json::Value;
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlRow};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlRow, MySqlTypeInfo};
 use sqlx::{Column, Executor, Row, SqlSafeStr, Statement, TypeInfo, ValueRef};
 use tokio::sync::OnceCell;
 
@@ -100,7 +100,7 @@ impl MySqlSource {
             .columns()
             .iter()
             .find(|candidate| candidate.name() == self.config.cursor)
-            .map(|found| found.type_info().name().to_string())
+            .map(|found| type_name(found.type_info()).to_string())
             .ok_or_else(|| {
                 SourceError::Position(format!(
                     "column {:?} is not in the result of the source query",
@@ -139,6 +139,36 @@ impl MySqlSource {
         }
         Ok(build_seek(&self.config, &SeekPlan { cursor_type, placeholder_types: None }))
     }
+}
+
+/// The column's type as the decoder names it. The driver calls a string column binary when the wire
+/// sets its BINARY flag, which the server also sets for text in a binary *collation* (`utf8mb4_bin`,
+/// MariaDB's `JSON`): such a column is text unless its character set is `binary` (63), the only one
+/// whose bytes are not text. The driver keeps the character set private; its `Debug` form shows it
+/// (`sources::mariadb_text_with_a_binary_collation_stays_text` holds this reading).
+fn type_name(info: &MySqlTypeInfo) -> &str {
+    let name = info.name();
+    let text = match name {
+        "BINARY" => "CHAR",
+        "VARBINARY" => "VARCHAR",
+        "TINYBLOB" => "TINYTEXT",
+        "BLOB" => "TEXT",
+        "MEDIUMBLOB" => "MEDIUMTEXT",
+        "LONGBLOB" => "LONGTEXT",
+        _ => return name,
+    };
+    if character_set(info).is_some_and(|set| set != BINARY_CHARACTER_SET) { text } else { name }
+}
+
+/// The `binary` character set's number on the wire.
+const BINARY_CHARACTER_SET: u16 = 63;
+
+/// The character set number the driver read for the column, from its `Debug` form
+/// (`collation: Collation(46)`); `None` if that form changes, and the driver's own name stands.
+fn character_set(info: &MySqlTypeInfo) -> Option<u16> {
+    let shown = format!("{info:?}");
+    let (_, after) = shown.split_once("collation: Collation(")?;
+    after.split_once(')')?.0.parse().ok()
 }
 
 fn decode_value<'r>(row: &'r MySqlRow, index: usize, name: &str, type_name: &str) -> Result<Decoded<'r>, SourceError> {
@@ -196,11 +226,11 @@ fn decode_value<'r>(row: &'r MySqlRow, index: usize, name: &str, type_name: &str
 
 impl super::ColumnDecoder<MySqlRow> for MySqlSource {
     fn decode_column<'r>(&self, row: &'r MySqlRow, index: usize, name: &str) -> Result<Decoded<'r>, SourceError> {
-        decode_value(row, index, name, row.columns()[index].type_info().name())
+        decode_value(row, index, name, type_name(row.columns()[index].type_info()))
     }
 
     fn column_type(&self, row: &MySqlRow, index: usize) -> String {
-        row.columns()[index].type_info().name().to_string()
+        type_name(row.columns()[index].type_info()).to_string()
     }
 }
 

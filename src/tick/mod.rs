@@ -71,7 +71,7 @@ use crate::domain::poison::{self, PoisonMode};
 use crate::domain::state::describe;
 use crate::domain::transitions::{self, FingerprintCheck, GenerationCheck};
 use crate::sink::Sink;
-use crate::source::{FetchLimit, Source};
+use crate::source::{FetchLimit, Source, SourceError};
 use crate::store::{BlobStore, StateKey, StateStore, StateWriter, WriteFailure};
 
 use isolate::Isolation;
@@ -268,7 +268,14 @@ impl Poller {
 
         let mut writer = StateWriter::new(self.store.as_ref(), &key, etag);
         self.source.fence(false);
-        let result = self.work(&mut writer, &mut document, new_document, deadline).await;
+        let mut result = self.work(&mut writer, &mut document, new_document, deadline).await;
+        if let Err(TickError::Source(SourceError::SlotInUse { .. })) = &result
+            && !self.holds_lease(&document)
+            && let Some(held) = self.held_since(&key).await
+        {
+            // The slot's reader is the tick that took the lease after this one's first read.
+            result = Ok(held);
+        }
         // A source that moves a position of its own (a logical slot) keeps the lease to here: it
         // counts and moves under it, and the write that follows gives it back.
         let leased = self.may_act(&writer, &document);
@@ -339,6 +346,29 @@ impl Poller {
                     failure.first_failure_at.to_rfc3339()
                 ),
             }));
+        }
+        // A source read from a server's log (a binary log) says where the checkpoint is on the
+        // server read now: recorded by CAS before anything is read (a failover re-bases it).
+        let rebase = self
+            .source
+            .rebase(document.position()?.as_ref(), document.generation.as_ref().map(|record| &record.value))
+            .await?;
+        if let Some(rebase) = rebase {
+            let mut next = transitions::rebase(
+                document,
+                rebase.checkpoint.as_ref(),
+                &rebase.server,
+                rebase.what.as_deref(),
+                self.clock.now(),
+            );
+            if let Some(what) = &rebase.what {
+                warn!(poller = %self.config.poller_name, "{what}");
+            }
+            match writer.write(&mut next).await {
+                Ok(()) => *document = next,
+                Err(WriteFailure::Conflict(current)) => return Ok(held_by_whoever_wrote(current)),
+                Err(WriteFailure::Store(error)) => return Err(error.into()),
+            }
         }
         // 2. The source generation the work is bound to (seed 003), read before any row.
         let generation = self.source.generation().await?;
@@ -541,6 +571,16 @@ impl Poller {
             }
             _ if self.holds_lease(document) => self.release_lease(writer, document, false).await,
             _ => {}
+        }
+    }
+
+    /// The lease another owner holds now, read again: a tick that met a busy slot before taking
+    /// the lease stands down when the reader is the holder's tick, instead of failing.
+    async fn held_since(&self, key: &StateKey) -> Option<TickOutcome> {
+        let current = self.store.read(key).await.ok()??;
+        match lease::status(current.document.lease.as_ref(), &self.owner_id, self.clock.now(), &self.config.lease) {
+            LeaseStatus::HeldByOther { owner_id, expires_at } => Some(TickOutcome::LeaseHeld { owner_id, expires_at }),
+            _ => None,
         }
     }
 

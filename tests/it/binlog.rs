@@ -151,11 +151,11 @@ async fn what_mariadb_logs_decodes_to_the_polling_sources_json() {
     }
 }
 
-async fn connection(url: &str) -> sqlx::MySqlConnection {
+pub(crate) async fn connection(url: &str) -> sqlx::MySqlConnection {
     <sqlx::MySqlConnection as sqlx::Connection>::connect(url).await.unwrap()
 }
 
-async fn run(connection: &mut sqlx::MySqlConnection, sql: &str) {
+pub(crate) async fn run(connection: &mut sqlx::MySqlConnection, sql: &str) {
     sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_string())).execute(connection).await.unwrap();
 }
 

@@ -192,3 +192,93 @@ async fn a_tick_that_loses_the_race_for_the_lease_never_moves_the_slot() {
     assert_eq!(store.writes(), vec![], "an idle tick with no move owed writes nothing");
     drop_slot(&url, &slot).await;
 }
+
+/// The memory store, where another owner takes the lease just after this tick's first read (its
+/// tick read the document at the same moment, wrote first, and is reading the slot).
+struct TakenAfterRead {
+    inner: Arc<MemoryStore>,
+    fingerprint: String,
+    taken: AtomicBool,
+}
+
+#[async_trait]
+impl StateStore for TakenAfterRead {
+    async fn read(&self, key: &StateKey) -> Result<Option<Versioned>, StoreError> {
+        let read = self.inner.read(key).await?;
+        if !self.taken.swap(true, Ordering::SeqCst) {
+            let mut theirs = StateDocument::new("orders", &self.fingerprint);
+            if let Some(current) = &read {
+                theirs = current.document.clone();
+            }
+            let now = chrono::Utc::now();
+            theirs.lease = Some(LeaseRecord {
+                owner_id: Some("other".into()),
+                fencing_token: 1,
+                acquired_at: Some(now),
+                heartbeat_at: Some(now),
+                expires_at: Some(now + chrono::Duration::seconds(60)),
+            });
+            let condition =
+                read.as_ref().map_or(WriteCondition::Absent, |current| WriteCondition::Matches(current.etag.clone()));
+            self.inner.write(key, &theirs, condition).await?;
+        }
+        Ok(read)
+    }
+
+    async fn write(
+        &self,
+        key: &StateKey,
+        document: &StateDocument,
+        condition: WriteCondition,
+    ) -> Result<ETag, StoreError> {
+        self.inner.write(key, document, condition).await
+    }
+
+    fn describe(&self) -> String {
+        "memory store, its lease taken after the first read".into()
+    }
+}
+
+/// Finding 4's last collision: a tick's first peek runs before it takes the lease, so it can meet
+/// the slot read by the tick that took the lease after this one read the document. That tick
+/// stands down (the lease is held), records no failure and delivers nothing; the same busy slot
+/// with no live lease stays the error `logical_ops::a_slot_read_by_another_process_is_a_clear_error_naming_its_pid`
+/// pins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tick_that_meets_the_lease_holders_read_on_the_slot_stands_down() {
+    let (url, slot) = logical_database("CREATE TABLE orders (id BIGINT PRIMARY KEY)", "orders").await;
+    execute(&url, "INSERT INTO orders VALUES (1)").await;
+    // The holder's read of the slot, here another session's.
+    let mut holder = crate::logical_ops::another_reader(&url, &slot);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while crate::logical_ops::active_pid(&url, &slot).await.is_none() {
+        assert!(std::time::Instant::now() < deadline, "pg_recvlogical never took the slot");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let directory = tempfile::tempdir().unwrap();
+    let (_app, _settings, config) = logical_app(directory.path(), &url, &slot, 500);
+    let inner = Arc::new(MemoryStore::new());
+    let fingerprint = config.fingerprint.clone();
+    let store = Arc::new(TakenAfterRead { inner: inner.clone(), fingerprint, taken: AtomicBool::new(false) });
+    let key = dbtrigger::store::StateKey::new(&config.app_name, &config.poller_name);
+    let source = dbtrigger::source::open(&config.source).unwrap();
+    let sink = Arc::new(RecordingSink::new());
+    let poller = Poller::new(config, source, sink.clone(), store, Arc::new(SystemClock), "it".into());
+    let outcome = poller.tick().await;
+    let _ = holder.kill();
+    let _ = holder.wait();
+    match outcome {
+        Ok(TickOutcome::LeaseHeld { owner_id, .. }) => assert_eq!(owner_id, "other"),
+        other => panic!("the tick stands down for the holder: {other:?}"),
+    }
+    assert!(sink.batches().is_empty());
+    let document = inner.read(&key).await.unwrap().expect("the holder's document").document;
+    assert!(document.failure.is_none(), "no failure recorded: {:?}", document.failure);
+    assert_eq!(document.lease.and_then(|lease| lease.owner_id).as_deref(), Some("other"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while crate::logical_ops::active_pid(&url, &slot).await.is_some() {
+        assert!(std::time::Instant::now() < deadline, "the killed reader's walsender kept the slot");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    drop_slot(&url, &slot).await;
+}

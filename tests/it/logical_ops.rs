@@ -14,7 +14,7 @@ use crate::harness::run_dbtrigger;
 use crate::logical::{drop_slot, logical_app, logical_database, poller};
 use crate::sources::execute;
 
-async fn active_pid(url: &str, slot: &str) -> Option<i32> {
+pub(crate) async fn active_pid(url: &str, slot: &str) -> Option<i32> {
     let pool = sqlx::PgPool::connect(url).await.unwrap();
     let pid: Option<i32> = sqlx::query_scalar("SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1")
         .bind(slot)
@@ -25,8 +25,9 @@ async fn active_pid(url: &str, slot: &str) -> Option<i32> {
     pid
 }
 
-/// `pg_recvlogical` reading `slot`: another consumer holding it.
-fn another_reader(url: &str, slot: &str) -> Child {
+/// `pg_recvlogical` reading `slot`: another consumer holding it (and, sending no feedback, never
+/// moving it).
+pub(crate) fn another_reader(url: &str, slot: &str) -> Child {
     let program = std::fs::read_dir("/usr/lib/postgresql")
         .expect("PostgreSQL is installed under /usr/lib/postgresql")
         .filter_map(|entry| Some(entry.ok()?.path().join("bin/pg_recvlogical")))
@@ -35,6 +36,8 @@ fn another_reader(url: &str, slot: &str) -> Child {
     Command::new(program)
         .args(["-d", url, "--slot", slot, "--start", "-f", "/dev/null"])
         .args(["-o", "proto_version=1", "-o", "publication_names=feed"])
+        // No feedback for an hour: it holds the slot and never moves it.
+        .args(["--status-interval", "3600", "--fsync-interval", "3600"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -304,5 +307,43 @@ async fn source_origin_none_leaves_out_writes_under_an_origin_and_is_refused_bef
         execute(&url, "SELECT pg_replication_origin_drop('dbtrigger_writeback')").await;
     }
     pool.close().await;
+    drop_slot(&url, &slot).await;
+}
+
+/// `status` counts a logical poller's lag on a temporary copy of its slot: while another session
+/// reads the slot (as a tick of another process does), the count is still made, and the reader
+/// keeps the slot (before, the count failed with "active for PID", or took the slot from a tick).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_counts_the_lag_while_another_session_reads_the_slot() {
+    let (url, slot) = logical_database("CREATE TABLE orders (id BIGINT PRIMARY KEY)", "orders").await;
+    execute(&url, "INSERT INTO orders VALUES (1)").await;
+    let directory = tempfile::tempdir().unwrap();
+    let (_, _, config) = logical_app(directory.path(), &url, &slot, 10);
+    let source = dbtrigger::source::open(&config.source).unwrap();
+    let (poller, sink) = poller(config, source, Arc::new(MemoryStore::new()));
+    while !matches!(poller.tick().await.unwrap(), dbtrigger::tick::TickOutcome::Idle) {}
+    assert_eq!(sink.batches().iter().map(|batch| batch.events.len()).sum::<usize>(), 1);
+    execute(&url, "INSERT INTO orders VALUES (2), (3)").await;
+    execute(&url, "INSERT INTO orders VALUES (4)").await;
+    let mut other = another_reader(&url, &slot);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let pid = loop {
+        if let Some(pid) = active_pid(&url, &slot).await {
+            break pid;
+        }
+        assert!(std::time::Instant::now() < deadline, "pg_recvlogical never took the slot");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let health = dbtrigger::status::of_poller("orders", &poller, chrono::Utc::now()).await;
+    let still = active_pid(&url, &slot).await;
+    let _ = other.kill();
+    let _ = other.wait();
+    assert_eq!(health.lag_rows, Some(3), "three changes wait: {:?}", health.problems);
+    assert_eq!(still, Some(pid), "the reader keeps the slot");
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while active_pid(&url, &slot).await.is_some() {
+        assert!(std::time::Instant::now() < deadline, "the killed reader's walsender kept the slot");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     drop_slot(&url, &slot).await;
 }

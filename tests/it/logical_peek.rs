@@ -182,12 +182,13 @@ async fn a_peek_that_stops_at_its_byte_bound_leaves_the_rest_for_the_next() {
 }
 
 /// The backends (pid, start time) of the idle connections to `url`'s database whose last
-/// statement was a peek.
+/// statement was a peek (or the drop of a look's copy of the slot, after its peek).
 async fn idle_peek_backends(url: &str) -> Vec<(i32, String)> {
     let pool = sqlx::PgPool::connect(url).await.unwrap();
     let backends: Vec<(i32, String)> = sqlx::query_as(
         "SELECT pid, backend_start::text FROM pg_stat_activity WHERE state = 'idle' \
-         AND query LIKE '%pg_logical_slot_peek_binary_changes%' AND query NOT LIKE '%pg_stat_activity%' \
+         AND (query LIKE '%pg_logical_slot_peek_binary_changes%' OR query LIKE 'SELECT pg_drop_replication_slot($1)') \
+         AND query NOT LIKE '%pg_stat_activity%' \
          AND datname = current_database()",
     )
     .fetch_all(&pool)
@@ -204,7 +205,7 @@ async fn idle_peek_backends(url: &str) -> Vec<(i32, String)> {
 async fn the_peeks_connection_is_kept_from_tick_to_tick_and_replaced_when_the_server_ended_it() {
     let (url, slot) = logical_database("CREATE TABLE orders (id BIGINT PRIMARY KEY)", "orders").await;
     let directory = tempfile::tempdir().unwrap();
-    let config = config(directory.path(), &url, &slot, 1000, 4);
+    let config = config(directory.path(), &url, &slot, 1000, 1);
     let source = dbtrigger::source::open(&config.source).unwrap();
     let (poller, sink) = poller(config, source, Arc::new(MemoryStore::new()));
     let delivered = |sink: &dbtrigger::sink::recording::RecordingSink| -> Vec<i64> {
@@ -234,5 +235,19 @@ async fn the_peeks_connection_is_kept_from_tick_to_tick_and_replaced_when_the_se
     }
     assert_eq!(backends[0], backends[1], "the same backend served the ticks of rounds 0 and 1");
     assert_ne!(backends[1], backends[2], "the ended backend was replaced");
+    // A look (status's count) reads a temporary copy of the slot on the kept connection: the copy
+    // is dropped before the connection is kept again, so that it holds no WAL meanwhile.
+    execute(&url, "INSERT INTO orders VALUES (1000), (1001)").await;
+    let health = dbtrigger::status::of_poller("orders", &poller, chrono::Utc::now()).await;
+    assert_eq!(health.lag_rows, Some(2), "{:?}", health.problems);
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let copies: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'dbtrigger_look_%'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    pool.close().await;
+    assert_eq!(copies, 0, "no copy of the slot outlives its look");
+    assert_eq!(idle_peek_backends(&url).await.len(), 1, "the look's connection is kept");
     drop_slot(&url, &slot).await;
 }

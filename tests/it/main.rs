@@ -4,6 +4,8 @@
 mod azure;
 mod big_rows;
 mod binlog;
+mod binlog_gtid;
+mod binlog_keys;
 mod binlog_ops;
 mod budget;
 mod chaos;

@@ -726,3 +726,26 @@ async fn a_timed_out_question_keeps_its_connection_permit_until_the_connection_i
         started.elapsed()
     );
 }
+
+/// A text column with a binary collation (`utf8mb4_bin`, which MariaDB's `JSON` also has) is text, not bytes:
+/// the wire marks such columns with the BINARY flag, so the column's character set, not the flag, decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_text_with_a_binary_collation_stays_text() {
+    let url = mariadb().fresh_database().await;
+    let row = first_row(
+        &url,
+        "CREATE TABLE items (id INT PRIMARY KEY, c BIGINT NOT NULL, code VARCHAR(20) COLLATE utf8mb4_bin, \
+         fixed CHAR(3) COLLATE utf8mb4_bin, note LONGTEXT COLLATE utf8mb4_bin, doc JSON, raw VARBINARY(8), \
+         blobby BLOB, padded BINARY(2));\n",
+        "INSERT INTO items VALUES (1, 5, 'Zoë', 'abc', 'long Zoë', '{\"k\": [1, 2]}', x'0102ff', x'00ff', x'0102');\n",
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        Value::Object(row),
+        json!({
+            "id": 1, "c": 5, "code": "Zoë", "fixed": "abc", "note": "long Zoë", "doc": "{\"k\": [1, 2]}",
+            "raw": "AQL/", "blobby": "AP8=", "padded": "AQI="
+        })
+    );
+}

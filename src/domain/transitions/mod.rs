@@ -35,7 +35,7 @@ use chrono::{DateTime, Utc};
 use super::cursor::Position;
 use super::state::CheckpointRegression;
 pub use super::state::{HistoryAction, HistoryEntry};
-pub use identity::{FingerprintCheck, GenerationCheck, check_fingerprint, check_generation};
+pub use identity::{FingerprintCheck, GenerationCheck, check_fingerprint, check_generation, rebase};
 pub use operator::{accept_fingerprint, audit, clone_to, reset};
 pub use tick::{
     Delivered, acquire, clear_failures, commit, commit_isolating, heartbeat, record_failure, record_tick_failure,

@@ -10,7 +10,7 @@ use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts, OptsBuilder, Ss
 
 use super::values::{ColumnInfo, TableInfo};
 use crate::config::redact::Redaction;
-use crate::domain::binlog::{BinlogPos, FileNames};
+use crate::domain::binlog::{BinlogPos, FileNames, GtidPos};
 use crate::source::SourceError;
 
 /// Connection options from a `mysql://` URL as the polling source takes it (`ssl-mode`
@@ -85,47 +85,26 @@ pub async fn end_position(conn: &mut Conn) -> Result<Result<(BinlogPos, FileName
     }))
 }
 
-/// The configured tables' columns, as `information_schema` has them now.
+/// The configured tables' columns, as `information_schema` has them now (their types, and the
+/// primary key's columns for a table map that does not name them).
 pub async fn table_info(conn: &mut Conn, tables: &[String]) -> Result<HashMap<String, TableInfo>, mysql_async::Error> {
     let mut info: HashMap<String, TableInfo> = HashMap::new();
     for table in tables {
         let Some((database, name)) = table.split_once('.') else { continue };
-        let rows: Vec<(String, String, String)> = conn
+        let rows: Vec<(String, String, String, i64)> = conn
             .exec(
-                "SELECT COLUMN_NAME, LOWER(DATA_TYPE), LOWER(COLUMN_TYPE) FROM information_schema.COLUMNS \
-                 WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+                "SELECT COLUMN_NAME, LOWER(DATA_TYPE), LOWER(COLUMN_TYPE), COLUMN_KEY = 'PRI' \
+                 FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
                 (database, name),
             )
             .await?;
         let mut columns = TableInfo::new();
-        for (column, data_type, column_type) in rows {
-            columns.insert(column, ColumnInfo { data_type, column_type });
-        }
-        // MariaDB's JSON is LONGTEXT with a json_valid check: the polling source reads it as JSON.
-        let checks: Vec<(String,)> = conn
-            .exec(
-                "SELECT CHECK_CLAUSE FROM information_schema.CHECK_CONSTRAINTS \
-                 WHERE CONSTRAINT_SCHEMA = ? AND TABLE_NAME = ?",
-                (database, name),
-            )
-            .await
-            .unwrap_or_default();
-        for (clause,) in checks {
-            if let Some(column) = json_valid_column(&clause)
-                && let Some(info) = columns.get_mut(&column)
-            {
-                info.data_type = "json".into();
-            }
+        for (column, data_type, column_type, key) in rows {
+            columns.insert(column, ColumnInfo { data_type, column_type, key: key != 0 });
         }
         info.insert(table.clone(), columns);
     }
     Ok(info)
-}
-
-/// The column of a `json_valid(`col`)` check.
-fn json_valid_column(clause: &str) -> Option<String> {
-    let rest = clause.trim().strip_prefix("json_valid(")?.strip_suffix(')')?;
-    Some(rest.trim_matches('`').to_string())
 }
 
 /// A dump from `from`, to the end of what is written (non-blocking), as replica `server_id`.
@@ -145,15 +124,62 @@ pub async fn dump(
     conn.get_binlog_stream(request).await
 }
 
+/// Who the server is, as a checkpoint records it: MariaDB has no server UUID, its `server_id`
+/// (which replication needs distinct on every server of a topology) names it; MySQL's
+/// `server_uuid`. And whether it is MariaDB (whose GTIDs the checkpoint records).
+pub async fn identity(conn: &mut Conn) -> Result<(String, bool), mysql_async::Error> {
+    let (id, version): (Option<u64>, Option<String>) =
+        conn.query_first("SELECT @@server_id, @@version").await?.unwrap_or((None, None));
+    let mariadb = version.as_deref().is_some_and(|version| version.contains("MariaDB"));
+    let id = id.unwrap_or(0);
+    if mariadb {
+        return Ok((format!("server_id {id}"), true));
+    }
+    let uuid: Option<String> = conn.query_first("SELECT @@server_uuid").await.ok().flatten();
+    Ok((uuid.map(|uuid| format!("server_uuid {uuid}")).unwrap_or_else(|| format!("server_id {id}")), false))
+}
+
+/// MariaDB's `@@gtid_binlog_pos`: the last GTID of each domain in its binary log.
+pub async fn gtid_binlog_pos(conn: &mut Conn) -> Result<Result<GtidPos, String>, mysql_async::Error> {
+    let text: Option<String> = conn.query_first("SELECT @@gtid_binlog_pos").await?;
+    let text = text.unwrap_or_default();
+    Ok(GtidPos::parse(&text).ok_or_else(|| format!("@@gtid_binlog_pos is {text:?}, not a GTID position")))
+}
+
+/// MariaDB's `@@gtid_strict_mode`: the server refuses to log a GTID whose sequence number does not
+/// grow within its domain.
+pub async fn gtid_strict_mode(conn: &mut Conn) -> Result<bool, mysql_async::Error> {
+    let strict: Option<Option<i64>> = conn.query_first("SELECT @@gtid_strict_mode").await?;
+    Ok(strict.flatten().unwrap_or(0) != 0)
+}
+
+/// MariaDB's `BINLOG_GTID_POS(file, offset)`: the GTID position at a place in the binary log,
+/// `None` when the place is not the start of an event of a file the server keeps. (The server
+/// reads the file from its start to there.)
+pub async fn gtid_pos_at(
+    conn: &mut Conn,
+    names: &FileNames,
+    at: BinlogPos,
+) -> Result<Option<GtidPos>, mysql_async::Error> {
+    let text: Option<Option<String>> =
+        conn.exec_first("SELECT BINLOG_GTID_POS(?, ?)", (names.name(at.file), at.offset)).await?;
+    Ok(text.flatten().and_then(|text| GtidPos::parse(&text)))
+}
+
+/// A MariaDB dump by GTID: from the first transaction after `from` (what a replica with
+/// `MASTER_USE_GTID` asks: `@slave_connect_state`, then `COM_BINLOG_DUMP` with no file name),
+/// non-blocking, as replica `server_id`.
+pub async fn dump_by_gtid(mut conn: Conn, server_id: u32, from: &GtidPos) -> Result<BinlogStream, mysql_async::Error> {
+    conn.query_drop("SET @mariadb_slave_capability = 4").await?;
+    conn.exec_drop("SET @slave_connect_state = ?", (from.to_string(),)).await?;
+    conn.query_drop("SET @slave_gtid_strict_mode = 0, @slave_gtid_ignore_duplicates = 0").await?;
+    let request = BinlogStreamRequest::new(server_id).with_non_blocking();
+    conn.get_binlog_stream(request).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_mariadb_json_check_names_its_column() {
-        assert_eq!(json_valid_column("json_valid(`doc`)"), Some("doc".into()));
-        assert_eq!(json_valid_column("`a` > 0"), None);
-    }
 
     #[test]
     fn url_options_carry_the_target_and_tls() {

@@ -36,10 +36,8 @@ pub async fn missing(conn: &mut mysql_async::Conn) -> Result<Vec<String>, mysql_
     for (name, wanted) in
         [("log_bin", "ON"), ("binlog_format", "ROW"), ("binlog_row_image", "FULL"), ("binlog_row_metadata", "FULL")]
     {
-        match value(name) {
-            Some(value) if value.eq_ignore_ascii_case(wanted) => {}
-            Some(value) => missing.push(format!("{name} is {value}: set it to {wanted}")),
-            None => missing.push(format!("{name} is unknown to this server: it needs {wanted}")),
+        if let Some(finding) = finding(name, value(name).as_deref(), wanted) {
+            missing.push(finding);
         }
     }
     let grants: Vec<String> = conn.query("SHOW GRANTS").await?;
@@ -54,6 +52,29 @@ pub async fn missing(conn: &mut mysql_async::Conn) -> Result<Vec<String>, mysql_
     Ok(missing)
 }
 
+/// What a server variable's value lacks, if anything (`binlog_row_image` says what a partial
+/// image costs).
+fn finding(name: &str, value: Option<&str>, wanted: &str) -> Option<String> {
+    let value = match value {
+        Some(value) if value.eq_ignore_ascii_case(wanted) => return None,
+        Some(value) => value,
+        None => return Some(format!("{name} is unknown to this server: it needs {wanted}")),
+    };
+    let cost = match (name, value.to_ascii_uppercase().as_str()) {
+        ("binlog_row_image", "MINIMAL") => {
+            " (under MINIMAL an update's old row holds only its primary key and its new row only the columns it \
+             set, a delete's old row only its key: what is not logged is left out of the events and named in \
+             their not_logged, never sent as null)"
+        }
+        ("binlog_row_image", "NOBLOB") => {
+            " (under NOBLOB the BLOB and TEXT columns a statement did not set are not logged: they are left out of \
+             the events and named in their not_logged, never sent as null)"
+        }
+        _ => "",
+    };
+    Some(format!("{name} is {value}: set it to {wanted}{cost}"))
+}
+
 /// [`missing`] on the server of `url` (its errors as text, the URL's secrets scrubbed).
 pub async fn check(url: &str) -> Result<Vec<String>, String> {
     let redaction = crate::config::redact::Redaction::of_url(url);
@@ -62,4 +83,24 @@ pub async fn check(url: &str) -> Result<Vec<String>, String> {
     let missing = missing(&mut conn).await.map_err(|error| redaction.scrub(&error.to_string()));
     let _ = conn.disconnect().await;
     missing
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_partial_row_image_says_what_it_costs() {
+        assert_eq!(finding("binlog_row_image", Some("full"), "FULL"), None);
+        let minimal = finding("binlog_row_image", Some("MINIMAL"), "FULL").unwrap();
+        assert!(minimal.starts_with("binlog_row_image is MINIMAL: set it to FULL"), "{minimal}");
+        assert!(minimal.contains("only its primary key") && minimal.contains("not_logged"), "{minimal}");
+        let noblob = finding("binlog_row_image", Some("NOBLOB"), "FULL").unwrap();
+        assert!(noblob.contains("BLOB and TEXT") && noblob.contains("not_logged"), "{noblob}");
+        assert_eq!(finding("log_bin", Some("OFF"), "ON").unwrap(), "log_bin is OFF: set it to ON");
+        assert_eq!(
+            finding("binlog_row_metadata", None, "FULL").unwrap(),
+            "binlog_row_metadata is unknown to this server: it needs FULL"
+        );
+    }
 }

@@ -4,7 +4,7 @@
 //! from the current end, and the tick records where a read that found nothing ended
 //! ([`Source::resting_position`]), so nothing committed after its first tick is skipped.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -12,18 +12,30 @@ use mysql_async::{BinlogStream, Conn, Opts};
 use serde_json::{Map, Value};
 use tokio::sync::Mutex;
 
-use super::events::{Change, Decoder, Step, TransactionFields};
+use super::events::{Change, Decoder, Step, TransactionFields, order_group};
 use super::server;
 use crate::config::redact::Redaction;
 use crate::config::{SourceConfig, SourceTarget};
-use crate::domain::binlog::{self, BinlogPos, FileNames};
+use crate::domain::binlog::{self, BinlogPos, FileNames, Gtid, GtidMark, GtidPos, Reader, Resume};
 use crate::domain::event::RowJson;
 use crate::domain::keyed::Group;
 use crate::domain::{CursorValue, PkValue, Position};
-use crate::source::{FetchLimit, Fetched, Probe, Source, SourceError, SourceRow, timed};
+use crate::source::{FetchLimit, Fetched, Probe, Rebase, Source, SourceError, SourceRow, timed};
 
 /// A position: the transaction's start and the change's ordinal in it (0: before its first).
 pub type Key = (BinlogPos, u32);
+
+/// A checkpoint's place: its key and, on MariaDB, its GTIDs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct At {
+    pub key: Key,
+    pub mark: Option<GtidMark>,
+}
+
+/// The key columns a MariaDB position adds after the ordinal: its transaction's GTID (empty when
+/// none names the position yet) and the GTID position before that transaction.
+pub const GTID_KEY: &str = "gtid";
+pub const GTID_POS_KEY: &str = "gtid_pos";
 
 /// The most a count reads (status's lag).
 pub const COUNT_CAP: u64 = 100_000;
@@ -35,7 +47,23 @@ pub fn position(key: Key) -> Position {
     }
 }
 
+/// A position with its GTIDs (MariaDB), as a checkpoint and an event's `pk` carry them.
+pub fn position_marked(key: Key, mark: Option<&GtidMark>) -> Position {
+    let mut position = position(key);
+    if let Some(mark) = mark {
+        let tx = mark.tx.map(|tx| tx.to_string()).unwrap_or_default();
+        position.pk.push((GTID_KEY.to_string(), PkValue::Text(tx)));
+        position.pk.push((GTID_POS_KEY.to_string(), PkValue::Text(mark.before.to_string())));
+    }
+    position
+}
+
 pub fn key_of(position: &Position) -> Result<Key, String> {
+    at_of(position).map(|at| at.key)
+}
+
+/// A checkpoint's key and GTIDs.
+pub fn at_of(position: &Position) -> Result<At, String> {
     let foreign = || {
         format!(
             "the checkpoint ({}) is not a binary-log source's (position, ordinal): the poller's source changed kind; reset it",
@@ -44,9 +72,17 @@ pub fn key_of(position: &Position) -> Result<Key, String> {
     };
     let CursorValue::Integer(cursor) = position.cursor else { return Err(foreign()) };
     let pos = BinlogPos::of_cursor(cursor).ok_or_else(foreign)?;
+    let ordinal = |name: &String, ordinal: &i64| {
+        (name == crate::config::LOGICAL_KEY).then(|| u32::try_from(*ordinal).ok()).flatten().ok_or_else(foreign)
+    };
     match position.pk.as_slice() {
-        [(name, PkValue::Integer(ordinal))] if name == crate::config::LOGICAL_KEY => {
-            Ok((pos, u32::try_from(*ordinal).map_err(|_| foreign())?))
+        [(name, PkValue::Integer(number))] => Ok(At { key: (pos, ordinal(name, number)?), mark: None }),
+        [(name, PkValue::Integer(number)), (gtid, PkValue::Text(tx)), (gtid_pos, PkValue::Text(before))]
+            if gtid == GTID_KEY && gtid_pos == GTID_POS_KEY =>
+        {
+            let tx = if tx.is_empty() { None } else { Some(Gtid::parse(tx).ok_or_else(foreign)?) };
+            let before = GtidPos::parse(before).ok_or_else(foreign)?;
+            Ok(At { key: (pos, ordinal(name, number)?), mark: Some(GtidMark { tx, before }) })
         }
         _ => Err(foreign()),
     }
@@ -66,8 +102,10 @@ pub struct BinlogSource {
 #[derive(Default)]
 struct Reading {
     open: Option<Open>,
-    /// A read from this position found nothing after it up to that end.
-    rest: Option<(Option<Key>, BinlogPos)>,
+    /// A read from this position found nothing after it: where the checkpoint may rest.
+    rest: Option<(Option<Key>, Key, Position)>,
+    /// Each table's primary key as this tick's changes had it ([`order_group`]).
+    keys: HashMap<String, Option<std::sync::Arc<[String]>>>,
 }
 
 /// A dump being read.
@@ -77,6 +115,8 @@ struct Open {
     /// The last change handed out (the position asked from, before the first).
     at: Option<Key>,
     pending: VecDeque<(Key, SourceRow)>,
+    /// Where the dump started and the transaction it expects there (MariaDB), for a message.
+    from: (String, BinlogPos, Option<Gtid>),
 }
 
 impl BinlogSource {
@@ -112,12 +152,16 @@ impl BinlogSource {
         Conn::new(self.options.clone()).await.map_err(|error| self.error(error))
     }
 
-    fn key(&self, after: Option<&Position>) -> Result<Option<Key>, SourceError> {
-        let key = after.map(key_of).transpose().map_err(SourceError::Position)?;
-        if key.is_some() {
-            *self.known.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = key;
+    fn key(&self, after: Option<&Position>) -> Result<Option<At>, SourceError> {
+        let at = after.map(at_of).transpose().map_err(SourceError::Position)?;
+        if let Some(at) = &at {
+            *self.known.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(at.key);
         }
-        Ok(key)
+        Ok(at)
+    }
+
+    fn lost(&self, file: String, reason: String) -> SourceError {
+        SourceError::BinlogLost { location: self.redaction.location.clone(), file, reason }
     }
 
     /// Where the binary log ends, its naming, and the oldest file it keeps.
@@ -134,29 +178,73 @@ impl BinlogSource {
         Ok((end, names, oldest, sizes))
     }
 
-    /// A dump after `after` (from the end when `None`); `counting`: changes are counted, not decoded.
-    async fn start(&self, after: Option<Key>, counting: bool) -> Result<Open, SourceError> {
+    /// A dump after `after` (from the end when `None`) for `reader`, with its replica id; a
+    /// count's changes are counted, not decoded. On MariaDB, a checkpoint's GTIDs are checked
+    /// against the log there: its transaction must be the first read, or (no transaction names it)
+    /// `BINLOG_GTID_POS` there must be its GTID position; otherwise the log was reset or replaced
+    /// under it, and the read stops as lost.
+    async fn start(&self, after: Option<&At>, reader: Reader) -> Result<Open, SourceError> {
         let mut conn = self.connect().await?;
         let (end, names, oldest, _) = self.ends(&mut conn).await?;
-        let from = after.map(|(pos, _)| pos).unwrap_or(end);
-        if let Some(reason) = binlog::lost_reason(from, oldest, &names) {
-            return Err(SourceError::BinlogLost {
-                location: self.redaction.location.clone(),
-                file: names.name(from.file),
-                reason,
-            });
+        let from = after.map(|at| at.key.0).unwrap_or(end);
+        if from == binlog::BY_GTID_ONLY && after.is_some_and(|at| at.mark.is_some()) {
+            return Err(self.query(
+                "the checkpoint was placed by GTID and has no file position yet: the next tick finds it".into(),
+            ));
         }
+        if let Some(reason) = binlog::lost_reason(from, oldest, &names) {
+            return Err(self.lost(names.name(from.file), reason));
+        }
+        let mark = after.and_then(|at| at.mark.clone());
+        if let Some(mark) = &mark
+            && mark.tx.is_none()
+        {
+            let there = server::gtid_pos_at(&mut conn, &names, from).await.map_err(|error| self.error(error))?;
+            if there.as_ref() != Some(&mark.before) {
+                return Err(self.lost(
+                    names.name(from.file),
+                    format!(
+                        "the GTID position at {}:{} is {}, not the checkpoint's ({}): the binary log was reset or replaced \
+                         under the checkpoint, and its GTIDs may name other transactions now. If the server's GTID state was \
+                         carried over, `dbtrigger reset <poller> --to-cursor {}`",
+                        names.name(from.file),
+                        from.offset,
+                        there.map(|pos| pos.to_string()).unwrap_or_else(|| "not known (not the start of an event)".into()),
+                        mark.before,
+                        mark.before
+                    ),
+                ));
+            }
+        }
+        let strict = match &mark {
+            Some(_) => server::gtid_strict_mode(&mut conn).await.map_err(|error| self.error(error))?,
+            None => false,
+        };
         let info = server::table_info(&mut conn, &self.tables).await.map_err(|error| self.error(error))?;
-        // A count reads beside a tick: a replica id of its own, or the server would drop the tick's.
-        let server_id = if counting { self.server_id ^ 1 } else { self.server_id };
+        // `status` reads beside a tick: a replica id of its own, or the server would drop the tick's.
+        let server_id = binlog::reader_id(self.server_id, reader);
         let stream = server::dump(conn, server_id, &names, from).await.map_err(|error| self.error(error))?;
-        let mut decoder = Decoder::new(&self.tables, info, after);
-        decoder.counting(counting);
-        Ok(Open { stream, decoder, at: after, pending: VecDeque::new() })
+        let key = after.map(|at| at.key);
+        let mut decoder = Decoder::new(&self.tables, info, key);
+        decoder.counting(reader == Reader::Count);
+        let expect = mark.as_ref().and_then(|mark| mark.tx);
+        if let Some(mark) = mark {
+            // Transactions the checkpoint's GTID position holds are left out only where the server
+            // guarantees sequence numbers grow in a domain; elsewhere such a transaction might be
+            // a new one numbered lower, and is delivered (at least once, never skipped).
+            let covers = if strict { Some(mark.clone()) } else { None };
+            decoder.track_gtids(mark.before.clone(), covers, expect);
+        }
+        Ok(Open { stream, decoder, at: key, pending: VecDeque::new(), from: (names.name(from.file), from, expect) })
     }
 
-    /// The next change of the dump; `None` at the end of what is written.
-    async fn next(&self, open: &mut Open) -> Result<Option<(Key, SourceRow)>, SourceError> {
+    /// The next change of the dump; `None` at the end of what is written. `keys`: each table's
+    /// primary key as the changes before had it (for their order keys).
+    async fn next(
+        &self,
+        open: &mut Open,
+        keys: &mut HashMap<String, Option<std::sync::Arc<[String]>>>,
+    ) -> Result<Option<(Key, SourceRow)>, SourceError> {
         loop {
             if let Some(change) = open.pending.pop_front() {
                 return Ok(Some(change));
@@ -164,25 +252,62 @@ impl BinlogSource {
             let Some(event) = open.stream.next().await else {
                 return Ok(None);
             };
-            let event = event.map_err(|error| self.error(error))?;
+            let event = match event {
+                Ok(event) => event,
+                // The server refuses to read from the checkpoint's place before its transaction
+                // (ER_MASTER_FATAL_ERROR_READING_BINLOG: not the start of an event, in a log reset
+                // or replaced under it): the same stop as a transaction found there that is not it.
+                Err(mysql_async::Error::Server(error)) if error.code == 1236 && open.decoder.expecting() => {
+                    let (file, from, _) = &open.from;
+                    return Err(self.lost(
+                        file.clone(),
+                        format!(
+                            "the server cannot read its binary log from the checkpoint's place ({file}:{}): {}; the log \
+                             was reset or replaced under the checkpoint. If the server's GTID state was carried over, \
+                             `dbtrigger reset <poller> --to-cursor` the checkpoint's GTID position (its `gtid_pos`)",
+                            from.offset,
+                            self.redaction.scrub(&error.message)
+                        ),
+                    ));
+                }
+                Err(error) => return Err(self.error(error)),
+            };
             let Open { stream, decoder, pending, .. } = open;
             let step = decoder
                 .push(&event, |id| stream.get_tme(id))
                 .map_err(|reason| self.query(format!("binary log at {}: {reason}", decoder.position().offset)))?;
+            if let Step::Foreign(found) = step {
+                let (file, from, expected) = &open.from;
+                return Err(self.lost(
+                    file.clone(),
+                    format!(
+                        "the transaction at {file}:{} is {}, not the checkpoint's {}: the binary log was reset or replaced \
+                         under the checkpoint. If the server's GTID state was carried over, `dbtrigger reset <poller> \
+                         --to-cursor` the checkpoint's GTID position (its `gtid_pos`)",
+                        from.offset,
+                        found.map(|gtid| gtid.to_string()).unwrap_or_else(|| "not a transaction's start".into()),
+                        expected.map(|gtid| gtid.to_string()).unwrap_or_default(),
+                    ),
+                ));
+            }
             if let Step::Changes(changes) = step {
                 let fields =
                     decoder.fields().cloned().ok_or_else(|| self.query("a change outside a transaction".into()))?;
                 let head = fields_json(&fields);
+                let mark =
+                    fields.mariadb.as_ref().map(|(tx, before)| GtidMark { tx: Some(*tx), before: before.clone() });
                 for change in changes {
                     let key = change.at;
-                    pending.push_back((key, row_of(&head, change)));
+                    let group = order_group(&change, keys);
+                    pending.push_back((key, row_of(&head, change, mark.as_ref(), group)));
                 }
             }
         }
     }
 
     async fn deliver(&self, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
-        let after = self.key(after)?;
+        let at = self.key(after)?;
+        let after = at.as_ref().map(|at| at.key);
         let mut reading = self.reading.lock().await;
         if reading.open.as_ref().is_some_and(|open| open.at != after) {
             reading.open = None;
@@ -194,24 +319,53 @@ impl BinlogSource {
             // tick start at a later end and skip what this one read.
             reading.open = None;
             let mut conn = self.connect().await?;
-            let (end, ..) = self.ends(&mut conn).await?;
+            let (end, names, ..) = self.ends(&mut conn).await?;
+            let (_, mariadb) = server::identity(&mut conn).await.map_err(|error| self.error(error))?;
+            // MariaDB: the GTID position there, which the next reads check and a failover resumes from.
+            let mark = if mariadb {
+                let before = server::gtid_pos_at(&mut conn, &names, end).await.map_err(|error| self.error(error))?;
+                let before = before.ok_or_else(|| {
+                    self.query(format!(
+                        "BINLOG_GTID_POS({}, {}) is not known: the log moved, try again",
+                        names.name(end.file),
+                        end.offset
+                    ))
+                })?;
+                Some(GtidMark { tx: None, before })
+            } else {
+                None
+            };
             let _ = conn.disconnect().await;
-            reading.rest = Some((None, end));
+            reading.rest = Some((None, (end, 0), position_marked((end, 0), mark.as_ref())));
             return Ok(Fetched { rows: Vec::new(), full: false });
         }
         if reading.open.is_none() {
-            reading.open = Some(self.start(after, false).await?);
+            reading.open = Some(self.start(at.as_ref(), Reader::Tick).await?);
         }
         let mut rows = Vec::new();
         let mut bytes = 0usize;
         loop {
-            let open = reading.open.as_mut().expect("a dump is open");
-            let Some((key, row)) = self.next(open).await? else {
+            let Reading { open, keys, .. } = &mut *reading;
+            let open = open.as_mut().expect("a dump is open");
+            let Some((key, row)) = self.next(open, keys).await? else {
                 let end = open.decoder.position();
                 let in_transaction = open.decoder.in_transaction();
+                // MariaDB: rest at the start of the last transaction read (none of it is this
+                // poller's), which names the place by its GTID; elsewhere at the end of the read.
+                let rest = match (open.decoder.gtid_pos(), open.decoder.last_committed()) {
+                    (None, _) => Some(((end, 0), position((end, 0)))),
+                    (Some(_), Some(TransactionFields { start, mariadb: Some((tx, before)), .. })) => {
+                        let mark = GtidMark { tx: Some(*tx), before: before.clone() };
+                        Some(((*start, 0), position_marked((*start, 0), Some(&mark))))
+                    }
+                    (Some(_), _) => None,
+                };
                 reading.open = None;
-                if rows.is_empty() && !in_transaction {
-                    reading.rest = Some((after, end));
+                if rows.is_empty()
+                    && !in_transaction
+                    && let Some((key, rest)) = rest
+                {
+                    reading.rest = Some((after, key, rest));
                 }
                 return Ok(Fetched { rows, full: in_transaction });
             };
@@ -233,14 +387,16 @@ impl BinlogSource {
     /// Up to `limit` changes after `after` (counted only when `counting`), and whether more follow.
     async fn look(
         &self,
-        after: Option<Key>,
+        after: Option<&At>,
         limit: u64,
         counting: bool,
     ) -> Result<(Vec<SourceRow>, u64, bool), SourceError> {
-        let mut open = self.start(after, counting).await?;
+        let reader = if counting { Reader::Count } else { Reader::Look };
+        let mut open = self.start(after, reader).await?;
         let mut rows = Vec::new();
         let mut count = 0u64;
-        while let Some((_, row)) = self.next(&mut open).await? {
+        let mut keys = HashMap::new();
+        while let Some((_, row)) = self.next(&mut open, &mut keys).await? {
             count += 1;
             if count > limit {
                 return Ok((rows, limit, true));
@@ -250,6 +406,144 @@ impl BinlogSource {
             }
         }
         Ok((rows, count, false))
+    }
+}
+
+impl BinlogSource {
+    /// [`Source::rebase`]: the server read now, against the one recorded and the checkpoint
+    /// ([`binlog::judge`]).
+    async fn rebased(
+        &self,
+        conn: &mut Conn,
+        at: Option<At>,
+        recorded: Option<&str>,
+    ) -> Result<Option<Rebase>, SourceError> {
+        let (identity, mariadb) = server::identity(conn).await.map_err(|error| self.error(error))?;
+        let server = Value::from(identity.clone());
+        let record = (recorded != Some(identity.as_str())).then(|| Rebase {
+            checkpoint: None,
+            server: server.clone(),
+            what: None,
+        });
+        let Some(at) = at else { return Ok(record) };
+        let (end, names, oldest, _) = self.ends(conn).await?;
+        if mariadb
+            && at.mark.is_none()
+            && recorded.is_none_or(|recorded| recorded == identity)
+            && at.key.0.file >= oldest
+        {
+            // A checkpoint by file position only (an earlier build's, or `reset` to a position):
+            // the GTID position there completes it.
+            let before = server::gtid_pos_at(conn, &names, at.key.0).await.map_err(|error| self.error(error))?;
+            let before = before.ok_or_else(|| {
+                self.query(format!(
+                    "{}:{} is not the start of an event in the binary log: reset the poller to a transaction's start",
+                    names.name(at.key.0.file),
+                    at.key.0.offset
+                ))
+            })?;
+            let mark = GtidMark { tx: None, before };
+            return Ok(Some(Rebase { checkpoint: Some(position_marked(at.key, Some(&mark))), server, what: None }));
+        }
+        let server_pos = if mariadb {
+            server::gtid_binlog_pos(conn)
+                .await
+                .map_err(|error| self.error(error))?
+                .map_err(|reason| self.query(reason))?
+        } else {
+            GtidPos::default()
+        };
+        let sight = binlog::Sight {
+            recorded,
+            current: &identity,
+            at: at.key.0,
+            ordinal: at.key.1,
+            mark: at.mark.as_ref(),
+            server_pos: &server_pos,
+            oldest_kept: oldest,
+            end,
+        };
+        let mark = match binlog::judge(&sight, &names) {
+            Resume::ByPosition => return Ok(record),
+            Resume::Lost { reason } => return Err(self.lost(names.name(at.key.0.file), reason)),
+            Resume::ByGtid => at.mark.clone().unwrap_or_default(),
+        };
+        // Another server, or a checkpoint placed by GTID: a dump by GTID from the checkpoint's
+        // GTID position, to its first transaction.
+        let other = self.connect().await?;
+        // The server's refusal to send from there (ER_MASTER_FATAL_ERROR_READING_BINLOG: purged, or
+        // a GTID it never logged) is a loss; anything else (the network) fails the tick only.
+        let refused = |error: mysql_async::Error| match error {
+            mysql_async::Error::Server(server) if server.code == 1236 => self.lost(
+                format!("at GTID position {}", mark.before),
+                format!(
+                    "this server cannot send its binary log from the checkpoint's GTID position: {}",
+                    self.redaction.scrub(&server.message)
+                ),
+            ),
+            other => self.error(other),
+        };
+        let mut stream = server::dump_by_gtid(other, self.server_id, &mark.before).await.map_err(refused)?;
+        let mut decoder = Decoder::new(&self.tables, Default::default(), None);
+        decoder.track_gtids(mark.before.clone(), Some(mark.clone()), None);
+        let mut first = None;
+        while let Some(event) = stream.next().await {
+            let event = event.map_err(refused)?;
+            let _ = decoder.push(&event, |id| stream.get_tme(id)).map_err(|reason| self.query(reason))?;
+            if let Some(fields) = decoder.fields()
+                && let Some((tx, before)) = &fields.mariadb
+            {
+                first = Some((fields.start, *tx, before.clone()));
+                break;
+            }
+        }
+        drop(stream);
+        if let Some(through) = binlog::probe_through(&mark, at.key.1, first.as_ref().map(|(_, tx, _)| *tx)) {
+            // Some of the checkpoint's transaction was delivered, and it was not sent first: does
+            // this server hold it at all? A dump from the position through it is refused if not.
+            let diverged = |error: mysql_async::Error| {
+                match error {
+                mysql_async::Error::Server(server) if server.code == 1236 => self.lost(
+                    format!("at GTID position {}", mark.before),
+                    format!(
+                        "this server's binary log does not hold {}, which the poller delivered (all or part of it) from \
+                         the server the checkpoint was read on: the two histories diverged ({}). Decide what to do with \
+                         it, then `dbtrigger reset <poller> --to-cursor <GTID position>` or `--to-end`",
+                        mark.tx.map(|tx| tx.to_string()).unwrap_or_default(),
+                        self.redaction.scrub(&server.message)
+                    ),
+                ),
+                other => self.error(other),
+            }
+            };
+            let conn = self.connect().await?;
+            let mut probe = server::dump_by_gtid(conn, self.server_id, &through).await.map_err(diverged)?;
+            if let Some(event) = probe.next().await {
+                event.map_err(diverged)?;
+            }
+        }
+        let old = format!("{}:{}", names.name(at.key.0.file), at.key.0.offset);
+        let (key, next) = match first {
+            Some((start, tx, before)) => {
+                let ordinal = binlog::rebased_ordinal(&mark, at.key.1, Some(tx));
+                ((start, ordinal), GtidMark { tx: Some(tx), before })
+            }
+            None => ((end, 0), GtidMark { tx: None, before: mark.before.clone() }),
+        };
+        let what = format!(
+            "re-based by GTID: the checkpoint (GTID position {}, {}, ordinal {}) read on {} is {}:{} (ordinal {}) on {}",
+            mark.before,
+            mark.tx.map(|tx| format!("transaction {tx}")).unwrap_or_else(|| "no transaction".into()),
+            at.key.1,
+            recorded
+                .map(|recorded| format!("{recorded} at {old}"))
+                .unwrap_or_else(|| format!("an unknown server at {old}")),
+            names.name(key.0.file),
+            key.0.offset,
+            key.1,
+            identity
+        );
+        Ok(Some(Rebase { checkpoint: Some(position_marked(key, Some(&next))), server, what: Some(what) }))
     }
 }
 
@@ -266,19 +560,26 @@ fn fields_json(fields: &TransactionFields) -> Map<String, Value> {
     head
 }
 
-fn row_of(head: &Map<String, Value>, change: Change) -> SourceRow {
+fn row_of(head: &Map<String, Value>, change: Change, mark: Option<&GtidMark>, group: Group) -> SourceRow {
     let mut row = Map::new();
     row.insert("table".into(), Value::from(change.table.clone()));
+    if change.partial() {
+        // What the server did not log is named, never sent as null (`binlog_row_image=MINIMAL`).
+        let mut not_logged = Map::new();
+        not_logged.insert("old".into(), Value::from(change.not_logged_old));
+        not_logged.insert("new".into(), Value::from(change.not_logged_new));
+        row.insert("not_logged".into(), Value::Object(not_logged));
+    }
     row.insert("new".into(), change.new.map(Value::Object).unwrap_or(Value::Null));
     row.insert("old".into(), change.old.map(Value::Object).unwrap_or(Value::Null));
     for (name, value) in head {
         row.insert(name.clone(), value.clone());
     }
     SourceRow {
-        position: position(change.at),
+        position: position_marked(change.at, mark),
         row: RowJson::from_map(&row),
         op: change.op,
-        group: Some(Group::one(&[change.table.as_bytes()])),
+        group: Some(group),
     }
 }
 
@@ -292,7 +593,7 @@ impl Source for BinlogSource {
             Probe::Pending => {
                 let after = self.key(after)?;
                 let look = async {
-                    let (rows, _, full) = self.look(after, limit.rows as u64, false).await?;
+                    let (rows, _, full) = self.look(after.as_ref(), limit.rows as u64, false).await?;
                     Ok(Fetched { rows, full })
                 };
                 timed(&gate, &self.config, &location, look).await
@@ -309,7 +610,7 @@ impl Source for BinlogSource {
     async fn count_after(&self, after: Option<&Position>, cap: u64) -> Result<u64, SourceError> {
         let after = self.key(after)?;
         let cap = cap.min(COUNT_CAP);
-        let count = async { Ok(self.look(after, cap, true).await?.1) };
+        let count = async { Ok(self.look(after.as_ref(), cap, true).await?.1) };
         timed(&crate::source::pools::Gate::open(), &self.config, &self.redaction.location, count).await
     }
 
@@ -318,7 +619,9 @@ impl Source for BinlogSource {
     }
 
     async fn tick_ended(&self) -> Result<(), SourceError> {
-        self.reading.lock().await.open = None;
+        let mut reading = self.reading.lock().await;
+        reading.open = None;
+        reading.keys.clear();
         Ok(())
     }
 
@@ -331,19 +634,38 @@ impl Source for BinlogSource {
     }
 
     async fn resting_position(&self, checkpoint: Option<&Position>) -> Result<Option<Position>, SourceError> {
-        let key = self.key(checkpoint)?;
+        let key = self.key(checkpoint)?.map(|at| at.key);
         let reading = self.reading.lock().await;
-        Ok(match reading.rest {
-            Some((asked, end)) if asked == key && key.is_none_or(|(start, _)| end > start) => Some(position((end, 0))),
+        Ok(match &reading.rest {
+            Some((asked, rest, position)) if *asked == key && key.is_none_or(|key| *rest > key) => {
+                Some(position.clone())
+            }
             _ => None,
         })
+    }
+
+    async fn rebase(
+        &self,
+        checkpoint: Option<&Position>,
+        server: Option<&Value>,
+    ) -> Result<Option<Rebase>, SourceError> {
+        let at = self.key(checkpoint)?;
+        let recorded = server.and_then(Value::as_str);
+        let timed_rebase = async {
+            let mut conn = self.connect().await?;
+            let result = self.rebased(&mut conn, at, recorded).await;
+            let _ = conn.disconnect().await;
+            result
+        };
+        timed(&crate::source::pools::Gate::open(), &self.config, &self.redaction.location, timed_rebase).await
     }
 
     /// The retention behind the checkpoint last asked from: bytes and files to the end, as a
     /// slot's view (`lost` when its file was purged).
     async fn slot(&self) -> Result<Option<crate::domain::slot::SlotView>, SourceError> {
         let known = *self.known.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let Some((at, _)) = known else { return Ok(None) };
+        // A checkpoint placed by GTID has no file yet (the next tick finds it): nothing to judge.
+        let Some((at, _)) = known.filter(|(at, _)| *at != binlog::BY_GTID_ONLY) else { return Ok(None) };
         let mut conn = self.connect().await?;
         let (_, names, oldest, sizes) = self.ends(&mut conn).await?;
         let _ = conn.disconnect().await;

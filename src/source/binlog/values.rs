@@ -18,11 +18,13 @@ use serde_json::{Map, Value};
 
 use crate::domain::CursorValue;
 
-/// What `information_schema.COLUMNS` says of a column: `DATA_TYPE` and `COLUMN_TYPE`, lower case.
+/// What `information_schema.COLUMNS` says of a column: `DATA_TYPE` and `COLUMN_TYPE`, lower case,
+/// and whether it is in the primary key (`COLUMN_KEY = 'PRI'`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ColumnInfo {
     pub data_type: String,
     pub column_type: String,
+    pub key: bool,
 }
 
 /// A table's columns by name.
@@ -130,9 +132,6 @@ pub fn value_json(
         }
         (V::Bytes(bytes), ColumnType::MYSQL_TYPE_SET) => Value::from(set_labels(info, bytes)),
         (V::Bytes(bytes), ColumnType::MYSQL_TYPE_BIT) => base64(bytes),
-        // MariaDB's JSON (LONGTEXT in utf8mb4_bin): the polling source's driver reads it as a
-        // binary string, so it is base64 there, and here too.
-        (V::Bytes(bytes), _) if data_type == "json" => base64(bytes),
         (V::Bytes(bytes), _) if charset == BINARY_CHARSET || is_binary(data_type) => base64(bytes),
         (V::Bytes(bytes), _) => Value::from(text(bytes, charset)),
     }
@@ -238,7 +237,11 @@ mod tests {
     use super::*;
 
     fn info(column_type: &str) -> ColumnInfo {
-        ColumnInfo { data_type: column_type.split('(').next().unwrap().into(), column_type: column_type.into() }
+        ColumnInfo {
+            data_type: column_type.split('(').next().unwrap().into(),
+            column_type: column_type.into(),
+            key: false,
+        }
     }
 
     #[test]

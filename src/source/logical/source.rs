@@ -197,6 +197,14 @@ impl Outbox<'_> {
     }
 }
 
+/// What a peek reads for: delivery or a count (`counting`: by tag, nothing decoded), and from the
+/// slot (a tick's delivery) or from a temporary copy of it (`on_copy`: a look).
+#[derive(Clone, Copy)]
+struct Read {
+    counting: bool,
+    on_copy: bool,
+}
+
 /// Why a peek's task stopped before its end.
 enum Stop {
     /// The tick gave it up (dropped it, or took nothing for the idle limit).
@@ -214,19 +222,33 @@ impl Shared {
     fn query_error(&self, error: sqlx::Error) -> SourceError {
         let classified = classify(&self.redaction, error);
         match classified {
-            SourceError::Query { location, reason } if reason.contains("is active for PID") => SourceError::Query {
-                location,
-                reason: format!(
-                    "the replication slot {:?} is in use by another process ({reason}): a slot has one reader; \
-                     stop the other consumer, or give this poller a slot of its own",
-                    self.slot
-                ),
-            },
+            SourceError::Query { location, reason } if reason.contains("is active for PID") => {
+                SourceError::SlotInUse { location, slot: self.slot.clone(), reason }
+            }
             SourceError::Query { location, reason } if reason.contains("does not exist") => SourceError::Query {
                 location,
                 reason: format!("{reason}: create the slot and the publication first (`dbtrigger sql` prints how)"),
             },
             other => other,
+        }
+    }
+
+    /// A temporary copy of the slot, at its position, made on `connection` (dropped with the
+    /// session): a look reads it, never the slot itself, so it cannot meet a tick's read ("active
+    /// for PID") nor hold the slot against one. Copying reads the slot's positions without taking
+    /// it, and builds no snapshot. With no free slot on the server (`max_replication_slots`) the
+    /// look reads the slot itself, as it did before copies.
+    async fn copy_of_slot(&self, connection: &mut PgConnection, pid: i32) -> Result<String, SourceError> {
+        let copy = format!("dbtrigger_look_{pid}");
+        match sqlx::query("SELECT pg_copy_logical_replication_slot($1, $2, true)")
+            .bind(&self.slot)
+            .bind(&copy)
+            .execute(&mut *connection)
+            .await
+        {
+            Ok(_) => Ok(copy),
+            Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("53400") => Ok(self.slot.clone()),
+            Err(error) => Err(self.query_error(error)),
         }
     }
 
@@ -244,17 +266,17 @@ impl Shared {
         &self,
         after: Option<Key>,
         limit_rows: usize,
-        counting: bool,
+        read: Read,
         items: &mpsc::Sender<Result<Vec<Item>, SourceError>>,
         backend: &AtomicI32,
     ) -> Result<(), Stop> {
         let mut outbox = Outbox { items, idle: self.idle, chunk: Vec::with_capacity(CHUNK_ITEMS) };
-        let read = self.read(after, limit_rows, counting, &mut outbox, backend).await;
-        if let Err(Stop::Failed(_)) = &read {
+        let result = self.read(after, limit_rows, read, &mut outbox, backend).await;
+        if let Err(Stop::Failed(_)) = &result {
             // What was read before the failure goes first, as it came.
             outbox.flush().await?;
         }
-        read
+        result
     }
 
     /// [`Shared::peek`]'s work: the rows read, decoded and put in `outbox`.
@@ -262,7 +284,7 @@ impl Shared {
         &self,
         after: Option<Key>,
         limit_rows: usize,
-        counting: bool,
+        read: Read,
         outbox: &mut Outbox<'_>,
         backend: &AtomicI32,
     ) -> Result<(), Stop> {
@@ -272,13 +294,15 @@ impl Shared {
         if let Some(refusal) = origin_refusal(self.origin, version) {
             return Err(Stop::Failed(self.malformed(refusal)));
         }
+        let slot = if read.on_copy { self.copy_of_slot(&mut connection, pid).await? } else { self.slot.clone() };
+        let counting = read.counting;
         let limit_rows = limit_rows.min(i32::MAX as usize);
         let peek = match self.origin {
             Origin::Any => PEEK,
             Origin::None => PEEK_WITHOUT_ORIGIN,
         };
         let mut rows = sqlx::query(peek)
-            .bind(&self.slot)
+            .bind(&slot)
             .bind(lsn_text(flushed))
             .bind(limit_rows as i32)
             .bind(format!("\"{}\"", self.publication))
@@ -346,9 +370,18 @@ impl Shared {
         // Read to its end (a count that stopped at its cap has rows left on the socket): the
         // connection is idle and kept for the next peek. Nothing to cancel from here on, so that
         // a stream dropped now (the tick took the end) cancels nothing on the kept backend.
+        // A look's temporary copy of the slot is dropped first: it would hold WAL for as long as
+        // the session lives (a connection whose copy cannot be dropped is closed, which drops it).
         drop(rows);
         backend.store(0, Ordering::Relaxed);
-        if !capped {
+        let reusable = !capped
+            && (slot == self.slot
+                || sqlx::query("SELECT pg_drop_replication_slot($1)")
+                    .bind(&slot)
+                    .execute(&mut connection)
+                    .await
+                    .is_ok());
+        if reusable {
             *self.kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(connection);
         } else {
             let _ = connection.close().await;
@@ -476,12 +509,12 @@ impl LogicalSource {
     }
 
     /// Starts a peek after `after` of at most `limit_rows` rows.
-    fn start(&self, after: Option<Key>, limit_rows: usize, counting: bool) -> Stream {
+    fn start(&self, after: Option<Key>, limit_rows: usize, read: Read) -> Stream {
         let (sender, items) = mpsc::channel(CHANNEL_ITEMS / CHUNK_ITEMS);
         let backend = Arc::new(AtomicI32::new(0));
         let (shared, task_backend) = (self.shared.clone(), backend.clone());
         let task = tokio::spawn(async move {
-            if let Err(Stop::Failed(error)) = shared.peek(after, limit_rows, counting, &sender, &task_backend).await {
+            if let Err(Stop::Failed(error)) = shared.peek(after, limit_rows, read, &sender, &task_backend).await {
                 let _ = sender.send(Err(error)).await;
             }
         });
@@ -544,7 +577,7 @@ impl LogicalSource {
                 let window = read_ahead_rows(limit.rows).saturating_mul(reading.widen);
                 let limit_rows = reading.progress.rows_through(after).saturating_add(window);
                 tracing::debug!(slot = %self.shared.slot, ?after, limit_rows, "peek started");
-                reading.stream = Some(self.start(after, limit_rows, false));
+                reading.stream = Some(self.start(after, limit_rows, Read { counting: false, on_copy: false }));
             }
             let stream = reading.stream.as_mut().expect("a peek is open");
             let item = match stream.next().await {
@@ -611,8 +644,9 @@ impl LogicalSource {
     }
 
     /// A read that changes nothing: the first changes after `after` (Pending), for `status`, or
-    /// (`counting`) how many follow it, counted by tag, up to [`COUNT_CAP`]. It gives up this
-    /// process's open peek, if any (the slot has one reader at a time), and waits for its reads.
+    /// (`counting`) how many follow it, counted by tag, up to [`COUNT_CAP`]. It reads a temporary
+    /// copy of the slot, leaving the slot and any tick's peek on it alone (a tick's count under
+    /// its lease, `status` from anywhere).
     async fn look(
         &self,
         after: Option<Key>,
@@ -620,12 +654,11 @@ impl LogicalSource {
         counting: bool,
     ) -> Result<(Vec<SourceRow>, bool, usize), SourceError> {
         let mut reading = self.reading.lock().await;
-        reading.stream = None;
-        reading.more = true;
         let held = reading.progress.rows_through(after);
         // A change is a row at least, and a transaction two more.
         let wanted = if counting { COUNT_CAP as usize } else { limit.rows.saturating_add(1) };
-        let mut stream = self.start(after, held.saturating_add(wanted.saturating_mul(3)), counting);
+        let mut stream =
+            self.start(after, held.saturating_add(wanted.saturating_mul(3)), Read { counting, on_copy: true });
         let mut rows = Vec::new();
         loop {
             match stream.next().await {
