@@ -20,38 +20,17 @@ mod common;
 mod services;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use async_trait::async_trait;
 use futures::TryStreamExt;
 
-use common::{env_number, median};
-use dbtrigger::sink::{Batch, Sink, SinkError};
+use common::{Acknowledging, env_number, median};
 use dbtrigger::source::logical::changes::{Assembler, CommitFields, event_row_of};
 use dbtrigger::source::logical::values::parse_lsn;
 use dbtrigger::tick::{Poller, SystemClock};
 use serde_json::json;
 use sqlx::Row;
-
-/// Acknowledges every batch and counts its events. The tests' recording sink copies each batch
-/// it keeps, work no real sink does and the raw path does not do: it is not what is measured here.
-#[derive(Default)]
-struct Acknowledging {
-    events: AtomicUsize,
-}
-
-#[async_trait]
-impl Sink for Acknowledging {
-    async fn deliver(&self, batch: &Batch, _deadline: tokio::time::Instant) -> Result<(), SinkError> {
-        self.events.fetch_add(batch.events.len(), Ordering::Relaxed);
-        Ok(())
-    }
-
-    fn describe(&self) -> String {
-        "acknowledging".to_string()
-    }
-}
 
 /// Peeks everything the slot holds and decodes it to event rows: the changes seen.
 async fn raw(url: &str, slot: &str) -> (usize, f64) {

@@ -1,9 +1,12 @@
 //! Scaffolding the benches share: one poller `orders` in a temporary app root with file state, its
 //! catch-up timed over real ticks, and the medians of the rounds.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
+use async_trait::async_trait;
 use dbtrigger::config::{PollerConfig, Settings};
+use dbtrigger::sink::{Batch, Sink, SinkError};
 use dbtrigger::tick::{Poller, StopReason, TickOutcome};
 use serde_json::{Value, json};
 
@@ -50,4 +53,24 @@ pub async fn catch_up(poller: &Poller) -> (usize, f64) {
         }
     }
     (total as usize, started.elapsed().as_secs_f64())
+}
+
+/// Acknowledges every batch and counts its events. The tests' recording sink copies each batch
+/// it keeps, work no real sink does and a raw path does not do: it is not what is measured here.
+#[derive(Default)]
+#[allow(dead_code)] // the change-stream benches deliver to it, not every bench
+pub struct Acknowledging {
+    pub events: AtomicUsize,
+}
+
+#[async_trait]
+impl Sink for Acknowledging {
+    async fn deliver(&self, batch: &Batch, _deadline: tokio::time::Instant) -> Result<(), SinkError> {
+        self.events.fetch_add(batch.events.len(), Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        "acknowledging".to_string()
+    }
 }

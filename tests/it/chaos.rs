@@ -9,10 +9,13 @@
 //! than any settle a timestamp cursor would use): nothing may be lost.
 //!
 //! A third variant ([`logical`], issue 29) runs the logical source: interleaved inserts, updates,
-//! hard deletes and truncates, judged against a witness slot for commit order.
+//! hard deletes and truncates, judged against a witness slot for commit order. A fourth
+//! ([`binlog`], issue 39) runs the binary-log source on MariaDB, judged against the server's own
+//! `mariadb-binlog` account of the same range.
 //!
 //! CI runs a short version; `DBTRIGGER_CHAOS_SECONDS=600` runs a long one by hand.
 
+mod binlog;
 mod logical;
 mod witness;
 

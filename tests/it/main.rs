@@ -7,6 +7,7 @@ mod binlog;
 mod binlog_gtid;
 mod binlog_keys;
 mod binlog_ops;
+mod binlog_poison;
 mod budget;
 mod chaos;
 mod dev;

@@ -17,4 +17,4 @@ pub mod setup;
 mod source;
 pub mod values;
 
-pub use source::{At, BinlogSource, GTID_KEY, GTID_POS_KEY, Key, at_of, key_of, position, position_marked};
+pub use source::{At, BinlogSource, GTID_KEY, GTID_POS_KEY, Key, at_of, key_of, position, position_marked, rows_of};

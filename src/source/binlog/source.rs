@@ -291,16 +291,8 @@ impl BinlogSource {
                 ));
             }
             if let Step::Changes(changes) = step {
-                let fields =
-                    decoder.fields().cloned().ok_or_else(|| self.query("a change outside a transaction".into()))?;
-                let head = fields_json(&fields);
-                let mark =
-                    fields.mariadb.as_ref().map(|(tx, before)| GtidMark { tx: Some(*tx), before: before.clone() });
-                for change in changes {
-                    let key = change.at;
-                    let group = order_group(&change, keys);
-                    pending.push_back((key, row_of(&head, change, mark.as_ref(), group)));
-                }
+                let fields = decoder.fields().ok_or_else(|| self.query("a change outside a transaction".into()))?;
+                pending.extend(rows_of(fields, changes, keys));
             }
         }
     }
@@ -545,6 +537,22 @@ impl BinlogSource {
         );
         Ok(Some(Rebase { checkpoint: Some(position_marked(key, Some(&next))), server, what: Some(what) }))
     }
+}
+
+/// The rows a read hands out for changes of the open transaction (`fields`), with their order
+/// groups (`keys`: the tables' primary keys seen so far). The bench's raw path shares it.
+pub fn rows_of(
+    fields: &TransactionFields,
+    changes: Vec<Change>,
+    keys: &mut HashMap<String, Option<std::sync::Arc<[String]>>>,
+) -> impl Iterator<Item = (Key, SourceRow)> {
+    let head = fields_json(fields);
+    let mark = fields.mariadb.as_ref().map(|(tx, before)| GtidMark { tx: Some(*tx), before: before.clone() });
+    changes.into_iter().map(move |change| {
+        let key = change.at;
+        let group = order_group(&change, keys);
+        (key, row_of(&head, change, mark.as_ref(), group))
+    })
 }
 
 /// What every change of a transaction carries.
