@@ -22,7 +22,8 @@
 //!
 //! Run: `cargo bench --bench throughput_latency` (`DBTRIGGER_BENCH_ROWS`, default 20,000;
 //! `DBTRIGGER_BENCH_ROUNDS`, default 3; `DBTRIGGER_BENCH_ONLY=latency` runs the first and third
-//! parts, `ordered` the second, `reads` the third).
+//! parts, `ordered` the second, `reads` the third; `DBTRIGGER_BENCH_DB_ONE_WAY_US`, default 1000:
+//! the database proxy's delay each way, 0 for no proxy).
 
 mod common;
 #[path = "../tests/it/services.rs"]
@@ -284,8 +285,15 @@ async fn window_limit(reads_only: bool) {
     .await
     .unwrap();
     pool.close().await;
-    let database_proxy = delaying_proxy(services::postgres().port, Duration::from_millis(1)).await;
-    let far_url = url.replace(&format!(":{}/", services::postgres().port), &format!(":{database_proxy}/"));
+    // `DBTRIGGER_BENCH_DB_ONE_WAY_US=0`: the database near (no proxy), the receiver still far: the
+    // window's own limit, w × b ÷ r.
+    let one_way_us = env_number("DBTRIGGER_BENCH_DB_ONE_WAY_US", 1000);
+    let far_url = if one_way_us == 0 {
+        url.clone()
+    } else {
+        let database_proxy = delaying_proxy(services::postgres().port, Duration::from_micros(one_way_us as u64)).await;
+        url.replace(&format!(":{}/", services::postgres().port), &format!(":{database_proxy}/"))
+    };
     if reads_only {
         reads::page_costs(&far_url).await;
         return;
@@ -294,8 +302,9 @@ async fn window_limit(reads_only: bool) {
     let receiver_proxy = delaying_proxy(receiver_port, Duration::from_millis(10)).await;
     let hook = format!("http://127.0.0.1:{receiver_proxy}/hook");
     println!(
-        "throughput with latency: PostgreSQL behind a 2 ms round trip, the receiver behind 20 ms; {rows} rows, batch {batch}, \
-         {rounds} rounds after one to warm up"
+        "throughput with latency: PostgreSQL behind a {:.1} ms round trip, the receiver behind 20 ms; {rows} rows, batch {batch}, \
+         {rounds} rounds after one to warm up",
+        2.0 * one_way_us as f64 / 1000.0
     );
     println!("{:<34} {:>9} {:>9} {:>17} {:>12}", "path", "rows/s", "limit", "ratio (min–max)", "w×b/r");
     let mut expected = 0u64;
