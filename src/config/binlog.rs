@@ -127,6 +127,16 @@ mod tests {
         source["serverId"] = json!(77);
         let config = load(source).unwrap();
         assert!(matches!(config.source.target, SourceTarget::Binlog { server_id: 77, .. }));
+        // Below 4, a reader of `status` (the id with a low bit flipped) could be 0.
+        for id in [0, 3] {
+            let mut source = binlog();
+            source["serverId"] = json!(id);
+            let message = load(source).unwrap_err().to_string();
+            assert!(
+                message.contains(&format!("poller.source.serverId: {id} is out of range 4..=4294967295")),
+                "{message}"
+            );
+        }
     }
 
     #[test]

@@ -431,8 +431,9 @@ pub mod ranges {
 
     use super::{defaults, limits};
 
-    /// A binary-log source's `serverId`: a replica's id, 32 bits, never 0.
-    pub const SERVER_ID: RangeInclusive<u64> = 1..=4_294_967_295;
+    /// A binary-log source's `serverId`: a replica's id, 32 bits; at least 4, so that `status`'s
+    /// readers (the id with its lowest bit, or the next one, flipped) are never 0.
+    pub const SERVER_ID: RangeInclusive<u64> = 4..=4_294_967_295;
 
     pub const BATCH_SIZE: RangeInclusive<usize> = 1..=defaults::MAX_BATCH_SIZE;
     pub const BATCH_MAX_BYTES: RangeInclusive<usize> = 1024..=limits::BATCH_MAX_BYTES;

@@ -49,6 +49,16 @@ pub fn row_json(row: &BinlogRow, info: Option<&TableInfo>) -> Result<Map<String,
         let known = info.and_then(|info| info.get(name.as_ref()));
         let value = match row.as_ref(index) {
             None => continue,
+            // MySQL's partial JSON update (`binlog_row_value_options=PARTIAL_JSON`) logs a diff, not
+            // the value: never delivered as the column's value (nor as null).
+            Some(BinlogValue::JsonDiff(_)) => {
+                return Err(format!(
+                    "column {name} of {}.{} is logged as a partial JSON update, not its value: set \
+                     binlog_row_value_options='' on the server",
+                    column.schema_str(),
+                    column.table_str(),
+                ));
+            }
             Some(value) => value_json(value, column.column_type(), column.flags(), column.character_set(), known),
         };
         map.insert(name.into_owned(), value);
@@ -70,6 +80,7 @@ pub fn value_json(
         BinlogValue::Jsonb(jsonb) => {
             return serde_json::Value::try_from(jsonb.clone()).unwrap_or_else(|error| Value::from(error.to_string()));
         }
+        // Refused by `row_json` before it comes here.
         BinlogValue::JsonDiff(_) => return Value::Null,
     };
     let data_type = info.map(|info| info.data_type.as_str()).unwrap_or("");
