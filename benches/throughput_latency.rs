@@ -16,8 +16,13 @@
 //! 50 ms receiver, `maxInFlight` 1 and 8, a logical source and a polling one, every key's order
 //! checked, and prints the speed-up beside the unordered window's.
 //!
+//! A third part (`reads.rs`) times the reads alone through the database proxy: raw pages on a held
+//! connection or one taken from a pool per page, and dbtrigger's reads with their connection kept
+//! or given back after each (where a page's time goes).
+//!
 //! Run: `cargo bench --bench throughput_latency` (`DBTRIGGER_BENCH_ROWS`, default 20,000;
-//! `DBTRIGGER_BENCH_ROUNDS`, default 3; `DBTRIGGER_BENCH_ONLY=latency` or `ordered` runs one part).
+//! `DBTRIGGER_BENCH_ROUNDS`, default 3; `DBTRIGGER_BENCH_ONLY=latency` runs the first and third
+//! parts, `ordered` the second, `reads` the third).
 
 mod common;
 #[path = "../tests/it/services.rs"]
@@ -25,6 +30,8 @@ mod services;
 
 #[path = "throughput_latency/ordered.rs"]
 mod ordered;
+#[path = "throughput_latency/reads.rs"]
+mod reads;
 #[path = "throughput_latency/timed.rs"]
 mod timed;
 
@@ -131,8 +138,8 @@ enum Connection {
 /// ahead of the posts by up to `window` pages, and up to `window` posts in flight at once: a new
 /// post starts as soon as any post finishes and a page is ready. Rows a second.
 /// `Connection::Pooled`: each page takes a connection from a pool of 10 and gives it back, as
-/// dbtrigger's reads do (sqlx pings a connection as it goes back, one more round trip, so the next
-/// page takes another idle one meanwhile).
+/// dbtrigger's reads did before a tick kept one across them (sqlx pings a connection as it goes
+/// back, one more round trip, so the next page takes another idle one meanwhile).
 async fn raw_pipelined(url: &str, hook: &str, batch: i64, window: usize, rows: i64, connection: Connection) -> f64 {
     let connections = match connection {
         Connection::Held => 1,
@@ -252,15 +259,16 @@ fn main() {
 async fn run() {
     let only = std::env::var("DBTRIGGER_BENCH_ONLY").ok();
     if only.as_deref() != Some("ordered") {
-        window_limit().await;
+        window_limit(only.as_deref() == Some("reads")).await;
     }
-    if only.as_deref() != Some("latency") {
+    if only.is_none() || only.as_deref() == Some("ordered") {
         ordered::speed_up().await;
     }
 }
 
-/// dbtrigger against the raw limit through the proxies, `maxInFlight` 1 and 8.
-async fn window_limit() {
+/// dbtrigger against the raw limit through the proxies, `maxInFlight` 1 and 8; then where a read's
+/// time goes (`reads`), or only that.
+async fn window_limit(reads_only: bool) {
     let rows = env_number("DBTRIGGER_BENCH_ROWS", 20_000) as i64;
     let rounds = env_number("DBTRIGGER_BENCH_ROUNDS", 3).max(1);
     let batch = 100i64;
@@ -278,6 +286,10 @@ async fn window_limit() {
     pool.close().await;
     let database_proxy = delaying_proxy(services::postgres().port, Duration::from_millis(1)).await;
     let far_url = url.replace(&format!(":{}/", services::postgres().port), &format!(":{database_proxy}/"));
+    if reads_only {
+        reads::page_costs(&far_url).await;
+        return;
+    }
     let (receiver_port, received) = receiver().await;
     let receiver_proxy = delaying_proxy(receiver_port, Duration::from_millis(10)).await;
     let hook = format!("http://127.0.0.1:{receiver_proxy}/hook");
@@ -294,7 +306,8 @@ async fn window_limit() {
         for round in 0..=rounds {
             let before = raw_pipelined(&far_url, &hook, batch, window, rows, Connection::Held).await;
             let (run, reading) = dbtrigger(&far_url, &hook, batch, window, rows).await;
-            // The raw loop taking a pooled connection per page, as dbtrigger's reads do.
+            // The raw loop taking a pooled connection per page, as dbtrigger's reads did before
+            // they kept theirs.
             let pooled = if window > 1 {
                 expected += rows as u64;
                 Some(raw_pipelined(&far_url, &hook, batch, window, rows, Connection::Pooled).await)
@@ -345,4 +358,6 @@ async fn window_limit() {
         }
     }
     assert_eq!(received.load(std::sync::atomic::Ordering::SeqCst), expected, "every row reached the receiver");
+    println!();
+    reads::page_costs(&far_url).await;
 }

@@ -43,6 +43,10 @@ impl Source for Timed {
         self.inner.tick_ended().await
     }
 
+    fn end_reads(&self) {
+        self.inner.end_reads()
+    }
+
     async fn generation(&self) -> Result<Option<Value>, SourceError> {
         self.inner.generation().await
     }

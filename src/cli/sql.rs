@@ -13,7 +13,7 @@ use crate::config::{Engine, SourceConfig};
 pub fn run(app_root: &Path, name: &str) -> anyhow::Result<ExitCode> {
     let poller = find_poller(app_root, name)?;
     let source = &poller.config.source;
-    if let crate::config::SourceTarget::Logical { slot, publication } = &source.target {
+    if let crate::config::SourceTarget::Logical { slot, publication, .. } = &source.target {
         let user = connecting_user(source);
         print!(
             "{}",
@@ -68,8 +68,10 @@ pub async fn check_logical(app_root: &Path) -> anyhow::Result<bool> {
             }
             continue;
         }
-        let crate::config::SourceTarget::Logical { slot, publication } = &poller.source.target else { continue };
-        match crate::source::logical::setup::check(poller.source.url.expose(), slot, publication).await {
+        let crate::config::SourceTarget::Logical { slot, publication, origin } = &poller.source.target else {
+            continue;
+        };
+        match crate::source::logical::setup::check(poller.source.url.expose(), slot, publication, *origin).await {
             Ok(findings) => {
                 for finding in findings {
                     all_ok &= finding.ok;

@@ -60,9 +60,10 @@ fn check(raw: &RawSource, engine: Engine, at: &Located<'_>) -> Result<Vec<String
              (leave it out)",
         ));
     }
-    if let Some(name) = [("slot", raw.slot.is_some()), ("publication", raw.publication.is_some())]
-        .iter()
-        .find_map(|(name, given)| given.then_some(*name))
+    if let Some(name) =
+        [("slot", raw.slot.is_some()), ("publication", raw.publication.is_some()), ("origin", raw.origin.is_some())]
+            .iter()
+            .find_map(|(name, given)| given.then_some(*name))
     {
         return Err(at.error(&format!("poller.source.{name}"), "belongs to a logical source (kind \"logical\")"));
     }

@@ -201,7 +201,7 @@ fn poller() -> Section {
 
 fn source() -> Vec<Field> {
     vec![
-        field("kind", Kind::Choice { values: &["polling", "logical", "binlog"], default: Some("polling") }, "\"polling\" reads rows after a cursor column; \"logical\" (PostgreSQL, wal_level=logical) reads every insert, update, delete and truncate of a publication's tables from a replication slot, in commit order (docs/logical.md). A logical source takes `connection`, `slot`, `publication` and `queryTimeoutSeconds` only. \"binlog\" (MySQL, MariaDB: log_bin, binlog_format=ROW) reads every insert, update and delete of `tables` from the binary log as a replica, in commit order (docs/binlog.md); it takes `connection`, `tables`, `serverId` and `queryTimeoutSeconds` only.", json!("logical")),
+        field("kind", Kind::Choice { values: &["polling", "logical", "binlog"], default: Some("polling") }, "\"polling\" reads rows after a cursor column; \"logical\" (PostgreSQL, wal_level=logical) reads every insert, update, delete and truncate of a publication's tables from a replication slot, in commit order (docs/logical.md). A logical source takes `connection`, `slot`, `publication`, `origin` and `queryTimeoutSeconds` only. \"binlog\" (MySQL, MariaDB: log_bin, binlog_format=ROW) reads every insert, update and delete of `tables` from the binary log as a replica, in commit order (docs/binlog.md); it takes `connection`, `tables`, `serverId` and `queryTimeoutSeconds` only.", json!("logical")),
         field(
             "connection",
             Kind::SettingName { default: None },
@@ -215,6 +215,8 @@ fn source() -> Vec<Field> {
         field("pk", Kind::List { rule: TextRule::Identifier, unique: true }, "One or more stable key columns: the tiebreaker between rows of one cursor value. Not the cursor. Required by a polling source.", json!(["id"])),
         field("slot", Kind::text(TextRule::SlotName), "A logical source's replication slot (pgoutput), created beforehand (`dbtrigger sql` prints how): lower-case letters, digits and '_'.", json!("dbtrigger_orders")),
         field("publication", Kind::text(TextRule::Identifier), "A logical source's publication: the tables whose changes it delivers.", json!("dbtrigger_orders")),
+        field("origin", Kind::Choice { values: &["any", "none"], default: None }, "A logical source's changes by their replication origin (pgoutput's origin option): \"any\" delivers every change; \"none\" only the changes made without a replication origin, so that a function whose session declares one (pg_replication_origin_session_setup) does not receive its own writes back (docs/logical.md, \"A function that writes to the tables it reads\"). \"none\" needs PostgreSQL 16 or later: on an older server every read fails naming it, and `dbtrigger check` says so.", json!("none"))
+            .when_absent("\"any\" for a logical source (every change)"),
         field("tables", Kind::List { rule: TextRule::TableName, unique: true }, "A binary-log source's tables, each `database.table`: the changes it delivers.", json!(["shop.orders", "shop.order_lines"])),
         field("serverId", Kind::Integer { range: ranges::SERVER_ID, default: 0 }, "The server id a binary-log source registers with as a replica: unique among the server's replicas (the server drops the older of two with one id).", json!(4242))
             .when_absent("derived from the app and poller names, in 2147483648..=4294967295"),
@@ -352,7 +354,7 @@ fn batch() -> Vec<Field> {
         field(
             "orderKey",
             Kind::List { rule: TextRule::Identifier, unique: true },
-            "The columns whose values make the key of batch.order (their values as the source gives them; a logical or binlog source reads them from new, else old). Left out: the primary key (a logical source: each table's replica identity; a binlog source: each table's primary key).",
+            "The columns whose values make the key of batch.order (their values as the source gives them; a logical or binlog source reads them from new, else old, and an update that changed them belongs to the old values' key and the new; a polling source sees only the row as it is now). Left out: the primary key (a logical source: each table's replica identity; a binlog source: each table's primary key).",
             json!(["account_id"]),
         ),
         field(

@@ -42,6 +42,9 @@ pub(super) struct RawSource {
     /// A logical source's replication slot and publication.
     pub(super) slot: Option<String>,
     pub(super) publication: Option<String>,
+    /// A logical source's `"any"` (the default) or `"none"`: which changes it reads by their
+    /// replication origin.
+    pub(super) origin: Option<String>,
     /// A binary-log source's tables (`database.table`) and the server id it registers with.
     pub(super) tables: Option<Vec<String>>,
     pub(super) server_id: Option<u64>,

@@ -4,7 +4,7 @@
 
 use super::function_json::RawSource;
 use super::source_types::{
-    Engine, Fingerprints, LOGICAL_CURSOR, LOGICAL_KEY, SourceConfig, SourceTarget, validate_identifier,
+    Engine, Fingerprints, LOGICAL_CURSOR, LOGICAL_KEY, Origin, SourceConfig, SourceTarget, validate_identifier,
 };
 use super::source_url::{UrlIdentity, effective_of, pool_key};
 use super::stream::{Stream, polling_field, source_config};
@@ -19,7 +19,7 @@ pub(super) fn build(
     resolved_url: String,
     at: &Located<'_>,
 ) -> Result<(SourceConfig, Fingerprints), ConfigError> {
-    let (slot, publication) = check(&raw, identity.engine, at)?;
+    let (slot, publication, origin) = check(&raw, identity.engine, at)?;
     let effective = effective_of(&identity, &resolved_url, &raw.connection, at)?;
     let pk = vec![LOGICAL_KEY.to_string()];
     let fingerprint = source_fingerprint(&effective.fingerprint_input(
@@ -29,14 +29,14 @@ pub(super) fn build(
         &pk,
     ));
     let pool_key = pool_key(identity.engine, &effective, &resolved_url);
-    let target = SourceTarget::Logical { slot, publication };
+    let target = SourceTarget::Logical { slot, publication, origin };
     let stream = Stream { engine: identity.engine, url: resolved_url, target, cursor: LOGICAL_CURSOR, pk, pool_key };
     let source = source_config(raw, stream, at)?;
     Ok((source, Fingerprints { current: fingerprint, legacy: None }))
 }
 
-/// Checks a logical source's fields; its slot and publication.
-fn check(raw: &RawSource, engine: Engine, at: &Located<'_>) -> Result<(String, String), ConfigError> {
+/// Checks a logical source's fields; its slot, publication and origin.
+fn check(raw: &RawSource, engine: Engine, at: &Located<'_>) -> Result<(String, String, Origin), ConfigError> {
     if engine != Engine::Postgres {
         return Err(at.error(
             "poller.source.kind",
@@ -66,7 +66,20 @@ fn check(raw: &RawSource, engine: Engine, at: &Located<'_>) -> Result<(String, S
         .clone()
         .ok_or_else(|| at.error("poller.source.publication", "a logical source needs its publication"))?;
     validate_identifier(&publication).map_err(|reason| at.error("poller.source.publication", reason))?;
-    Ok((slot, publication))
+    let origin = match raw.origin.as_deref() {
+        None | Some("any") => Origin::Any,
+        Some("none") => Origin::None,
+        Some(other) => {
+            return Err(at.error(
+                "poller.source.origin",
+                format!(
+                    "{other:?}: expected \"any\" (every change, the default) or \"none\" (only changes made without \
+                     a replication origin, PostgreSQL 16+)"
+                ),
+            ));
+        }
+    };
+    Ok((slot, publication, origin))
 }
 
 /// PostgreSQL's rule for a slot name: lower-case letters, digits and `_`, at most 63 characters.
@@ -121,5 +134,31 @@ mod tests {
         let mut source = logical();
         source["cursor"] = json!("id");
         assert!(load(source).unwrap_err().to_string().contains("poller.source.cursor: belongs to a polling source"));
+    }
+
+    #[test]
+    fn origin_is_any_by_default_none_when_asked_and_refused_elsewhere() {
+        use crate::config::{Origin, SourceTarget};
+        let origin_of = |config: &PollerConfig| match &config.source.target {
+            SourceTarget::Logical { origin, .. } => *origin,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(origin_of(&load(logical()).unwrap()), Origin::Any);
+        for (written, expected) in [("any", Origin::Any), ("none", Origin::None)] {
+            let mut source = logical();
+            source["origin"] = json!(written);
+            let config = load(source).unwrap();
+            assert_eq!(origin_of(&config), expected);
+            // A filter on which changes are sent: positions mean the same, the fingerprint stays.
+            assert_eq!(config.fingerprint, load(logical()).unwrap().fingerprint);
+        }
+        let mut source = logical();
+        source["origin"] = json!("local");
+        let message = load(source).unwrap_err().to_string();
+        assert!(message.contains("poller.source.origin: \"local\": expected \"any\""), "{message}");
+        let polling =
+            json!({"connection": "FEED_DB", "table": "orders", "cursor": "id", "pk": ["id"], "origin": "none"});
+        let message = load(polling).unwrap_err().to_string();
+        assert!(message.ends_with("poller.source.origin: belongs to a logical source (kind \"logical\")"), "{message}");
     }
 }

@@ -52,8 +52,8 @@ pub use self::sink::{
     MessageEncoding, MessagePer, OutboundUrl, QueueConfig, SigningKey, SinkConfig, WebhookConfig, outbound_refusal,
 };
 pub use self::source::{
-    BINLOG_CURSOR, Engine, GenerationConfig, LOGICAL_CURSOR, LOGICAL_KEY, OnGenerationChange, OpRule, OversizedRows,
-    SourceConfig, SourceTarget, validate_identifier,
+    BINLOG_CURSOR, Engine, GenerationConfig, LOGICAL_CURSOR, LOGICAL_KEY, OnGenerationChange, OpRule, Origin,
+    OversizedRows, SourceConfig, SourceTarget, validate_identifier,
 };
 pub use self::state::{StateConfig, StateLocation};
 pub use self::status::StatusConfig;

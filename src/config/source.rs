@@ -7,7 +7,7 @@ use super::function_json::RawSource;
 pub(super) use super::source_types::Fingerprints;
 pub use super::source_types::{
     AUTO_SETTLE_SECONDS, BINLOG_CURSOR, CursorKind, Engine, GenerationConfig, LOGICAL_CURSOR, LOGICAL_KEY,
-    OnGenerationChange, OpRule, OversizedRows, SettleMode, SourceConfig, SourceTarget, validate_identifier,
+    OnGenerationChange, OpRule, Origin, OversizedRows, SettleMode, SourceConfig, SourceTarget, validate_identifier,
 };
 use super::{ConfigError, Located, defaults, in_range, ranges};
 use crate::domain::ids::{FingerprintInput, source_fingerprint};
@@ -249,9 +249,10 @@ fn oversized_rows(raw: &RawSource, at: &Located<'_>) -> Result<OversizedRows, Co
 
 /// A logical source's fields are refused on a polling source, by name.
 fn refuse_logical_fields(raw: &RawSource, at: &Located<'_>) -> Result<(), ConfigError> {
-    if let Some(name) = [("slot", raw.slot.is_some()), ("publication", raw.publication.is_some())]
-        .iter()
-        .find_map(|(name, given)| given.then_some(*name))
+    if let Some(name) =
+        [("slot", raw.slot.is_some()), ("publication", raw.publication.is_some()), ("origin", raw.origin.is_some())]
+            .iter()
+            .find_map(|(name, given)| given.then_some(*name))
     {
         return Err(at.error(&format!("poller.source.{name}"), "belongs to a logical source (kind \"logical\")"));
     }
@@ -409,7 +410,7 @@ fn fingerprints(
         SourceTarget::Table { schema: Some(schema), name } => format!("table:{schema}.{name}"),
         SourceTarget::Table { schema: None, name } => format!("table:{name}"),
         SourceTarget::Query(query) => format!("query:{query}"),
-        SourceTarget::Logical { slot, publication } => format!("logical:{slot}:{publication}"),
+        SourceTarget::Logical { slot, publication, .. } => format!("logical:{slot}:{publication}"),
         SourceTarget::Binlog { tables, .. } => format!("binlog:{}", tables.join(",")),
     };
     let current = source_fingerprint(&FingerprintInput {

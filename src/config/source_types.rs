@@ -37,6 +37,8 @@ pub enum SourceTarget {
     Logical {
         slot: String,
         publication: String,
+        /// Which changes the slot is read for, by their replication origin.
+        origin: Origin,
     },
     /// The MySQL/MariaDB binary log (`source.kind: "binlog"`, issue 39): the row changes of
     /// `tables` (`database.table`), read as a replica with `server_id`. Its positions are
@@ -52,6 +54,30 @@ impl SourceTarget {
     /// read for a report (a count) would compete with the tick's.
     pub fn is_change_stream(&self) -> bool {
         matches!(self, SourceTarget::Logical { .. } | SourceTarget::Binlog { .. })
+    }
+}
+
+/// Which changes a logical source reads, by their replication origin (`source.origin`: pgoutput's
+/// `origin` option, PostgreSQL 16 and later). Not part of the fingerprint: it filters which
+/// changes are sent, positions keep their meaning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Origin {
+    /// Every change, whatever its origin (pgoutput's default; the option is not passed, so any
+    /// server version reads it).
+    #[default]
+    Any,
+    /// Only changes made without a replication origin (`'origin', 'none'`): a session that
+    /// declared one (`pg_replication_origin_session_setup`) writes changes the poller never gets.
+    None,
+}
+
+impl Origin {
+    /// As `source.origin` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Origin::Any => "any",
+            Origin::None => "none",
+        }
     }
 }
 
@@ -240,7 +266,7 @@ impl fmt::Display for SourceTarget {
             SourceTarget::Table { schema: Some(schema), name } => write!(formatter, "{schema}.{name}"),
             SourceTarget::Table { schema: None, name } => formatter.write_str(name),
             SourceTarget::Query(_) => formatter.write_str("(query)"),
-            SourceTarget::Logical { slot, publication } => {
+            SourceTarget::Logical { slot, publication, .. } => {
                 write!(formatter, "(publication {publication}, slot {slot})")
             }
             SourceTarget::Binlog { tables, .. } => write!(formatter, "(binary log of {})", tables.join(", ")),

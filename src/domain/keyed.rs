@@ -53,38 +53,45 @@ pub fn group_of(columns: Option<&[String]>, source: Option<&Group>, pk_json: &[u
     let Ok(row) = serde_json::from_slice::<Raw<'_>>(row_json) else {
         return Group::All;
     };
-    let mut parts: Vec<&[u8]> = Vec::with_capacity(columns.len() + 1);
-    let values: Raw<'_> = if source.is_some() {
-        // A logical source's row: `table`, `new`, `old`.
-        let Some(table) = row.get("table") else {
-            return Group::All;
-        };
-        parts.push(table.get().as_bytes());
-        let image = |side: &str| {
-            row.get(side)
-                .filter(|value| value.get() != "null")
-                .and_then(|value| serde_json::from_str::<Raw<'_>>(value.get()).ok())
-        };
-        match (image("new"), image("old")) {
-            (Some(mut new), Some(old)) => {
-                for (column, value) in old {
-                    new.entry(column).or_insert(value);
-                }
-                new
-            }
-            (Some(values), None) | (None, Some(values)) => values,
-            (None, None) => return Group::All,
+    let key = |table: Option<&RawValue>, values: &Raw<'_>| -> Option<u64> {
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(columns.len() + 1);
+        parts.extend(table.map(|table| table.get().as_bytes()));
+        for column in columns {
+            parts.push(values.get(column.as_str())?.get().as_bytes());
         }
-    } else {
-        row
+        Some(Group::key_of(&parts))
     };
-    for column in columns {
-        match values.get(column.as_str()) {
-            Some(value) => parts.push(value.get().as_bytes()),
-            None => return Group::All,
-        }
+    if source.is_none() {
+        return key(None, &row).map_or(Group::All, |key| Group::Keys(vec![key]));
     }
-    Group::one(&parts)
+    // A change stream's row: `table`, `new`, `old`.
+    let Some(&table) = row.get("table") else {
+        return Group::All;
+    };
+    let image = |side: &str| {
+        row.get(side)
+            .filter(|value| value.get() != "null")
+            .and_then(|value| serde_json::from_str::<Raw<'_>>(value.get()).ok())
+    };
+    let (values, old) = match (image("new"), image("old")) {
+        (Some(mut new), Some(old)) => {
+            for (column, value) in &old {
+                new.entry(column).or_insert(value);
+            }
+            (new, Some(old))
+        }
+        (Some(values), None) | (None, Some(values)) => (values, None),
+        (None, None) => return Group::All,
+    };
+    let Some(new_key) = key(Some(table), &values) else {
+        return Group::All;
+    };
+    // An update that changed the named columns belongs to the old key and the new, as a change
+    // of the primary key does.
+    match old.and_then(|old| key(Some(table), &old)) {
+        Some(old_key) if old_key != new_key => Group::Keys(vec![old_key, new_key]),
+        _ => Group::Keys(vec![new_key]),
+    }
 }
 
 /// A batch taken: its number and its events, in source order, each with its sequence number (its
@@ -366,7 +373,9 @@ mod tests {
             pk,
             br#"{"table":"s.t","new":{"account":"z"},"old":{"account":"x"}}"#,
         );
-        assert_ne!(moved, insert, "new's value first");
+        let (old_key, new_key) = (Group::key_of(&[br#""s.t""#, br#""x""#]), Group::key_of(&[br#""s.t""#, br#""z""#]));
+        assert_eq!(insert, Group::Keys(vec![old_key]));
+        assert_eq!(moved, Group::Keys(vec![old_key, new_key]), "a changed value: the old key and the new");
         assert_eq!(group_of(None, Some(&logical), pk, b"{}"), logical);
     }
 

@@ -22,10 +22,12 @@
 //! - [`watchdog`]: what the watchdog concludes about a poller (stalled, abandoned lease, failing,
 //!   quarantine growing, source changed, horizon held, slot) from its status and what it saw last time.
 //! - [`lag_series`]: the bounded lag series and findings the watchdog keeps for the status page.
+//! - [`connection`]: whether a tick's read keeps its database connection for the next one.
 //! - [`window`]: batches in flight, acknowledged out of order, committed in order (seed 004).
 //! - [`schedule`]: NCRONTAB and time-span timer schedules (for `dbtrigger dev`).
 
 pub mod binlog;
+pub mod connection;
 pub mod cursor;
 pub mod endpoint;
 pub mod event;

@@ -16,7 +16,8 @@ use chrono::{DateTime, NaiveDateTime, Utc};
 use futures::TryStreamExt;
 use sqlx::{Database, Encode, Type};
 
-use super::pools::Permit;
+use super::kept::Way;
+use super::pools::HeldConnection;
 use super::position::{self, bind_position};
 use super::query::{Probe, SeekQuery};
 use super::{ColumnDecoder, Decoded, FetchLimit, Fetched, Layout, RowBuilder, SourceError, classify};
@@ -58,7 +59,9 @@ impl RowSizes {
 /// stream in, writing each row's JSON as its values come, stopping at `limit.rows` rows or once
 /// they add up to `limit.bytes`; each query's LIMIT sized by `sizes`. One body for every engine.
 /// `bound` is what `settle: "auto"` computed before this fetch (every query of it binds the same).
-/// The connection is taken with the question's `permit`, which goes with it.
+/// The connection comes `way`: taken with the question's permit (which goes with it), or kept by
+/// the tick's previous read. A fetch that answered returns its connection, idle, for the caller to
+/// give back or keep; one that failed lets it go (its permit waits for it to be idle or closed).
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn fetch_rows<DB, D>(
     pool: &sqlx::Pool<DB>,
@@ -71,8 +74,8 @@ pub(crate) async fn fetch_rows<DB, D>(
     redaction: &Redaction,
     decoder: &D,
     sizes: &RowSizes,
-    permit: Permit,
-) -> Result<Fetched, SourceError>
+    way: Way<DB>,
+) -> Result<(Fetched, HeldConnection<DB>), SourceError>
 where
     DB: Database,
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
@@ -98,21 +101,18 @@ where
             });
         }
     };
-    let mut connection = permit.connect(pool).await.map_err(|error| classify(redaction, error))?;
+    let mut connection = way.connect(pool).await.map_err(|error| classify(redaction, error))?;
+    // A failed read may have left rows unread, and a dropped one a query running: the connection
+    // is dropped unfinished, and its permit waits for it.
     let fetched =
-        read_rows(connection.pooled(), config, seek, probe, after, bound, limit, redaction, decoder, sizes).await;
-    // Read to its end (or marked to close): back at once. A failed read may have left rows
-    // unread, and a dropped one a query running: then the permit waits for the connection.
-    if fetched.is_ok() {
-        connection.finish();
-    }
-    fetched
+        read_rows(&mut connection, config, seek, probe, after, bound, limit, redaction, decoder, sizes).await?;
+    Ok((fetched, connection))
 }
 
 /// [`fetch_rows`]'s reading, on its connection.
 #[allow(clippy::too_many_arguments)]
 async fn read_rows<DB, D>(
-    connection: &mut sqlx::pool::PoolConnection<DB>,
+    connection: &mut HeldConnection<DB>,
     config: &SourceConfig,
     seek: &SeekQuery,
     probe: Probe,
@@ -150,7 +150,7 @@ where
         if let Some(bound) = bound {
             query = position::bind_cursor(query, bound);
         }
-        let mut stream = sqlx::Executor::fetch(&mut **connection, query.bind(asked as i64));
+        let mut stream = sqlx::Executor::fetch(&mut **connection.pooled(), query.bind(asked as i64));
         let mut returned = 0usize;
         let mut largest = 0usize;
         while let Some(row) = stream.try_next().await.map_err(|error| classify(redaction, error))? {

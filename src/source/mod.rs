@@ -13,6 +13,7 @@
 //! | `sql.rs`      | the body every sqlx engine shares: timeouts, counts, the generation query   |
 //! | `pool.rs`     | the base of every shared connection pool                                    |
 //! | `pools.rs`    | the pools shared by the app's pollers of one database target, and their cap |
+//! | `kept.rs`     | the connection a tick's delivering reads keep between them                  |
 //! | `row.rs`      | a row put together from its decoded columns: layout, cursor, keys, op       |
 //! | `fetch.rs`    | one fetch through sqlx, bounded by rows and by bytes                        |
 //! | `query.rs`    | the SQL of the seek, per dialect                                            |
@@ -29,6 +30,7 @@ pub mod ddl;
 mod error;
 mod fetch;
 pub mod horizon;
+mod kept;
 pub mod late;
 pub mod logical;
 pub mod mysql;
@@ -53,13 +55,14 @@ use crate::domain::{CursorValue, Position};
 pub use error::SourceError;
 pub(crate) use error::classify;
 pub(crate) use fetch::{Collector, RowSizes, fetch_rows};
+pub(crate) use kept::{Kept, Way};
 pub use late::{BucketCheck, BucketRange};
 pub(crate) use pool::pool_options;
 pub use query::Probe;
 pub(crate) use row::{ColumnDecoder, Decoded, Layout, RowBuilder};
 pub(crate) use sql::{
-    count_rows, fetch_scalar, generation_columns_error, generation_of, guarded_fetch, sql_source, timed, timed_holding,
-    warn_missing_index,
+    count_rows, fetch_scalar, generation_columns_error, generation_of, given_back, guarded_fetch, kept_fetch,
+    sql_source, timed, timed_holding, warn_missing_index,
 };
 
 pub use crate::domain::event::{RowJson, SourceRow};
@@ -128,6 +131,11 @@ pub trait Source: Send + Sync {
     async fn tick_ended(&self) -> Result<(), SourceError> {
         Ok(())
     }
+
+    /// The tick's delivering reads are over: a source that kept a connection between them (see
+    /// `kept.rs`) gives it back. Called when a tick ends however it ends (its result, a panic, its
+    /// future dropped), so it does not wait.
+    fn end_reads(&self) {}
 
     /// The source's load generation (`source.generation`'s one value: text, an integer or null),
     /// or `None` when it has none configured.

@@ -23,6 +23,8 @@ pub struct MySqlSource {
     /// The connection options of the target; the pool itself is the target's, made at first use.
     options: MySqlConnectOptions,
     gate: super::pools::Gate,
+    /// The connection a tick's delivering reads keep between them.
+    kept: super::Kept<sqlx::MySql>,
     config: SourceConfig,
     redaction: Redaction,
     query: OnceCell<SeekQuery>,
@@ -45,6 +47,7 @@ impl MySqlSource {
         Ok(MySqlSource {
             options,
             gate,
+            kept: super::Kept::default(),
             config: config.clone(),
             redaction,
             query: OnceCell::new(),

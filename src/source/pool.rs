@@ -7,7 +7,7 @@ use sqlx::Database;
 /// (ticks are seconds apart at least) is checked first, and replaced if the server dropped it.
 /// A connection that breaks within the window fails its fetch, and the tick with it: the next
 /// tick starts again from the checkpoint.
-const PING_AFTER_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
+pub(crate) const PING_AFTER_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The base of every shared pool ([`super::pools::Target::pool_options`] sets its size and idle time):
 /// ten seconds to get a connection once a permit is held (one is free or can be opened), a ping

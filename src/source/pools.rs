@@ -9,7 +9,9 @@
 //! question's query timeout starts. A fetch and a count take their connection with the permit
 //! ([`HeldConnection`]): when the question times out with the connection still busy, the permit
 //! is held until the connection is back in the pool or closed. A question that finds every permit taken waits, up to its
-//! poller's tick budget; the wait is added up per source for the tick's summary line.
+//! poller's tick budget; the wait is added up per source for the tick's summary line. A tick's
+//! delivering reads keep their connection, with its permit, from one read to the next while
+//! another permit is free ([`super::kept`]), and give it back when the tick ends.
 //!
 //! Pollers of one target may ask for different query timeouts; the target's sessions get the
 //! longest as PostgreSQL's `statement_timeout` (each question is still cancelled at its own).
@@ -154,6 +156,14 @@ impl Gate {
         self.target.as_ref()
     }
 
+    /// Permits of the target's cap free now (`usize::MAX` without a shared cap).
+    pub(crate) fn free_permits(&self) -> usize {
+        match &self.target {
+            Some(target) => target.permits().available_permits(),
+            None => usize::MAX,
+        }
+    }
+
     /// How long this source waited for connections since the last call.
     pub(crate) fn take_waited(&self) -> Duration {
         Duration::from_micros(self.waited_micros.swap(0, Ordering::Relaxed))
@@ -172,7 +182,7 @@ impl Permit {
         pool: &sqlx::Pool<DB>,
     ) -> Result<HeldConnection<DB>, sqlx::Error> {
         let connection = pool.acquire().await?;
-        Ok(HeldConnection { connection: Some(connection), permit: self, finished: false })
+        Ok(HeldConnection { connection: Some(connection), permit: self, finished: false, closing: false })
     }
 }
 
@@ -187,6 +197,9 @@ pub(crate) struct HeldConnection<DB: sqlx::Database> {
     connection: Option<sqlx::pool::PoolConnection<DB>>,
     permit: Permit,
     finished: bool,
+    /// Marked to close when it goes ([`HeldConnection::close_on_drop`]): never kept for another
+    /// question.
+    closing: bool,
 }
 
 impl<DB: sqlx::Database> HeldConnection<DB> {
@@ -197,6 +210,26 @@ impl<DB: sqlx::Database> HeldConnection<DB> {
 
     pub(crate) fn pooled(&mut self) -> &mut sqlx::pool::PoolConnection<DB> {
         self.connection.as_mut().expect("held until dropped")
+    }
+
+    /// Closes the connection when it goes, instead of giving it back to the pool.
+    pub(crate) fn close_on_drop(&mut self) {
+        self.closing = true;
+        self.pooled().close_on_drop();
+    }
+
+    /// Whether the connection may serve another question (it is not marked to close).
+    pub(crate) fn reusable(&self) -> bool {
+        !self.closing
+    }
+
+    /// Closes a connection that failed between questions (a kept one that did not answer its
+    /// ping) and keeps its permit, for the question to take another connection with.
+    pub(crate) fn close(mut self) -> Permit {
+        if let Some(mut connection) = self.connection.take() {
+            connection.close_on_drop();
+        }
+        Permit(self.permit.0.take())
     }
 }
 

@@ -22,6 +22,8 @@ pub struct PostgresSource {
     /// The connection options of the target; the pool itself is the target's, made at first use.
     options: PgConnectOptions,
     gate: super::pools::Gate,
+    /// The connection a tick's delivering reads keep between them.
+    kept: super::Kept<sqlx::Postgres>,
     config: SourceConfig,
     redaction: Redaction,
     query: OnceCell<SeekQuery>,
@@ -46,6 +48,7 @@ impl PostgresSource {
         Ok(PostgresSource {
             options,
             gate,
+            kept: super::Kept::default(),
             config: config.clone(),
             redaction,
             query: OnceCell::new(),

@@ -9,7 +9,8 @@ use chrono::{DateTime, NaiveDateTime, Utc};
 use serde_json::Value;
 use sqlx::{Database, Encode, Type};
 
-use super::pools;
+use super::kept::{Kept, Way};
+use super::pools::{self, HeldConnection};
 use super::position::bind_position;
 use super::query::SeekQuery;
 use super::{ColumnDecoder, Decoded, Fetched, SourceError, classify};
@@ -50,15 +51,60 @@ where
 {
     // A connection of the shared target first: waiting for one is not part of the query's time.
     let permit = gate.enter(location).await?;
-    match tokio::time::timeout(config.query_timeout, work(permit)).await {
+    within_timeout(config, location, work(permit)).await
+}
+
+/// Runs `work` under the source's query timeout: dropped (and its query interrupted) when it
+/// outlasts it.
+async fn within_timeout<T, F>(config: &SourceConfig, location: &str, work: F) -> Result<T, SourceError>
+where
+    F: Future<Output = Result<T, SourceError>>,
+{
+    match tokio::time::timeout(config.query_timeout, work).await {
         Ok(result) => result,
         Err(_) => Err(SourceError::Timeout { location: location.to_string(), seconds: config.query_timeout.as_secs() }),
     }
 }
 
-/// The [`Source`] of an engine: every engine's source has the same fields (`pool`, `config`,
-/// `redaction`, `settle_warned`, `row_sizes`), a `seek()` method (the SQL learnt once) and a [`ColumnDecoder`]
-/// for its rows, so one body serves them all.
+/// A delivering read of an sqlx engine ([`guarded_fetch`]'s, with its connection kept between a
+/// tick's reads: see [`super::kept`]): on the connection the previous read kept, which holds its
+/// permit (so no wait for one), else on one taken with a permit; under the query timeout either
+/// way. Once it answered, its connection is kept for the next read or given back.
+pub(crate) async fn kept_fetch<DB, W, F>(
+    gate: &pools::Gate,
+    kept: &Kept<DB>,
+    config: &SourceConfig,
+    location: &str,
+    settle_warned: &AtomicBool,
+    fetch: W,
+) -> Result<Fetched, SourceError>
+where
+    DB: Database,
+    W: FnOnce(Way<DB>) -> F,
+    F: Future<Output = Result<(Fetched, HeldConnection<DB>), SourceError>>,
+{
+    let answered = match kept.take() {
+        Some(way) => within_timeout(config, location, fetch(way)).await,
+        None => timed_holding(gate, config, location, |permit| fetch(Way::Take(permit))).await,
+    };
+    let (fetched, connection) = answered?;
+    kept.after_read(connection, fetched.full, gate.free_permits());
+    warn_if_settle_ignored(config, &fetched, settle_warned, location);
+    Ok(fetched)
+}
+
+/// A question's fetch whose connection goes back to the pool once it answered.
+pub(crate) async fn given_back<DB: Database>(
+    fetch: impl Future<Output = Result<(Fetched, HeldConnection<DB>), SourceError>>,
+) -> Result<Fetched, SourceError> {
+    let (fetched, connection) = fetch.await?;
+    connection.finish();
+    Ok(fetched)
+}
+
+/// The [`Source`] of an engine: every engine's source has the same fields (`gate`, `kept`,
+/// `config`, `redaction`, `settle_warned`, `row_sizes`), `pool()` and `seek()` methods (the SQL
+/// learnt once) and a [`ColumnDecoder`] for its rows, so one body serves them all.
 macro_rules! sql_source {
     ($source:ty) => {
         #[async_trait::async_trait]
@@ -69,7 +115,7 @@ macro_rules! sql_source {
                 after: Option<&$crate::domain::Position>,
                 limit: $crate::source::FetchLimit,
             ) -> Result<$crate::source::Fetched, $crate::source::SourceError> {
-                let fetch = |permit| async move {
+                let fetch = |way| async move {
                     let seek = self.seek().await?;
                     // `settle: "auto"`: the bound is asked for before the rows, in its own
                     // statement, so that the rows' snapshot is taken after it (see `horizon`).
@@ -85,20 +131,37 @@ macro_rules! sql_source {
                         &self.redaction,
                         self,
                         &self.row_sizes,
-                        permit,
+                        way,
                     )
                     .await
                 };
                 let location = &self.redaction.location;
                 match probe {
                     $crate::source::Probe::Deliver => {
-                        $crate::source::guarded_fetch(&self.gate, &self.config, location, &self.settle_warned, fetch)
-                            .await
+                        $crate::source::kept_fetch(
+                            &self.gate,
+                            &self.kept,
+                            &self.config,
+                            location,
+                            &self.settle_warned,
+                            fetch,
+                        )
+                        .await
                     }
                     $crate::source::Probe::Pending | $crate::source::Probe::Last => {
-                        $crate::source::timed_holding(&self.gate, &self.config, location, fetch).await
+                        let given_back = |permit| $crate::source::given_back(fetch($crate::source::Way::Take(permit)));
+                        $crate::source::timed_holding(&self.gate, &self.config, location, given_back).await
                     }
                 }
+            }
+
+            async fn tick_ended(&self) -> Result<(), $crate::source::SourceError> {
+                self.kept.release();
+                Ok(())
+            }
+
+            fn end_reads(&self) {
+                self.kept.release();
             }
 
             async fn count_after(

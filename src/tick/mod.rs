@@ -187,6 +187,8 @@ impl Poller {
             return (Ok(TickOutcome::Busy), TickReport::default());
         };
         let started = self.clock.now();
+        // However the tick ends (a panic, this future dropped), a connection its reads kept goes back.
+        let _reads = EndReads(self.source.as_ref());
         let (reads_before, writes_before) = self.counted.counts();
         *self.learnt.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Learnt::default();
         self.budget_waited.store(0, std::sync::atomic::Ordering::Relaxed);
@@ -269,6 +271,9 @@ impl Poller {
         let mut writer = StateWriter::new(self.store.as_ref(), &key, etag);
         self.source.fence(false);
         let mut result = self.work(&mut writer, &mut document, new_document, deadline).await;
+        // Nothing more is read for delivery: a connection kept between the reads goes back before
+        // the count and the last write.
+        self.source.end_reads();
         if let Err(TickError::Source(SourceError::SlotInUse { .. })) = &result
             && !self.holds_lease(&document)
             && let Some(held) = self.held_since(&key).await
@@ -607,6 +612,15 @@ impl Poller {
 
     fn holds_lease(&self, document: &StateDocument) -> bool {
         document.lease.as_ref().and_then(|lease| lease.owner_id.as_deref()) == Some(self.owner_id.as_str())
+    }
+}
+
+/// Ends a tick's delivering reads when dropped ([`Source::end_reads`]).
+struct EndReads<'a>(&'a dyn Source);
+
+impl Drop for EndReads<'_> {
+    fn drop(&mut self) {
+        self.0.end_reads();
     }
 }
 

@@ -229,6 +229,87 @@ async fn ticks_killed_at_any_moment_lose_no_change_and_the_slot_ends_past_them()
     drop_slot(&url, &slot).await;
 }
 
+/// `source.origin: "none"` asks pgoutput for the changes made without a replication origin,
+/// an option PostgreSQL has from 16 on. On an older server (the suite's is 15) the real binary's
+/// tick fails naming the field and the server's version, delivers nothing and leaves the slot
+/// where it was, and `check` reports it; on 16 and later, a write made under a replication origin
+/// is not delivered and the others are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn source_origin_none_leaves_out_writes_under_an_origin_and_is_refused_before_postgresql_16() {
+    let (url, slot) = logical_database("CREATE TABLE orders (id BIGINT PRIMARY KEY)", "orders").await;
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let version: i32 =
+        sqlx::query_scalar("SELECT current_setting('server_version_num')::int").fetch_one(&pool).await.unwrap();
+    let confirmed = || async {
+        let lsn: String =
+            sqlx::query_scalar("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1")
+                .bind(&slot)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        lsn
+    };
+    let before = confirmed().await;
+    execute(&url, "INSERT INTO orders VALUES (1)").await;
+    let directory = tempfile::tempdir().unwrap();
+    let app = crate::harness::AppRoot::write(
+        directory.path(),
+        serde_json::json!({
+            "source": {"kind": "logical", "connection": "FEED_DB", "slot": slot, "publication": "feed", "origin": "none"},
+            "sink": {"type": "webhook", "url": "http://127.0.0.1:9/unused"},
+            "state": {"connection": "STATE"}
+        }),
+    );
+    let settings = vec![
+        ("FEED_DB".to_string(), url.clone()),
+        ("STATE".to_string(), format!("file:{}", app.state_dir.display())),
+        ("DBTRIGGER_APP_NAME".to_string(), app.app_name.clone()),
+    ];
+    if version < 160_000 {
+        let (ok, stdout, stderr) = run_dbtrigger(&app, &settings, &["tick", "orders"]);
+        let said = format!("{stdout}{stderr}");
+        assert!(!ok, "{said}");
+        assert!(said.contains("source.origin \"none\" needs PostgreSQL 16 or later"), "{said}");
+        assert!(said.contains(&format!("this server is PostgreSQL {}", version / 10_000)), "{said}");
+        assert_eq!(confirmed().await, before, "the slot stays where it was");
+        let (ok, checked, _) = run_dbtrigger(&app, &settings, &["check"]);
+        assert!(!ok, "{checked}");
+        assert!(checked.contains("missing orders: source.origin \"none\" needs PostgreSQL 16 or later"), "{checked}");
+    } else {
+        // A write under a replication origin (as a function's session declares one), then one
+        // without: only the second is delivered.
+        execute(
+            &url,
+            "SELECT pg_replication_origin_create('dbtrigger_writeback');\n\
+             BEGIN; SELECT pg_replication_origin_session_setup('dbtrigger_writeback'); \
+             INSERT INTO orders VALUES (2); SELECT pg_replication_origin_session_reset(); COMMIT;\n\
+             INSERT INTO orders VALUES (3)",
+        )
+        .await;
+        let config = dbtrigger::config::PollerConfig::load(
+            &app.root,
+            "orders",
+            &dbtrigger::config::Settings::from_pairs(
+                settings.iter().map(|(key, value)| (key.as_str(), value.as_str())),
+            ),
+            None,
+        )
+        .unwrap();
+        let source = dbtrigger::source::open(&config.source).unwrap();
+        let (poller, sink) = poller(config, source, Arc::new(MemoryStore::new()));
+        while !matches!(poller.tick().await.unwrap(), dbtrigger::tick::TickOutcome::Idle) {}
+        let ids: Vec<i64> = sink
+            .batches()
+            .iter()
+            .flat_map(|batch| batch.events.iter().map(|event| event.row()["new"]["id"].as_i64().unwrap()))
+            .collect();
+        assert_eq!(ids, vec![1, 3]);
+        execute(&url, "SELECT pg_replication_origin_drop('dbtrigger_writeback')").await;
+    }
+    pool.close().await;
+    drop_slot(&url, &slot).await;
+}
+
 /// `status` counts a logical poller's lag on a temporary copy of its slot: while another session
 /// reads the slot (as a tick of another process does), the count is still made, and the reader
 /// keeps the slot (before, the count failed with "active for PID", or took the slot from a tick).

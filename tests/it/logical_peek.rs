@@ -180,3 +180,74 @@ async fn a_peek_that_stops_at_its_byte_bound_leaves_the_rest_for_the_next() {
     assert!(matches!(poller.tick().await.unwrap(), TickOutcome::Idle));
     drop_slot(&url, &slot).await;
 }
+
+/// The backends (pid, start time) of the idle connections to `url`'s database whose last
+/// statement was a peek (or the drop of a look's copy of the slot, after its peek).
+async fn idle_peek_backends(url: &str) -> Vec<(i32, String)> {
+    let pool = sqlx::PgPool::connect(url).await.unwrap();
+    let backends: Vec<(i32, String)> = sqlx::query_as(
+        "SELECT pid, backend_start::text FROM pg_stat_activity WHERE state = 'idle' \
+         AND (query LIKE '%pg_logical_slot_peek_binary_changes%' OR query LIKE 'SELECT pg_drop_replication_slot($1)') \
+         AND query NOT LIKE '%pg_stat_activity%' \
+         AND datname = current_database()",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    backends
+}
+
+/// A peek read to its end keeps its connection for the next peek (no new backend a tick: a fork,
+/// an authentication, cold catalog caches); a kept connection the server ended is replaced, and
+/// the tick that finds it so delivers as any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_peeks_connection_is_kept_from_tick_to_tick_and_replaced_when_the_server_ended_it() {
+    let (url, slot) = logical_database("CREATE TABLE orders (id BIGINT PRIMARY KEY)", "orders").await;
+    let directory = tempfile::tempdir().unwrap();
+    let config = config(directory.path(), &url, &slot, 1000, 1);
+    let source = dbtrigger::source::open(&config.source).unwrap();
+    let (poller, sink) = poller(config, source, Arc::new(MemoryStore::new()));
+    let delivered = |sink: &dbtrigger::sink::recording::RecordingSink| -> Vec<i64> {
+        sink.batches()
+            .iter()
+            .flat_map(|batch| batch.events.iter().map(|event| event.row()["new"]["id"].as_i64().unwrap()))
+            .collect()
+    };
+    let mut expected = Vec::new();
+    let mut backends = Vec::new();
+    for round in 0..3i64 {
+        execute(
+            &url,
+            &format!("INSERT INTO orders SELECT g FROM generate_series({}, {}) g", round * 25 + 1, round * 25 + 25),
+        )
+        .await;
+        expected.extend(round * 25 + 1..=round * 25 + 25);
+        while !matches!(poller.tick().await.unwrap(), TickOutcome::Idle) {}
+        assert_eq!(delivered(&sink), expected, "round {round}");
+        let kept = idle_peek_backends(&url).await;
+        assert_eq!(kept.len(), 1, "one kept peek connection after round {round}: {kept:?}");
+        backends.push(kept[0].clone());
+        if round == 1 {
+            // The server ends the kept backend (a restart, an administrator, an idle limit).
+            execute(&url, &format!("SELECT pg_terminate_backend({})", kept[0].0)).await;
+        }
+    }
+    assert_eq!(backends[0], backends[1], "the same backend served the ticks of rounds 0 and 1");
+    assert_ne!(backends[1], backends[2], "the ended backend was replaced");
+    // A look (status's count) reads a temporary copy of the slot on the kept connection: the copy
+    // is dropped before the connection is kept again, so that it holds no WAL meanwhile.
+    execute(&url, "INSERT INTO orders VALUES (1000), (1001)").await;
+    let health = dbtrigger::status::of_poller("orders", &poller, chrono::Utc::now()).await;
+    assert_eq!(health.lag_rows, Some(2), "{:?}", health.problems);
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let copies: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'dbtrigger_look_%'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    pool.close().await;
+    assert_eq!(copies, 0, "no copy of the slot outlives its look");
+    assert_eq!(idle_peek_backends(&url).await.len(), 1, "the look's connection is kept");
+    drop_slot(&url, &slot).await;
+}

@@ -20,6 +20,7 @@ mod harness;
 mod horizon;
 mod host;
 mod host_rules;
+mod kept;
 mod keys;
 mod late;
 mod local_settings;

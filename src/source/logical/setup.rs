@@ -41,13 +41,22 @@ pub fn logical_ddl(poller: &str, slot: &str, publication: &str, user: Option<&st
     let _ = writeln!(
         out,
         "-- 3. The slot (pgoutput). It keeps every change from now on; rows that exist before it are\n\
-         --    not changes: see docs/logical.md, \"The first load\".\n\
-         SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')\n\
-         \x20 WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = '{slot}');\n\
-         --    On PostgreSQL 17+ with a standby to fail over to, create it as a failover slot instead\n\
-         --    (temporary false, twophase false, failover true; see docs/logical.md, \"A failover\"):\n\
-         -- SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput', false, false, true)\n\
-         --   WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = '{slot}');\n"
+         --    not changes: see docs/logical.md, \"The first load\". On PostgreSQL 17 and later it is made a\n\
+         --    failover slot (failover => true), which a standby with sync_replication_slots = on keeps a\n\
+         --    copy of (see docs/logical.md, \"A failover\"); with no such standby it changes nothing.\n\
+         --    PostgreSQL 16 and earlier have no failover slots: there it is an ordinary slot.\n\
+         DO $$\n\
+         BEGIN\n\
+         \x20 IF NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = '{slot}') THEN\n\
+         \x20   IF current_setting('server_version_num')::int >= 170000 THEN\n\
+         \x20     -- temporary false, twophase false, failover true\n\
+         \x20     PERFORM pg_create_logical_replication_slot('{slot}', 'pgoutput', false, false, true);\n\
+         \x20   ELSE\n\
+         \x20     PERFORM pg_create_logical_replication_slot('{slot}', 'pgoutput');\n\
+         \x20   END IF;\n\
+         \x20 END IF;\n\
+         END\n\
+         $$;\n"
     );
     out.push_str(
         "-- 4. Replica identity: an update or delete names the old row by the primary key. A table\n\
@@ -73,8 +82,14 @@ pub struct Finding {
 
 /// The checks of a logical source on a live server: `wal_level`, the slot (its plugin, whether
 /// another process holds it, whether the server invalidated it), the publication and its tables
-/// (each with a replica identity), and the role's privilege.
-pub async fn check(url: &str, slot: &str, publication: &str) -> Result<Vec<Finding>, String> {
+/// (each with a replica identity), the role's privilege, and (for `source.origin: "none"`) that the
+/// server has pgoutput's origin option.
+pub async fn check(
+    url: &str,
+    slot: &str,
+    publication: &str,
+    origin: crate::config::Origin,
+) -> Result<Vec<Finding>, String> {
     use sqlx::Row;
     let pool = sqlx::PgPool::connect(url)
         .await
@@ -185,6 +200,52 @@ pub async fn check(url: &str, slot: &str, publication: &str) -> Result<Vec<Findi
         ok: privileged,
         what: "the role has REPLICATION (or is a superuser): it may read and move the slot".to_string(),
     });
+    if origin == crate::config::Origin::None {
+        let version: i32 = sqlx::query_scalar("SELECT current_setting('server_version_num')::int")
+            .fetch_one(&pool)
+            .await
+            .map_err(scrub)?;
+        let refusal = super::source::origin_refusal(origin, version);
+        findings.push(Finding {
+            ok: refusal.is_none(),
+            what: refusal.unwrap_or_else(|| {
+                "source.origin \"none\": the server has pgoutput's origin option (PostgreSQL 16+)".to_string()
+            }),
+        });
+    }
     pool.close().await;
     Ok(findings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::logical_ddl;
+    use crate::config::Origin;
+    use crate::source::logical::source::origin_refusal;
+
+    #[test]
+    fn the_printed_slot_is_a_failover_slot_from_postgresql_17_on_and_an_ordinary_one_before() {
+        let ddl = logical_ddl("orders", "feed_slot", "feed", None);
+        let failover = "IF current_setting('server_version_num')::int >= 170000 THEN";
+        let at = ddl.find(failover).expect(&ddl);
+        let (then, otherwise) = ddl[at..].split_once("ELSE").expect(&ddl);
+        assert!(
+            then.contains("PERFORM pg_create_logical_replication_slot('feed_slot', 'pgoutput', false, false, true);")
+        );
+        assert!(otherwise.contains("PERFORM pg_create_logical_replication_slot('feed_slot', 'pgoutput');"));
+        assert!(
+            ddl.contains("On PostgreSQL 17 and later it is made a\n--    failover slot (failover => true)"),
+            "{ddl}"
+        );
+    }
+
+    #[test]
+    fn origin_none_is_refused_before_postgresql_16_naming_the_version() {
+        let refusal = origin_refusal(Origin::None, 150_018).expect("15 has no origin option");
+        assert!(refusal.starts_with("source.origin \"none\" needs PostgreSQL 16 or later"), "{refusal}");
+        assert!(refusal.contains("this server is PostgreSQL 15 (server_version_num 150018)"), "{refusal}");
+        assert_eq!(origin_refusal(Origin::None, 160_000), None);
+        assert_eq!(origin_refusal(Origin::None, 180_001), None);
+        assert_eq!(origin_refusal(Origin::Any, 100_000), None, "any passes no option: every version reads it");
+    }
 }

@@ -3,21 +3,24 @@
 //! the result as a stream and hands its changes out in commit order as they come, and moves the
 //! slot (`pg_replication_slot_advance`) only as far as the state document has committed.
 //!
-//! A peek runs in a task of its own on a connection of its own, and sends each change through a
-//! bounded channel as its message arrives: pgoutput's Begin carries the transaction's commit LSN,
+//! A peek runs in a task of its own on a connection of its own (kept from one peek to the next),
+//! and sends each change through a bounded channel as its message arrives, in chunks (one
+//! hand-off between the tasks for many changes; a chunk leaves as soon as the socket holds no
+//! more): pgoutput's Begin carries the transaction's commit LSN,
 //! so a change's position (commit LSN, ordinal) is known before its Commit, and a transaction of
 //! any size goes through in bounded memory (the channel, a batch, the driver's buffer). While the
 //! tick delivers, the task waits on the channel and the server on the socket. A peek starts
 //! where the slot is: what the checkpoint already covers is counted by tag and skipped.
 
 use crate::domain::keyed::Group;
+use std::collections::VecDeque;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::TryStreamExt;
+use futures::{FutureExt, TryStreamExt};
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool};
 use sqlx::{Connection, Row};
@@ -27,7 +30,7 @@ use super::changes::{Decoder, Step, event_row_of};
 use super::progress::{Key, Mark, Progress, ReadToEnd, key_of, position};
 use super::values::{lsn_text, parse_lsn};
 use crate::config::redact::Redaction;
-use crate::config::{SourceConfig, SourceTarget};
+use crate::config::{Origin, SourceConfig, SourceTarget};
 use crate::domain::Position;
 use crate::domain::event::RowJson;
 use crate::source::{FetchLimit, Fetched, Probe, Source, SourceError, SourceRow, classify, timed};
@@ -41,8 +44,10 @@ const MIN_READ_AHEAD_ROWS: usize = 1024;
 const MAX_READ_AHEAD_ROWS: usize = 262_144;
 /// Kept for the benches and docs: what a peek's channel holds at most, in changes.
 pub const READ_AHEAD_BYTES: usize = 16 * 1024 * 1024;
-/// The changes (and transaction ends) a peek's task sends ahead of the tick, at most.
+/// The changes (and transaction ends) a peek's task sends ahead of the tick, at most, in chunks of
+/// at most [`CHUNK_ITEMS`].
 const CHANNEL_ITEMS: usize = 512;
+const CHUNK_ITEMS: usize = 64;
 /// The most a counting peek counts: the changes after a position, counted by tag (no decoding).
 pub const COUNT_CAP: u64 = 100_000;
 
@@ -59,9 +64,15 @@ struct Shared {
     peek_options: PgConnectOptions,
     slot: String,
     publication: String,
+    /// `none`: the peek asks pgoutput for the changes without a replication origin only.
+    origin: Origin,
     redaction: Redaction,
     /// A peek's task gives up when the tick has not taken anything from it for this long.
     idle: Duration,
+    /// The connection of the last peek read to its end, kept for the next one: a peek on it
+    /// needs no new backend (a fork, an authentication, cold catalog caches), as a poller's pool
+    /// keeps its connections. A peek given up or failed closes its connection instead.
+    kept: std::sync::Mutex<Option<PgConnection>>,
 }
 
 pub struct LogicalSource {
@@ -109,15 +120,30 @@ enum Item {
 
 /// A peek being read.
 struct Stream {
-    items: mpsc::Receiver<Result<Item, SourceError>>,
+    items: mpsc::Receiver<Result<Vec<Item>, SourceError>>,
+    /// The rest of the chunk received last (first, a change that did not fit the last batch).
+    pending: VecDeque<Item>,
     task: tokio::task::JoinHandle<()>,
     /// The peek's backend, once known: cancelled when the peek is given up before its end.
     backend: Arc<AtomicI32>,
     pool: PgPool,
     /// The last change handed out (the position the peek was asked from, before the first).
     at: Option<Key>,
-    /// A change received that did not fit the last batch: the next one's first.
-    held: Option<(Key, SourceRow)>,
+}
+
+impl Stream {
+    /// The peek's next item, in order; `None` when its task ended without one.
+    async fn next(&mut self) -> Option<Result<Item, SourceError>> {
+        loop {
+            if let Some(item) = self.pending.pop_front() {
+                return Some(Ok(item));
+            }
+            match self.items.recv().await? {
+                Ok(chunk) => self.pending.extend(chunk),
+                Err(error) => return Some(Err(error)),
+            }
+        }
+    }
 }
 
 impl Drop for Stream {
@@ -136,6 +162,37 @@ impl Drop for Stream {
             runtime.spawn(async move {
                 let _ = sqlx::query("SELECT pg_cancel_backend($1)").bind(backend).execute(&pool).await;
             });
+        }
+    }
+}
+
+/// What a peek's task sends the tick, a chunk at a time: one hand-off between the tasks (a
+/// wake-up of the other) for up to [`CHUNK_ITEMS`] changes instead of one a change.
+struct Outbox<'a> {
+    items: &'a mpsc::Sender<Result<Vec<Item>, SourceError>>,
+    /// Gives up when the tick has not taken a chunk for this long.
+    idle: Duration,
+    chunk: Vec<Item>,
+}
+
+impl Outbox<'_> {
+    async fn push(&mut self, item: Item) -> Result<(), Stop> {
+        self.chunk.push(item);
+        if self.chunk.len() >= CHUNK_ITEMS {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    /// Sends what the chunk holds, if anything.
+    async fn flush(&mut self) -> Result<(), Stop> {
+        if self.chunk.is_empty() {
+            return Ok(());
+        }
+        let chunk = std::mem::replace(&mut self.chunk, Vec::with_capacity(CHUNK_ITEMS));
+        match tokio::time::timeout(self.idle, self.items.send(Ok(chunk))).await {
+            Ok(Ok(())) => Ok(()),
+            _ => Err(Stop::GivenUp),
         }
     }
 }
@@ -210,39 +267,63 @@ impl Shared {
         after: Option<Key>,
         limit_rows: usize,
         read: Read,
-        items: &mpsc::Sender<Result<Item, SourceError>>,
+        items: &mpsc::Sender<Result<Vec<Item>, SourceError>>,
         backend: &AtomicI32,
     ) -> Result<(), Stop> {
-        let send = |item: Item| async move {
-            match tokio::time::timeout(self.idle, items.send(Ok(item))).await {
-                Ok(Ok(())) => Ok(()),
-                _ => Err(Stop::GivenUp),
-            }
-        };
-        let mut connection =
-            PgConnection::connect_with(&self.peek_options).await.map_err(|error| self.query_error(error))?;
-        let (pid, flushed): (i32, String) = sqlx::query_as("SELECT pg_backend_pid(), pg_current_wal_flush_lsn()::text")
-            .fetch_one(&mut connection)
-            .await
-            .map_err(|error| self.query_error(error))?;
+        let mut outbox = Outbox { items, idle: self.idle, chunk: Vec::with_capacity(CHUNK_ITEMS) };
+        let result = self.read(after, limit_rows, read, &mut outbox, backend).await;
+        if let Err(Stop::Failed(_)) = &result {
+            // What was read before the failure goes first, as it came.
+            outbox.flush().await?;
+        }
+        result
+    }
+
+    /// [`Shared::peek`]'s work: the rows read, decoded and put in `outbox`.
+    async fn read(
+        &self,
+        after: Option<Key>,
+        limit_rows: usize,
+        read: Read,
+        outbox: &mut Outbox<'_>,
+        backend: &AtomicI32,
+    ) -> Result<(), Stop> {
+        let (mut connection, (pid, flushed, version)) = self.session().await?;
         backend.store(pid, Ordering::Relaxed);
         let flushed = parse_lsn(&flushed).ok_or_else(|| self.malformed(format!("a WAL position {flushed:?}")))?;
+        if let Some(refusal) = origin_refusal(self.origin, version) {
+            return Err(Stop::Failed(self.malformed(refusal)));
+        }
         let slot = if read.on_copy { self.copy_of_slot(&mut connection, pid).await? } else { self.slot.clone() };
         let counting = read.counting;
         let limit_rows = limit_rows.min(i32::MAX as usize);
-        let mut rows = sqlx::query(
-            "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes($1, $2::pg_lsn, $3, \
-             'proto_version', '1', 'publication_names', $4)",
-        )
-        .bind(&slot)
-        .bind(lsn_text(flushed))
-        .bind(limit_rows as i32)
-        .bind(format!("\"{}\"", self.publication))
-        .fetch(&mut connection);
+        let peek = match self.origin {
+            Origin::Any => PEEK,
+            Origin::None => PEEK_WITHOUT_ORIGIN,
+        };
+        let mut rows = sqlx::query(peek)
+            .bind(&slot)
+            .bind(lsn_text(flushed))
+            .bind(limit_rows as i32)
+            .bind(format!("\"{}\"", self.publication))
+            .fetch(&mut connection);
         let mut decoder = if counting { Decoder::counting() } else { Decoder::after(after) };
         let mut fields = None;
         let (mut returned, mut rows_of_transaction, mut new, mut last) = (0usize, 0u32, 0usize, None);
-        while let Some(row) = rows.try_next().await.map_err(|error| self.query_error(error))? {
+        let mut capped = false;
+        loop {
+            // What the socket holds already is read on; when it holds nothing more, the changes
+            // made so far go to the tick before waiting on the server.
+            let next = match rows.try_next().now_or_never() {
+                Some(next) => next,
+                None => {
+                    outbox.flush().await?;
+                    rows.try_next().await
+                }
+            };
+            let Some(row) = next.map_err(|error| self.query_error(error))? else {
+                break;
+            };
             returned += 1;
             rows_of_transaction += 1;
             let lsn: String = row.try_get(0).map_err(|error| self.query_error(error))?;
@@ -267,7 +348,7 @@ impl Shared {
                             group: Some(group),
                         };
                         new += 1;
-                        send(Item::Row(key, row)).await?;
+                        outbox.push(Item::Row(key, row)).await?;
                     }
                 }
                 Step::Committed { commit_lsn, end_lsn, changes, .. } => {
@@ -278,18 +359,53 @@ impl Shared {
                         last = Some((commit_lsn, changes));
                     }
                     let rows = std::mem::take(&mut rows_of_transaction);
-                    send(Item::Mark(Mark { commit_lsn, end_lsn, changes, rows })).await?;
+                    outbox.push(Item::Mark(Mark { commit_lsn, end_lsn, changes, rows })).await?;
                     if counting && new as u64 >= COUNT_CAP {
+                        capped = true;
                         break;
                     }
                 }
             }
         }
+        // Read to its end (a count that stopped at its cap has rows left on the socket): the
+        // connection is idle and kept for the next peek. Nothing to cancel from here on, so that
+        // a stream dropped now (the tick took the end) cancels nothing on the kept backend.
+        // A look's temporary copy of the slot is dropped first: it would hold WAL for as long as
+        // the session lives (a connection whose copy cannot be dropped is closed, which drops it).
         drop(rows);
+        backend.store(0, Ordering::Relaxed);
+        let reusable = !capped
+            && (slot == self.slot
+                || sqlx::query("SELECT pg_drop_replication_slot($1)")
+                    .bind(&slot)
+                    .execute(&mut connection)
+                    .await
+                    .is_ok());
+        if reusable {
+            *self.kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(connection);
+        } else {
+            let _ = connection.close().await;
+        }
         let reached_end = returned < limit_rows && !decoder.in_transaction();
-        send(Item::End { reached_end: reached_end.then_some(ReadToEnd { flushed, last }), new }).await?;
-        let _ = connection.close().await;
-        Ok(())
+        outbox.push(Item::End { reached_end: reached_end.then_some(ReadToEnd { flushed, last }), new }).await?;
+        outbox.flush().await
+    }
+
+    /// A connection for a peek, with its backend's pid, the end of the flushed WAL and the
+    /// server's version: the one kept from the last peek if it still answers, else a new one.
+    async fn session(&self) -> Result<(PgConnection, (i32, String, i32)), SourceError> {
+        let kept = self.kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+        if let Some(mut connection) = kept {
+            // A kept connection that no longer answers (the server restarted, a proxy's idle
+            // limit) is replaced.
+            if let Ok(answer) = ask(&mut connection).await {
+                return Ok((connection, answer));
+            }
+        }
+        let mut connection =
+            PgConnection::connect_with(&self.peek_options).await.map_err(|error| self.query_error(error))?;
+        let answer = ask(&mut connection).await.map_err(|error| self.query_error(error))?;
+        Ok((connection, answer))
     }
 
     /// A decoding failure, named by the position of the change it stopped at, as `reset` takes it.
@@ -306,6 +422,37 @@ impl Shared {
     }
 }
 
+/// A peek's backend's pid, the end of the flushed WAL, and the server's `server_version_num`.
+async fn ask(connection: &mut PgConnection) -> Result<(i32, String, i32), sqlx::Error> {
+    sqlx::query_as(
+        "SELECT pg_backend_pid(), pg_current_wal_flush_lsn()::text, current_setting('server_version_num')::int",
+    )
+    .fetch_one(connection)
+    .await
+}
+
+/// A peek: pgoutput version 1 (the text form of values) of the publication, from where the slot
+/// is to the flushed end (`$2`), at most `$3` rows.
+const PEEK: &str = "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes($1, $2::pg_lsn, $3, \
+                    'proto_version', '1', 'publication_names', $4)";
+/// [`PEEK`] of the changes made without a replication origin only (`source.origin: "none"`).
+const PEEK_WITHOUT_ORIGIN: &str = "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes($1, $2::pg_lsn, \
+                                   $3, 'proto_version', '1', 'publication_names', $4, 'origin', 'none')";
+
+/// Why `origin` cannot be read from a server of `server_version_num` `version`, if it cannot:
+/// pgoutput has its `origin` option from PostgreSQL 16 on (15 refuses it as unknown).
+pub fn origin_refusal(origin: Origin, version: i32) -> Option<String> {
+    if origin == Origin::Any || version >= 160_000 {
+        return None;
+    }
+    Some(format!(
+        "source.origin \"none\" needs PostgreSQL 16 or later (pgoutput's origin option), and this server is \
+         PostgreSQL {} (server_version_num {version}): leave source.origin out (every change is read, whatever its \
+         origin) or upgrade the server",
+        version / 10_000
+    ))
+}
+
 /// How many of a transaction's `changes` come after `after`.
 fn new_changes(commit_lsn: u64, changes: u32, after: Option<Key>) -> usize {
     match after {
@@ -317,7 +464,7 @@ fn new_changes(commit_lsn: u64, changes: u32, after: Option<Key>) -> usize {
 
 impl LogicalSource {
     pub fn open(config: &SourceConfig) -> Result<Self, SourceError> {
-        let SourceTarget::Logical { slot, publication } = &config.target else {
+        let SourceTarget::Logical { slot, publication, origin } = &config.target else {
             return Err(SourceError::Query { location: String::new(), reason: "not a logical source".into() });
         };
         let redaction = Redaction::of_url(config.url.expose());
@@ -343,8 +490,10 @@ impl LogicalSource {
             peek_options: text_forms("0".to_string()),
             slot: slot.clone(),
             publication: publication.clone(),
+            origin: *origin,
             redaction,
             idle: config.query_timeout.max(Duration::from_secs(1)),
+            kept: std::sync::Mutex::new(None),
         };
         Ok(LogicalSource {
             shared: Arc::new(shared),
@@ -361,7 +510,7 @@ impl LogicalSource {
 
     /// Starts a peek after `after` of at most `limit_rows` rows.
     fn start(&self, after: Option<Key>, limit_rows: usize, read: Read) -> Stream {
-        let (sender, items) = mpsc::channel(CHANNEL_ITEMS);
+        let (sender, items) = mpsc::channel(CHANNEL_ITEMS / CHUNK_ITEMS);
         let backend = Arc::new(AtomicI32::new(0));
         let (shared, task_backend) = (self.shared.clone(), backend.clone());
         let task = tokio::spawn(async move {
@@ -369,7 +518,7 @@ impl LogicalSource {
                 let _ = sender.send(Err(error)).await;
             }
         });
-        Stream { items, task, backend, pool: self.shared.pool.clone(), at: after, held: None }
+        Stream { items, pending: VecDeque::new(), task, backend, pool: self.shared.pool.clone(), at: after }
     }
 
     fn malformed(&self, reason: String) -> SourceError {
@@ -431,18 +580,15 @@ impl LogicalSource {
                 reading.stream = Some(self.start(after, limit_rows, Read { counting: false, on_copy: false }));
             }
             let stream = reading.stream.as_mut().expect("a peek is open");
-            let item = match stream.held.take() {
-                Some((key, row)) => Ok(Item::Row(key, row)),
-                None => match stream.items.recv().await {
-                    Some(item) => item,
-                    None => Err(self.malformed("the peek's task ended before its end".into())),
-                },
+            let item = match stream.next().await {
+                Some(item) => item,
+                None => Err(self.malformed("the peek's task ended before its end".into())),
             };
             match item {
                 Ok(Item::Row(key, row)) => {
                     let size = row.row.len() + 128;
                     if !rows.is_empty() && bytes + size > limit.bytes {
-                        stream.held = Some((key, row));
+                        stream.pending.push_front(Item::Row(key, row));
                         break;
                     }
                     bytes += size;
@@ -515,7 +661,7 @@ impl LogicalSource {
             self.start(after, held.saturating_add(wanted.saturating_mul(3)), Read { counting, on_copy: true });
         let mut rows = Vec::new();
         loop {
-            match stream.items.recv().await {
+            match stream.next().await {
                 Some(Ok(Item::Row(_, row))) => {
                     rows.push(row);
                     if rows.len() > limit.rows {
