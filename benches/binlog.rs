@@ -3,7 +3,9 @@
 //! store) to an in-process sink that acknowledges every batch and counts its events, against the
 //! **raw limit** measured in the same run on the same events: a dump of the same range of the
 //! binary log through the same driver (`mysql_async`'s binlog stream, the source's own connect,
-//! column look-up and dump request), every event through the same decoder into the same event rows (`rows_of`, as a read hands them out: JSON, GTID marks, order groups),
+//! column look-up and dump request), every event through the same decoder, tracking GTIDs from
+//! the GTID position at the start as a read from a checkpoint does, into the same event rows
+//! (`rows_of`, as a read hands them out: JSON, GTID marks, order groups),
 //! nothing delivered, nothing committed. Both clocks include connecting and the server's
 //! questions a read asks before its dump. The binary log is not consumed by a read: the changes
 //! are written once, every poller's first tick having recorded where the log ended before them;
@@ -45,9 +47,13 @@ async fn raw(url: &str, tables: &[String], from: BinlogPos) -> (usize, f64) {
     let options = server::options_of(url).unwrap();
     let mut conn = mysql_async::Conn::new(options).await.unwrap();
     let (_, names) = server::end_position(&mut conn).await.unwrap().unwrap();
+    // MariaDB: the GTID position there, from which the decoder tracks every transaction's GTIDs
+    // (each row's position carries its mark), as a tick's read from a checkpoint does.
+    let gtid_pos = server::gtid_pos_at(&mut conn, &names, from).await.unwrap().expect("a GTID position at the start");
     let info = server::table_info(&mut conn, tables).await.unwrap();
     let mut stream = server::dump(conn, RAW_SERVER_ID, &names, from).await.unwrap();
     let mut decoder = Decoder::new(tables, info, Some((from, 0)));
+    decoder.track_gtids(gtid_pos, None, None);
     let (mut changes, mut bytes) = (0usize, 0usize);
     let mut keys = HashMap::new();
     while let Some(event) = stream.next().await {
@@ -55,6 +61,7 @@ async fn raw(url: &str, tables: &[String], from: BinlogPos) -> (usize, f64) {
         let step = decoder.push(&event, |id| stream.get_tme(id)).unwrap();
         if let Step::Changes(decoded) = step {
             for (_, row) in rows_of(decoder.fields().unwrap(), decoded, &mut keys) {
+                assert_eq!(row.position.pk.len(), 3, "a change carries its GTID mark");
                 bytes += row.row.len();
                 changes += 1;
             }

@@ -49,11 +49,21 @@ pub fn position(key: Key) -> Position {
 
 /// A position with its GTIDs (MariaDB), as a checkpoint and an event's `pk` carry them.
 pub fn position_marked(key: Key, mark: Option<&GtidMark>) -> Position {
+    position_texts(key, mark.map(mark_texts).as_ref())
+}
+
+/// A mark's key columns as a position carries them: its transaction's GTID (empty when none) and
+/// the GTID position before it.
+fn mark_texts(mark: &GtidMark) -> (String, String) {
+    (mark.tx.map(|tx| tx.to_string()).unwrap_or_default(), mark.before.to_string())
+}
+
+/// [`position_marked`] with the mark's texts made once (every change of a transaction has them).
+fn position_texts(key: Key, mark: Option<&(String, String)>) -> Position {
     let mut position = position(key);
-    if let Some(mark) = mark {
-        let tx = mark.tx.map(|tx| tx.to_string()).unwrap_or_default();
-        position.pk.push((GTID_KEY.to_string(), PkValue::Text(tx)));
-        position.pk.push((GTID_POS_KEY.to_string(), PkValue::Text(mark.before.to_string())));
+    if let Some((tx, before)) = mark {
+        position.pk.push((GTID_KEY.to_string(), PkValue::Text(tx.clone())));
+        position.pk.push((GTID_POS_KEY.to_string(), PkValue::Text(before.clone())));
     }
     position
 }
@@ -547,7 +557,9 @@ pub fn rows_of(
     keys: &mut HashMap<String, Option<std::sync::Arc<[String]>>>,
 ) -> impl Iterator<Item = (Key, SourceRow)> {
     let head = fields_json(fields);
-    let mark = fields.mariadb.as_ref().map(|(tx, before)| GtidMark { tx: Some(*tx), before: before.clone() });
+    // The transaction's GTID texts are formatted once, not once per change.
+    let mark =
+        fields.mariadb.as_ref().map(|(tx, before)| mark_texts(&GtidMark { tx: Some(*tx), before: before.clone() }));
     changes.into_iter().map(move |change| {
         let key = change.at;
         let group = order_group(&change, keys);
@@ -568,7 +580,7 @@ fn fields_json(fields: &TransactionFields) -> Map<String, Value> {
     head
 }
 
-fn row_of(head: &Map<String, Value>, change: Change, mark: Option<&GtidMark>, group: Group) -> SourceRow {
+fn row_of(head: &Map<String, Value>, change: Change, mark: Option<&(String, String)>, group: Group) -> SourceRow {
     let mut row = Map::new();
     row.insert("table".into(), Value::from(change.table.clone()));
     if change.partial() {
@@ -584,7 +596,7 @@ fn row_of(head: &Map<String, Value>, change: Change, mark: Option<&GtidMark>, gr
         row.insert(name.clone(), value.clone());
     }
     SourceRow {
-        position: position_marked(change.at, mark),
+        position: position_texts(change.at, mark),
         row: RowJson::from_map(&row),
         op: change.op,
         group: Some(group),
