@@ -107,6 +107,8 @@ pub struct BinlogSource {
     reading: Mutex<Reading>,
     /// The last checkpoint this source was asked from: `status` shows the retention behind it.
     known: std::sync::Mutex<Option<Key>>,
+    /// The server this tick's re-base judged the checkpoint on ([`Source::rebase`]).
+    judged_on: std::sync::Mutex<Option<String>>,
 }
 
 #[derive(Default)]
@@ -147,6 +149,7 @@ impl BinlogSource {
             redaction,
             reading: Mutex::new(Reading::default()),
             known: std::sync::Mutex::new(None),
+            judged_on: std::sync::Mutex::new(None),
         })
     }
 
@@ -195,6 +198,19 @@ impl BinlogSource {
     /// under it, and the read stops as lost.
     async fn start(&self, after: Option<&At>, reader: Reader) -> Result<Open, SourceError> {
         let mut conn = self.connect().await?;
+        // A failover since the tick's re-base (an address that moved): the checkpoint was judged
+        // on another server, and a read by its file position here would look like a reset log.
+        // The tick fails; the next one re-bases it.
+        let judged_on = self.judged_on.lock().map(|judged| judged.clone()).unwrap_or_default();
+        if let (Some(judged_on), Reader::Tick) = (judged_on, reader) {
+            let (now, _) = server::identity(&mut conn).await.map_err(|error| self.error(error))?;
+            if now != judged_on {
+                return Err(self.query(format!(
+                    "the server changed during the tick ({judged_on} when the tick began, {now} now): the next tick \
+                     finds the checkpoint on it"
+                )));
+            }
+        }
         let (end, names, oldest, _) = self.ends(&mut conn).await?;
         let from = after.map(|at| at.key.0).unwrap_or(end);
         if from == binlog::BY_GTID_ONLY && after.is_some_and(|at| at.mark.is_some()) {
@@ -421,6 +437,9 @@ impl BinlogSource {
         recorded: Option<&str>,
     ) -> Result<Option<Rebase>, SourceError> {
         let (identity, mariadb) = server::identity(conn).await.map_err(|error| self.error(error))?;
+        if let Ok(mut judged_on) = self.judged_on.lock() {
+            *judged_on = Some(identity.clone());
+        }
         let server = Value::from(identity.clone());
         let record = (recorded != Some(identity.as_str())).then(|| Rebase {
             checkpoint: None,
