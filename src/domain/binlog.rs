@@ -185,6 +185,11 @@ impl GtidPos {
         self.0.is_empty()
     }
 
+    /// How many replication domains the position names.
+    pub fn domains(&self) -> usize {
+        self.0.len()
+    }
+
     /// Whether `gtid`'s transaction is at or before this position: its domain's last GTID has a
     /// sequence number at least as high (sequence numbers grow within a domain, in every log).
     pub fn contains(&self, gtid: &Gtid) -> bool {
