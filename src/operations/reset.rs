@@ -174,8 +174,14 @@ async fn binlog_target(parts: Parts<'_>, to: &ResetTo) -> Result<ResetTarget, Op
         // A GTID position (MariaDB's `0-1-1234`, several domains separated by commas): the
         // checkpoint covers every transaction up to it, and the next tick finds where that is in
         // the server's log by GTID (a dump from it), on any server of the same history.
-        ResetTo::Cursor { value, .. } if value.contains('-') && !value.contains(':') => {
+        ResetTo::Cursor { value, keys } if value.contains('-') && !value.contains(':') => {
             use crate::domain::binlog::{BY_GTID_ONLY, GtidMark, GtidPos};
+            if !keys.is_empty() {
+                return Err(OperationError::Invalid(format!(
+                    "--pk with a GTID position ({value}): a GTID position covers whole transactions, it takes no \
+                     ordinal; give a file:offset with --pk ordinal=N to stop inside a transaction"
+                )));
+            }
             let before = GtidPos::parse(value).filter(|pos| !pos.is_empty()).ok_or_else(|| {
                 OperationError::Invalid(format!(
                     "{value:?} is not a GTID position: give it as MariaDB writes one (0-1-1234, or 0-1-1234,1-2-56 for \

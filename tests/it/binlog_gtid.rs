@@ -110,6 +110,15 @@ async fn a_reset_binary_log_stops_the_poller_until_an_operator_resets_it_by_gtid
     let (ok, output) = dbtrigger(&app, &settings, &["tick", "orders"]).await;
     assert!(!ok && output.contains("no operator has reset the poller"), "{output}");
     assert_eq!(received(&receiver), [1], "nothing delivered from a log the checkpoint was not read from");
+    // A GTID position covers whole transactions: an ordinal with it is refused, nothing written.
+    let (ok, output) = dbtrigger(
+        &app,
+        &settings,
+        &["reset", "orders", "--to-cursor", &delivered, "--pk", "ordinal=1", "--yes", "--reason", "inside"],
+    )
+    .await;
+    assert!(!ok && output.contains("--pk with a GTID position"), "{output}");
+    assert!(document(&app)["failure"]["slot_lost"].is_string(), "the refused reset wrote nothing");
     // After the transaction delivered, by its GTID: found again in the new log.
     let (ok, output) = dbtrigger(
         &app,
