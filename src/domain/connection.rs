@@ -26,8 +26,9 @@ pub struct ReadEnd {
     /// The read stopped at a limit: the tick may read again at once. `false`: the source had no
     /// more rows, and the tick reads nothing more.
     pub more_to_read: bool,
-    /// The connection may serve another question: not marked to close (a read that left much of
-    /// a result unread closes its connection instead of draining it).
+    /// The connection may serve another question at once: not marked to close (a read that left
+    /// much of a result unread closes its connection instead of draining it), and its last result
+    /// read to its end (one left partly unread still holds its query open on the server).
     pub reusable: bool,
     /// Permits of the database's cap free besides this read's own: none means another question
     /// waits, or would.

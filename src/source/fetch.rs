@@ -25,6 +25,11 @@ use crate::config::SourceConfig;
 use crate::config::redact::Redaction;
 use crate::domain::{CursorValue, Position};
 
+/// Rows a stopped read may leave unread, in bytes, and still keep its connection idle for the
+/// tick's next read: what the socket's buffers take, so that the server's query has ended. More,
+/// and the server may still be sending, its query open (its snapshot, its locks) until drained.
+const KEEP_UNREAD_AT_MOST_BYTES: usize = 64 * 1024;
+
 /// Rows a stopped read may leave unread, in bytes, before closing the connection is cheaper
 /// than draining them (a new connection costs a handshake; a megabyte on loopback is ~1 ms).
 const DRAIN_AT_MOST_BYTES: usize = 1 << 20;
@@ -175,6 +180,8 @@ where
                 // drained through the connection but dropped with it.
                 if (asked - returned).saturating_mul(largest) > DRAIN_AT_MOST_BYTES {
                     connection.close_on_drop();
+                } else if (asked - returned).saturating_mul(largest) > KEEP_UNREAD_AT_MOST_BYTES {
+                    connection.left_unread();
                 }
                 let collector = collected.take().expect("made at the first row");
                 return Ok(collector.finish(true));

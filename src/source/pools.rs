@@ -182,7 +182,13 @@ impl Permit {
         pool: &sqlx::Pool<DB>,
     ) -> Result<HeldConnection<DB>, sqlx::Error> {
         let connection = pool.acquire().await?;
-        Ok(HeldConnection { connection: Some(connection), permit: self, finished: false, closing: false })
+        Ok(HeldConnection {
+            connection: Some(connection),
+            permit: self,
+            finished: false,
+            closing: false,
+            unread: false,
+        })
     }
 }
 
@@ -200,6 +206,8 @@ pub(crate) struct HeldConnection<DB: sqlx::Database> {
     /// Marked to close when it goes ([`HeldConnection::close_on_drop`]): never kept for another
     /// question.
     closing: bool,
+    /// Its last result was left partly unread ([`HeldConnection::left_unread`]).
+    unread: bool,
 }
 
 impl<DB: sqlx::Database> HeldConnection<DB> {
@@ -218,9 +226,18 @@ impl<DB: sqlx::Database> HeldConnection<DB> {
         self.pooled().close_on_drop();
     }
 
-    /// Whether the connection may serve another question (it is not marked to close).
+    /// Its query's result was left unread past what the socket's buffers take (a read stopped at
+    /// its byte limit): until it is drained the server's query stays open, with its snapshot and
+    /// its locks (PostgreSQL's AccessShareLock, which an `ALTER TABLE` queues behind, and every
+    /// writer after it). The pool drains it as it takes it back; it is never kept idle.
+    pub(crate) fn left_unread(&mut self) {
+        self.unread = true;
+    }
+
+    /// Whether the connection may be kept for another question: not marked to close, its last
+    /// result read to its end.
     pub(crate) fn reusable(&self) -> bool {
-        !self.closing
+        !self.closing && !self.unread
     }
 
     /// Closes a connection that failed between questions (a kept one that did not answer its

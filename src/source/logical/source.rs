@@ -247,7 +247,10 @@ impl Shared {
             .await
         {
             Ok(_) => Ok(copy),
-            Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("53400") => Ok(self.slot.clone()),
+            // No free slot place (53400), or no copy function (42883: PostgreSQL 11).
+            Err(sqlx::Error::Database(error)) if matches!(error.code().as_deref(), Some("53400" | "42883")) => {
+                Ok(self.slot.clone())
+            }
             Err(error) => Err(self.query_error(error)),
         }
     }
