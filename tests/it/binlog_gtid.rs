@@ -346,4 +346,3 @@ async fn a_checkpoint_whose_place_holds_another_transaction_stops_the_poller() {
     assert!(ok, "{output}");
     assert_eq!(received(&receiver), [1, 2]);
 }
-
