@@ -8,10 +8,12 @@
 //! | `progress.rs` | what is read, handed out, committed; how far the slot may move     |
 //! | `setup.rs`    | what `dbtrigger sql` prints and `check` asks a live server         |
 //! | `operate.rs`  | the slot for `reset` (where it stands, moved forward); a lost slot |
+//! | `peek.rs`     | a peek in its own task: its connection, the query, the changes sent  |
 //! | `source.rs`   | the [`crate::source::Source`]: peeks, hands out, advances the slot |
 
 pub mod changes;
 mod operate;
+mod peek;
 pub mod pgoutput;
 pub mod progress;
 pub mod setup;

@@ -205,7 +205,7 @@ pub async fn check(
             .fetch_one(&pool)
             .await
             .map_err(scrub)?;
-        let refusal = super::source::origin_refusal(origin, version);
+        let refusal = super::peek::origin_refusal(origin, version);
         findings.push(Finding {
             ok: refusal.is_none(),
             what: refusal.unwrap_or_else(|| {
@@ -221,7 +221,7 @@ pub async fn check(
 mod tests {
     use super::logical_ddl;
     use crate::config::Origin;
-    use crate::source::logical::source::origin_refusal;
+    use crate::source::logical::peek::origin_refusal;
 
     #[test]
     fn the_printed_slot_is_a_failover_slot_from_postgresql_17_on_and_an_ordinary_one_before() {
