@@ -249,12 +249,7 @@ async fn a_tick_that_meets_the_lease_holders_read_on_the_slot_stands_down() {
     let (url, slot) = logical_database("CREATE TABLE orders (id BIGINT PRIMARY KEY)", "orders").await;
     execute(&url, "INSERT INTO orders VALUES (1)").await;
     // The holder's read of the slot, here another session's.
-    let mut holder = crate::logical_ops::another_reader(&url, &slot);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
-    while crate::logical_ops::active_pid(&url, &slot).await.is_none() {
-        assert!(std::time::Instant::now() < deadline, "pg_recvlogical never took the slot");
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    let (mut holder, _) = crate::logical_ops::reader_holding(&url, &slot).await;
     let directory = tempfile::tempdir().unwrap();
     let (_app, _settings, config) = logical_app(directory.path(), &url, &slot, 500);
     let inner = Arc::new(MemoryStore::new());
@@ -275,10 +270,6 @@ async fn a_tick_that_meets_the_lease_holders_read_on_the_slot_stands_down() {
     let document = inner.read(&key).await.unwrap().expect("the holder's document").document;
     assert!(document.failure.is_none(), "no failure recorded: {:?}", document.failure);
     assert_eq!(document.lease.and_then(|lease| lease.owner_id).as_deref(), Some("other"));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
-    while crate::logical_ops::active_pid(&url, &slot).await.is_some() {
-        assert!(std::time::Instant::now() < deadline, "the killed reader's walsender kept the slot");
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    crate::logical_ops::until_released(&url, &slot).await;
     drop_slot(&url, &slot).await;
 }

@@ -14,7 +14,7 @@ use crate::harness::run_dbtrigger;
 use crate::logical::{drop_slot, logical_app, logical_database, poller};
 use crate::sources::execute;
 
-pub(crate) async fn active_pid(url: &str, slot: &str) -> Option<i32> {
+async fn active_pid(url: &str, slot: &str) -> Option<i32> {
     let pool = sqlx::PgPool::connect(url).await.unwrap();
     let pid: Option<i32> = sqlx::query_scalar("SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1")
         .bind(slot)
@@ -25,9 +25,37 @@ pub(crate) async fn active_pid(url: &str, slot: &str) -> Option<i32> {
     pid
 }
 
+/// `pg_recvlogical` reading `slot` (see [`another_reader`]), once the slot is active for it: the
+/// process and its backend's pid.
+pub(crate) async fn reader_holding(url: &str, slot: &str) -> (Child, i32) {
+    let mut reader = another_reader(url, slot);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(pid) = active_pid(url, slot).await {
+            return (reader, pid);
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = reader.kill();
+            let _ = reader.wait();
+            panic!("pg_recvlogical never took the slot");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until no session holds `slot`: the server ends a killed reader's walsender a moment after
+/// the process.
+pub(crate) async fn until_released(url: &str, slot: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while active_pid(url, slot).await.is_some() {
+        assert!(std::time::Instant::now() < deadline, "the killed reader's walsender kept the slot");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// `pg_recvlogical` reading `slot`: another consumer holding it (and, sending no feedback, never
 /// moving it).
-pub(crate) fn another_reader(url: &str, slot: &str) -> Child {
+fn another_reader(url: &str, slot: &str) -> Child {
     let program = std::fs::read_dir("/usr/lib/postgresql")
         .expect("PostgreSQL is installed under /usr/lib/postgresql")
         .filter_map(|entry| Some(entry.ok()?.path().join("bin/pg_recvlogical")))
@@ -48,15 +76,7 @@ pub(crate) fn another_reader(url: &str, slot: &str) -> Child {
 async fn a_slot_read_by_another_process_is_a_clear_error_naming_its_pid() {
     let (url, slot) = logical_database("CREATE TABLE orders (id BIGINT PRIMARY KEY)", "orders").await;
     execute(&url, "INSERT INTO orders VALUES (1)").await;
-    let mut other = another_reader(&url, &slot);
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    let pid = loop {
-        if let Some(pid) = active_pid(&url, &slot).await {
-            break pid;
-        }
-        assert!(std::time::Instant::now() < deadline, "pg_recvlogical never took the slot");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let (mut other, pid) = reader_holding(&url, &slot).await;
     let directory = tempfile::tempdir().unwrap();
     let (_, _, config) = logical_app(directory.path(), &url, &slot, 10);
     let source = dbtrigger::source::open(&config.source).unwrap();
@@ -67,12 +87,7 @@ async fn a_slot_read_by_another_process_is_a_clear_error_naming_its_pid() {
     assert!(error.contains(&format!("PID {pid}")), "{error}");
     assert!(error.contains("in use by another process"), "{error}");
     assert!(sink.batches().is_empty());
-    // The server ends pg_recvlogical's walsender a moment after the process: the slot is free then.
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    while active_pid(&url, &slot).await.is_some() {
-        assert!(std::time::Instant::now() < deadline, "the killed reader's walsender kept the slot");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_released(&url, &slot).await;
     drop_slot(&url, &slot).await;
 }
 
@@ -325,25 +340,13 @@ async fn status_counts_the_lag_while_another_session_reads_the_slot() {
     assert_eq!(sink.batches().iter().map(|batch| batch.events.len()).sum::<usize>(), 1);
     execute(&url, "INSERT INTO orders VALUES (2), (3)").await;
     execute(&url, "INSERT INTO orders VALUES (4)").await;
-    let mut other = another_reader(&url, &slot);
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    let pid = loop {
-        if let Some(pid) = active_pid(&url, &slot).await {
-            break pid;
-        }
-        assert!(std::time::Instant::now() < deadline, "pg_recvlogical never took the slot");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let (mut other, pid) = reader_holding(&url, &slot).await;
     let health = dbtrigger::status::of_poller("orders", &poller, chrono::Utc::now()).await;
     let still = active_pid(&url, &slot).await;
     let _ = other.kill();
     let _ = other.wait();
     assert_eq!(health.lag_rows, Some(3), "three changes wait: {:?}", health.problems);
     assert_eq!(still, Some(pid), "the reader keeps the slot");
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    while active_pid(&url, &slot).await.is_some() {
-        assert!(std::time::Instant::now() < deadline, "the killed reader's walsender kept the slot");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_released(&url, &slot).await;
     drop_slot(&url, &slot).await;
 }
