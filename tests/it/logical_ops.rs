@@ -27,6 +27,8 @@ async fn active_pid(url: &str, slot: &str) -> Option<i32> {
 
 /// `pg_recvlogical` reading `slot` (see [`another_reader`]), once the slot is active for it: the
 /// process and its backend's pid.
+// The caller kills and waits for the reader it is given.
+#[allow(clippy::zombie_processes)]
 pub(crate) async fn reader_holding(url: &str, slot: &str) -> (Child, i32) {
     let mut reader = another_reader(url, slot);
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
