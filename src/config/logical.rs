@@ -161,4 +161,22 @@ mod tests {
         let message = load(polling).unwrap_err().to_string();
         assert!(message.ends_with("poller.source.origin: belongs to a logical source (kind \"logical\")"), "{message}");
     }
+
+    /// A change stream hands out changes in commit order: none can commit behind the checkpoint,
+    /// so the late-arrival detector is off (its window was recorded at every commit for nothing,
+    /// 2026-11-27), and asking for it is refused.
+    #[test]
+    fn a_change_stream_has_no_late_arrival_detector() {
+        assert!(!load(logical()).unwrap().late_arrivals.enabled);
+        let mut source = logical();
+        source["lateArrivals"] = json!({"enabled": true});
+        let message = load(source).unwrap_err().to_string();
+        assert!(
+            message.ends_with(
+                "poller.source.lateArrivals: a change stream is read in commit order, where no change can arrive \
+                 late: leave lateArrivals out"
+            ),
+            "{message}"
+        );
+    }
 }

@@ -512,6 +512,17 @@ fn build(
     let late_arrivals_asked = late::asked_for(raw.source.late_arrivals.as_ref());
     let raw_max_row_bytes = raw.source.max_row_bytes;
     let (source, fingerprints) = build_any_source(raw.source, settings, app_root, (&app_name, &poller_name), at)?;
+    if source.target.is_change_stream() {
+        // A change stream hands out changes in commit order, each once: none can commit behind
+        // the checkpoint, and there is no cursor to bucket by.
+        if late_arrivals_asked {
+            return Err(at.error(
+                "poller.source.lateArrivals",
+                "a change stream is read in commit order, where no change can arrive late: leave lateArrivals out",
+            ));
+        }
+        late_arrivals.enabled = false;
+    }
     if source.cursor_kind == Some(CursorKind::Xid) {
         // Below the commit horizon no row can commit behind the checkpoint: there is nothing to
         // detect, and the recount's buckets are not defined on xid8.

@@ -4,6 +4,7 @@
 //! whole transactions out.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
@@ -77,6 +78,9 @@ pub enum Step {
     Nothing,
     /// Changes of the open transaction (one, or one per table of a truncate), decoded.
     Changes(Vec<Change>),
+    /// A row change of the open transaction, its values not decoded yet (a [`Decoder::deferring`]
+    /// decoder's inserts, updates and deletes): [`Pending::decode`] makes its [`Change`].
+    Pending(Pending),
     /// The open transaction committed: its end and its changes, decoded or counted.
     Committed { commit_lsn: u64, end_lsn: u64, commit_time: i64, changes: u32 },
 }
@@ -97,8 +101,10 @@ struct Open {
 /// message's tag alone, not decoded.
 #[derive(Default)]
 pub struct Decoder {
-    relations: HashMap<u32, Relation>,
+    relations: HashMap<u32, Arc<Relation>>,
     open: Option<Open>,
+    /// Row changes come as [`Step::Pending`], their values decoded later (elsewhere).
+    defer: bool,
     /// Changes at or before this position are counted, not decoded.
     after: Option<(u64, u32)>,
     /// Count every change, decode none.
@@ -109,6 +115,12 @@ impl Decoder {
     /// A decoder of the changes after `after`.
     pub fn after(after: Option<(u64, u32)>) -> Decoder {
         Decoder { after, ..Decoder::default() }
+    }
+
+    /// This decoder, handing out its row changes undecoded ([`Step::Pending`]): the values of a
+    /// change, most of the work, are decoded by whoever takes it (a peek's changes in parallel).
+    pub fn deferring(self) -> Decoder {
+        Decoder { defer: true, ..self }
     }
 
     /// A decoder that counts changes and decodes none.
@@ -161,16 +173,16 @@ impl Decoder {
                 Ok(Step::Committed { commit_lsn, end_lsn, commit_time, changes: open.changes })
             }
             Message::Relation(relation) => {
-                self.relations.insert(relation.oid, relation);
+                self.relations.insert(relation.oid, Arc::new(relation));
                 Ok(Step::Nothing)
             }
-            Message::Insert { relation, new } => self.change(lsn, relation, Op::Insert, None, Some(&new)),
-            Message::Update { relation, old, new } => self.change(lsn, relation, Op::Update, old.as_ref(), Some(&new)),
-            Message::Delete { relation, old } => self.change(lsn, relation, Op::Delete, Some(&old), None),
+            Message::Insert { relation, new } => self.change(lsn, relation, Op::Insert, None, Some(new)),
+            Message::Update { relation, old, new } => self.change(lsn, relation, Op::Update, old, Some(new)),
+            Message::Delete { relation, old } => self.change(lsn, relation, Op::Delete, Some(old), None),
             Message::Truncate { relations, cascade, restart_identity } => {
                 let tables = relations
                     .iter()
-                    .map(|oid| self.relation(lsn, *oid).map(Relation::qualified_name))
+                    .map(|oid| self.relation(lsn, *oid).map(|relation| relation.qualified_name()))
                     .collect::<Result<Vec<_>, _>>()?;
                 let mut changes = Vec::new();
                 for table in tables {
@@ -204,7 +216,7 @@ impl Decoder {
         self.open.is_some()
     }
 
-    fn relation(&self, lsn: u64, oid: u32) -> Result<&Relation, AssembleError> {
+    fn relation(&self, lsn: u64, oid: u32) -> Result<&Arc<Relation>, AssembleError> {
         self.relations.get(&oid).ok_or_else(|| AssembleError::Sequence {
             lsn: values::lsn_text(lsn),
             reason: format!("a change of relation {oid}, which no Relation message described"),
@@ -216,16 +228,61 @@ impl Decoder {
         lsn: u64,
         oid: u32,
         op: Op,
-        old: Option<&(OldKind, Vec<Datum>)>,
-        new: Option<&Vec<Datum>>,
+        old: Option<(OldKind, Vec<Datum>)>,
+        new: Option<Vec<Datum>>,
     ) -> Result<Step, AssembleError> {
-        let relation = self.relation(lsn, oid)?;
+        let relation = self.relation(lsn, oid)?.clone();
+        // A row that does not fit its relation is refused here, where the message is: decoding
+        // its values later cannot fail.
+        for datums in [new.as_ref(), old.as_ref().map(|(_, datums)| datums)].into_iter().flatten() {
+            if datums.len() != relation.columns.len() {
+                return Err(AssembleError::Sequence {
+                    lsn: values::lsn_text(lsn),
+                    reason: format!(
+                        "a row of {} values for {}, which has {} columns",
+                        datums.len(),
+                        relation.qualified_name(),
+                        relation.columns.len()
+                    ),
+                });
+            }
+        }
+        let open = self.open.as_mut().ok_or_else(|| AssembleError::Sequence {
+            lsn: values::lsn_text(lsn),
+            reason: "a change outside a transaction".into(),
+        })?;
+        open.changes += 1;
+        let pending = Pending { op, relation, new, old, lsn, ordinal: open.changes };
+        Ok(if self.defer { Step::Pending(pending) } else { Step::Changes(vec![pending.decode()]) })
+    }
+}
+
+/// A row change as its message gave it: its relation, and its values in their text form.
+#[derive(Debug)]
+pub struct Pending {
+    op: Op,
+    relation: Arc<Relation>,
+    new: Option<Vec<Datum>>,
+    old: Option<(OldKind, Vec<Datum>)>,
+    lsn: u64,
+    ordinal: u32,
+}
+
+impl Pending {
+    /// Its position in its transaction, from 1.
+    pub fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+
+    /// The change, its values decoded (its rows' sizes were checked when it was read).
+    pub fn decode(self) -> Change {
+        let Pending { op, relation, new, old, lsn, ordinal } = self;
         let table = relation.qualified_name();
         let mut unchanged_toast = Vec::new();
-        let new = new.map(|datums| row(lsn, relation, datums, RowPart::New(&mut unchanged_toast))).transpose()?;
+        let new = new.map(|datums| row(&relation, &datums, RowPart::New(&mut unchanged_toast)));
         let old = match old {
-            Some((OldKind::Full, datums)) => Some(row(lsn, relation, datums, RowPart::Full)?),
-            Some((OldKind::Key, datums)) => Some(row(lsn, relation, datums, RowPart::Key)?),
+            Some((OldKind::Full, datums)) => Some(row(&relation, &datums, RowPart::Full)),
+            Some((OldKind::Key, datums)) => Some(row(&relation, &datums, RowPart::Key)),
             None if op != Op::Update => None,
             // An update that did not change the key: the old key is the new row's.
             None => new.as_ref().map(|new| {
@@ -252,23 +309,18 @@ impl Decoder {
                 }
             }
         }
-        let open = self.open.as_mut().ok_or_else(|| AssembleError::Sequence {
-            lsn: values::lsn_text(lsn),
-            reason: "a change outside a transaction".into(),
-        })?;
-        open.changes += 1;
-        Ok(Step::Changes(vec![Change {
+        Change {
             op,
             table,
             new,
             old,
             unchanged_toast,
             lsn,
-            ordinal: open.changes,
+            ordinal,
             cascade: false,
             restart_identity: false,
             order_keys,
-        }]))
+        }
     }
 }
 
@@ -315,6 +367,12 @@ impl Assembler {
                 }
                 Ok(None)
             }
+            Step::Pending(pending) => {
+                if let Some(open) = self.open.as_mut() {
+                    open.changes.push(pending.decode());
+                }
+                Ok(None)
+            }
             Step::Committed { end_lsn, commit_time, changes, .. } => {
                 let mut transaction = self.open.take().ok_or_else(|| AssembleError::Sequence {
                     lsn: values::lsn_text(lsn),
@@ -343,23 +401,8 @@ enum RowPart<'a> {
     Full,
 }
 
-fn row(
-    lsn: u64,
-    relation: &Relation,
-    datums: &[Datum],
-    mut part: RowPart<'_>,
-) -> Result<Map<String, Value>, AssembleError> {
-    if datums.len() != relation.columns.len() {
-        return Err(AssembleError::Sequence {
-            lsn: values::lsn_text(lsn),
-            reason: format!(
-                "a row of {} values for {}, which has {} columns",
-                datums.len(),
-                relation.qualified_name(),
-                relation.columns.len()
-            ),
-        });
-    }
+/// The JSON object of a row whose values fit its relation's columns (checked when it was read).
+fn row(relation: &Relation, datums: &[Datum], mut part: RowPart<'_>) -> Map<String, Value> {
     let mut map = Map::new();
     for (column, datum) in relation.columns.iter().zip(datums) {
         if matches!(part, RowPart::Key) && !column.key {
@@ -377,7 +420,7 @@ fn row(
         };
         map.insert(column.name.clone(), value);
     }
-    Ok(map)
+    map
 }
 
 /// What every change of a transaction carries, as JSON: the commit's LSN and time and the xid,

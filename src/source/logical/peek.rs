@@ -11,10 +11,11 @@ use std::time::Duration;
 use futures::{FutureExt, TryStreamExt};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool};
 use sqlx::{Connection, Row};
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
-use super::changes::{Decoder, Step, event_row_of};
+use super::changes::{Change, CommitFields, Decoder, Pending, Step, event_row_of};
 use super::progress::{Key, Mark, ReadToEnd, position};
+use super::source::READ_AHEAD_BYTES;
 use super::values::{lsn_text, parse_lsn};
 use crate::config::Origin;
 use crate::config::redact::Redaction;
@@ -22,9 +23,12 @@ use crate::domain::event::RowJson;
 use crate::source::{SourceError, SourceRow, classify};
 
 /// The changes (and transaction ends) a peek's task sends ahead of the tick, at most, in chunks of
-/// at most [`CHUNK_ITEMS`].
-pub(super) const CHANNEL_ITEMS: usize = 512;
-pub(super) const CHUNK_ITEMS: usize = 64;
+/// at most [`CHUNK_ITEMS`] changes or [`CHUNK_BYTES`] of pgoutput; the channel also holds at most
+/// [`READ_AHEAD_BYTES`] of pgoutput. Room for a few chunks being decoded at once, and for the
+/// peek to go on while the tick writes its lease.
+pub(super) const CHANNEL_ITEMS: usize = 2048;
+pub(super) const CHUNK_ITEMS: usize = 128;
+const CHUNK_BYTES: usize = READ_AHEAD_BYTES / 16;
 /// The most a counting peek counts: the changes after a position, counted by tag (no decoding).
 pub(super) const COUNT_CAP: u64 = 100_000;
 
@@ -60,9 +64,50 @@ pub(super) enum Item {
     },
 }
 
+/// What a peek's task sends: items, and the room their messages take in the channel (given back
+/// when the tick takes them).
+pub(super) struct Chunk {
+    items: Items,
+    _room: Option<OwnedSemaphorePermit>,
+}
+
+/// A chunk's items: ready, or being decoded by a task of their own (chunks are decoded in
+/// parallel, on every core, and handed out in order).
+enum Items {
+    Ready(Vec<Item>),
+    Decoding(tokio::task::JoinHandle<Vec<Item>>),
+}
+
+/// An item of the chunk being filled: a row change is decoded when its chunk is sent.
+enum Unsent {
+    Item(Item),
+    Change(Key, Arc<CommitFields>, Pending),
+}
+
+impl Unsent {
+    fn into_item(self) -> Item {
+        match self {
+            Unsent::Item(item) => item,
+            Unsent::Change(key, fields, pending) => Item::Row(key, source_row(key, &fields, pending.decode())),
+        }
+    }
+}
+
+/// The row a change is handed out as: its event row, its keys for the ordered window.
+fn source_row(key: Key, fields: &CommitFields, change: Change) -> SourceRow {
+    let op = change.op;
+    let group = order_group(&change);
+    SourceRow {
+        position: position(key.0, key.1),
+        row: RowJson::from_map(&event_row_of(fields, change)),
+        op,
+        group: Some(group),
+    }
+}
+
 /// A peek being read.
 pub(super) struct Stream {
-    pub(super) items: mpsc::Receiver<Result<Vec<Item>, SourceError>>,
+    pub(super) items: mpsc::Receiver<Result<Chunk, SourceError>>,
     /// The rest of the chunk received last (first, a change that did not fit the last batch).
     pub(super) pending: VecDeque<Item>,
     pub(super) task: tokio::task::JoinHandle<()>,
@@ -71,6 +116,8 @@ pub(super) struct Stream {
     pub(super) pool: PgPool,
     /// The last change handed out (the position the peek was asked from, before the first).
     pub(super) at: Option<Key>,
+    /// The source, as its errors name it.
+    pub(super) location: String,
 }
 
 impl Stream {
@@ -81,7 +128,16 @@ impl Stream {
                 return Some(Ok(item));
             }
             match self.items.recv().await? {
-                Ok(chunk) => self.pending.extend(chunk),
+                Ok(Chunk { items: Items::Ready(items), .. }) => self.pending.extend(items),
+                Ok(Chunk { items: Items::Decoding(task), .. }) => match task.await {
+                    Ok(items) => self.pending.extend(items),
+                    Err(error) => {
+                        return Some(Err(SourceError::Query {
+                            location: self.location.clone(),
+                            reason: format!("decoding the peek's changes failed: {error}"),
+                        }));
+                    }
+                },
                 Err(error) => return Some(Err(error)),
             }
         }
@@ -111,16 +167,26 @@ impl Drop for Stream {
 /// What a peek's task sends the tick, a chunk at a time: one hand-off between the tasks (a
 /// wake-up of the other) for up to [`CHUNK_ITEMS`] changes instead of one a change.
 struct Outbox<'a> {
-    items: &'a mpsc::Sender<Result<Vec<Item>, SourceError>>,
+    items: &'a mpsc::Sender<Result<Chunk, SourceError>>,
+    /// The channel's room, in bytes of pgoutput ([`READ_AHEAD_BYTES`] in all).
+    room: Arc<Semaphore>,
     /// Gives up when the tick has not taken a chunk for this long.
     idle: Duration,
-    chunk: Vec<Item>,
+    chunk: Vec<Unsent>,
+    /// The bytes of pgoutput the chunk's changes came in.
+    bytes: usize,
 }
 
 impl Outbox<'_> {
     async fn push(&mut self, item: Item) -> Result<(), Stop> {
-        self.chunk.push(item);
-        if self.chunk.len() >= CHUNK_ITEMS {
+        self.add(Unsent::Item(item), 0).await
+    }
+
+    /// Adds a change that came in `bytes` of pgoutput.
+    async fn add(&mut self, unsent: Unsent, bytes: usize) -> Result<(), Stop> {
+        self.chunk.push(unsent);
+        self.bytes += bytes;
+        if self.chunk.len() >= CHUNK_ITEMS || self.bytes >= CHUNK_BYTES {
             self.flush().await?;
         }
         Ok(())
@@ -132,7 +198,22 @@ impl Outbox<'_> {
             return Ok(());
         }
         let chunk = std::mem::replace(&mut self.chunk, Vec::with_capacity(CHUNK_ITEMS));
-        match tokio::time::timeout(self.idle, self.items.send(Ok(chunk))).await {
+        let bytes = std::mem::take(&mut self.bytes).min(READ_AHEAD_BYTES) as u32;
+        let sent = tokio::time::timeout(self.idle, async {
+            // Room first: the chunk is decoded (and its rows grow) only once the channel has it.
+            let room = match bytes {
+                0 => None,
+                bytes => Some(self.room.clone().acquire_many_owned(bytes).await.map_err(|_| Stop::GivenUp)?),
+            };
+            let items = if chunk.iter().any(|unsent| matches!(unsent, Unsent::Change(..))) {
+                Items::Decoding(tokio::spawn(async move { chunk.into_iter().map(Unsent::into_item).collect() }))
+            } else {
+                Items::Ready(chunk.into_iter().map(Unsent::into_item).collect())
+            };
+            self.items.send(Ok(Chunk { items, _room: room })).await.map_err(|_| Stop::GivenUp)
+        })
+        .await;
+        match sent {
             Ok(Ok(())) => Ok(()),
             _ => Err(Stop::GivenUp),
         }
@@ -212,10 +293,11 @@ impl Shared {
         after: Option<Key>,
         limit_rows: usize,
         read: Read,
-        items: &mpsc::Sender<Result<Vec<Item>, SourceError>>,
+        items: &mpsc::Sender<Result<Chunk, SourceError>>,
         backend: &AtomicI32,
     ) -> Result<(), Stop> {
-        let mut outbox = Outbox { items, idle: self.idle, chunk: Vec::with_capacity(CHUNK_ITEMS) };
+        let room = Arc::new(Semaphore::new(READ_AHEAD_BYTES));
+        let mut outbox = Outbox { items, room, idle: self.idle, chunk: Vec::with_capacity(CHUNK_ITEMS), bytes: 0 };
         let result = self.read(after, limit_rows, read, &mut outbox, backend).await;
         if let Err(Stop::Failed(_)) = &result {
             // What was read before the failure goes first, as it came.
@@ -252,7 +334,7 @@ impl Shared {
             .bind(limit_rows as i32)
             .bind(format!("\"{}\"", self.publication))
             .fetch(&mut connection);
-        let mut decoder = if counting { Decoder::counting() } else { Decoder::after(after) };
+        let mut decoder = if counting { Decoder::counting() } else { Decoder::after(after).deferring() };
         let mut fields = None;
         let (mut returned, mut rows_of_transaction, mut new, mut last) = (0usize, 0u32, 0usize, None);
         let mut capped = false;
@@ -276,7 +358,9 @@ impl Shared {
             let data: &[u8] = row.try_get(1).map_err(|error| self.query_error(error))?;
             let step = decoder.push(lsn, data).map_err(|error| self.malformed(self.at_change(&decoder, error)))?;
             match step {
-                Step::Nothing if data.first() == Some(&b'B') && !counting => fields = decoder.commit_fields(),
+                Step::Nothing if data.first() == Some(&b'B') && !counting => {
+                    fields = decoder.commit_fields().map(Arc::new)
+                }
                 Step::Nothing => {}
                 Step::Changes(changes) => {
                     let (Some(fields), Some((commit_lsn, _))) = (fields.as_ref(), decoder.next_change()) else {
@@ -284,17 +368,17 @@ impl Shared {
                     };
                     for change in changes {
                         let key = (commit_lsn, change.ordinal);
-                        let op = change.op;
-                        let group = order_group(&change);
-                        let row = SourceRow {
-                            position: position(key.0, key.1),
-                            row: RowJson::from_map(&event_row_of(fields, change)),
-                            op,
-                            group: Some(group),
-                        };
                         new += 1;
-                        outbox.push(Item::Row(key, row)).await?;
+                        outbox.push(Item::Row(key, source_row(key, fields, change))).await?;
                     }
+                }
+                Step::Pending(pending) => {
+                    let (Some(fields), Some((commit_lsn, _))) = (fields.as_ref(), decoder.next_change()) else {
+                        continue;
+                    };
+                    new += 1;
+                    let unsent = Unsent::Change((commit_lsn, pending.ordinal()), fields.clone(), pending);
+                    outbox.add(unsent, data.len()).await?;
                 }
                 Step::Committed { commit_lsn, end_lsn, changes, .. } => {
                     if counting {

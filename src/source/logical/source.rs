@@ -38,8 +38,11 @@ use crate::source::{FetchLimit, Fetched, Probe, Source, SourceError, SourceRow, 
 const READ_AHEAD_BATCHES: usize = 256;
 const MIN_READ_AHEAD_ROWS: usize = 1024;
 const MAX_READ_AHEAD_ROWS: usize = 262_144;
-/// Kept for the benches and docs: what a peek's channel holds at most, in changes.
+/// What a peek's channel holds at most, in bytes of pgoutput (its changes are decoded there).
 pub const READ_AHEAD_BYTES: usize = 16 * 1024 * 1024;
+
+/// The most rows a read reserves room for before it has them.
+const MAX_BATCH_ROWS_RESERVED: usize = 10_000;
 
 /// The rows of pgoutput a tick's peek reads ahead, for batches of `batch_rows` changes.
 pub fn read_ahead_rows(batch_rows: usize) -> usize {
@@ -132,7 +135,15 @@ impl LogicalSource {
                 let _ = sender.send(Err(error)).await;
             }
         });
-        Stream { items, pending: VecDeque::new(), task, backend, pool: self.shared.pool.clone(), at: after }
+        Stream {
+            items,
+            pending: VecDeque::new(),
+            task,
+            backend,
+            pool: self.shared.pool.clone(),
+            at: after,
+            location: self.shared.redaction.location.clone(),
+        }
     }
 
     fn malformed(&self, reason: String) -> SourceError {
@@ -181,7 +192,8 @@ impl LogicalSource {
             // Asked from elsewhere (a failed tick starting again from its checkpoint): read again.
             reading.stream = None;
         }
-        let mut rows = Vec::new();
+        // Room for the batch at once: grown a row at a time, its copies cost more than its rows.
+        let mut rows = Vec::with_capacity(limit.rows.clamp(1, MAX_BATCH_ROWS_RESERVED));
         let mut bytes = 0usize;
         loop {
             if reading.stream.is_none() {

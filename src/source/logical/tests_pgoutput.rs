@@ -227,3 +227,49 @@ fn transactions_before_the_skip_position_are_counted_not_decoded() {
     outside.push(1, &relation()).unwrap();
     assert!(outside.push(2, &insert(&[Some(Some("1")), Some(None), Some(None)])).is_err());
 }
+
+/// A peek's decoder hands its row changes out undecoded, to be decoded in parallel: decoded, each
+/// is the change the decoder gives at once; a row that does not fit its relation is refused where
+/// its message is, so that decoding it later cannot fail.
+#[test]
+fn a_deferring_decoder_gives_the_same_changes_decoded_later() {
+    use crate::source::logical::changes::{Decoder, Step};
+    let mut update = vec![b'U'];
+    update.extend(16384u32.to_be_bytes());
+    update.push(b'N');
+    tuple(&mut update, &[Some(Some("7")), None, Some(Some("3.5"))]);
+    let messages = [
+        begin(100, 0, 740),
+        relation(),
+        insert(&[Some(Some("7")), Some(Some("hello")), Some(Some("12.50"))]),
+        update,
+        commit(100, 120, 0),
+    ];
+    let (mut now, mut later) = (Decoder::after(None), Decoder::after(None).deferring());
+    let (mut decoded, mut deferred) = (Vec::new(), Vec::new());
+    for (lsn, message) in messages.iter().enumerate() {
+        if let Step::Changes(changes) = now.push(lsn as u64, message).unwrap() {
+            decoded.extend(changes);
+        }
+        match later.push(lsn as u64, message).unwrap() {
+            Step::Pending(pending) => deferred.push((pending.ordinal(), pending)),
+            Step::Changes(_) => panic!("a deferring decoder hands row changes out undecoded"),
+            _ => {}
+        }
+    }
+    assert_eq!(decoded.len(), 2);
+    let deferred: Vec<_> = deferred
+        .into_iter()
+        .map(|(ordinal, pending)| {
+            let change = pending.decode();
+            assert_eq!(change.ordinal, ordinal);
+            change
+        })
+        .collect();
+    assert_eq!(deferred, decoded);
+    let mut short = Decoder::after(None).deferring();
+    short.push(1, &begin(5, 0, 1)).unwrap();
+    short.push(2, &relation()).unwrap();
+    let error = short.push(3, &insert(&[Some(Some("1"))])).unwrap_err();
+    assert!(error.to_string().contains("a row of 1 values for public.orders, which has 3 columns"), "{error}");
+}
