@@ -157,6 +157,15 @@ impl Decoder {
             }
             return Ok(Step::Nothing);
         }
+        // Deferred: the change is counted and its message kept, decoded later by whoever takes it.
+        if self.defer
+            && let [b'I' | b'U' | b'D', a, b, c, d, ..] = *bytes
+        {
+            let relation = self.relation(lsn, u32::from_be_bytes([a, b, c, d]))?.clone();
+            let open = self.open.as_mut().ok_or_else(|| sequence("a change outside a transaction"))?;
+            open.changes += 1;
+            return Ok(Step::Pending(Pending { relation, message: bytes.to_vec(), lsn, ordinal: open.changes }));
+        }
         match pgoutput::decode(bytes)? {
             Message::Begin { final_lsn, commit_time, xid } => {
                 if self.open.is_some() {
@@ -232,38 +241,21 @@ impl Decoder {
         new: Option<Vec<Datum>>,
     ) -> Result<Step, AssembleError> {
         let relation = self.relation(lsn, oid)?.clone();
-        // A row that does not fit its relation is refused here, where the message is: decoding
-        // its values later cannot fail.
-        for datums in [new.as_ref(), old.as_ref().map(|(_, datums)| datums)].into_iter().flatten() {
-            if datums.len() != relation.columns.len() {
-                return Err(AssembleError::Sequence {
-                    lsn: values::lsn_text(lsn),
-                    reason: format!(
-                        "a row of {} values for {}, which has {} columns",
-                        datums.len(),
-                        relation.qualified_name(),
-                        relation.columns.len()
-                    ),
-                });
-            }
-        }
         let open = self.open.as_mut().ok_or_else(|| AssembleError::Sequence {
             lsn: values::lsn_text(lsn),
             reason: "a change outside a transaction".into(),
         })?;
         open.changes += 1;
-        let pending = Pending { op, relation, new, old, lsn, ordinal: open.changes };
-        Ok(if self.defer { Step::Pending(pending) } else { Step::Changes(vec![pending.decode()]) })
+        Ok(Step::Changes(vec![build(&relation, lsn, open.changes, op, old, new)?]))
     }
 }
 
-/// A row change as its message gave it: its relation, and its values in their text form.
+/// A row change as its message came (a [`Decoder::deferring`] decoder's): its relation as its
+/// transaction described it, and its message, decoded by [`Pending::decode`].
 #[derive(Debug)]
 pub struct Pending {
-    op: Op,
     relation: Arc<Relation>,
-    new: Option<Vec<Datum>>,
-    old: Option<(OldKind, Vec<Datum>)>,
+    message: Vec<u8>,
     lsn: u64,
     ordinal: u32,
 }
@@ -274,54 +266,90 @@ impl Pending {
         self.ordinal
     }
 
-    /// The change, its values decoded (its rows' sizes were checked when it was read).
-    pub fn decode(self) -> Change {
-        let Pending { op, relation, new, old, lsn, ordinal } = self;
-        let table = relation.qualified_name();
-        let mut unchanged_toast = Vec::new();
-        let new = new.map(|datums| row(&relation, &datums, RowPart::New(&mut unchanged_toast)));
-        let old = match old {
-            Some((OldKind::Full, datums)) => Some(row(&relation, &datums, RowPart::Full)),
-            Some((OldKind::Key, datums)) => Some(row(&relation, &datums, RowPart::Key)),
-            None if op != Op::Update => None,
-            // An update that did not change the key: the old key is the new row's.
-            None => new.as_ref().map(|new| {
-                relation
-                    .columns
-                    .iter()
-                    .filter(|column| column.key)
-                    .filter_map(|column| new.get(&column.name).map(|value| (column.name.clone(), value.clone())))
-                    .collect()
-            }),
-        };
-        let mut order_keys: Vec<Vec<u8>> = Vec::new();
-        if relation.replica_identity != b'f' {
-            for row in [new.as_ref(), old.as_ref()].into_iter().flatten() {
-                let key: Vec<(&str, &Value)> = relation
-                    .columns
-                    .iter()
-                    .filter(|column| column.key)
-                    .filter_map(|column| row.get(&column.name).map(|value| (column.name.as_str(), value)))
-                    .collect();
-                let key = serde_json::to_vec(&key).expect("JSON values serialize");
-                if !order_keys.contains(&key) {
-                    order_keys.push(key);
-                }
+    /// The change, its message decoded.
+    pub fn decode(self) -> Result<Change, AssembleError> {
+        let Pending { relation, message, lsn, ordinal } = self;
+        let (op, old, new) = match pgoutput::decode(&message)? {
+            Message::Insert { new, .. } => (Op::Insert, None, Some(new)),
+            Message::Update { old, new, .. } => (Op::Update, old, Some(new)),
+            Message::Delete { old, .. } => (Op::Delete, Some(old), None),
+            _ => {
+                return Err(AssembleError::Sequence {
+                    lsn: values::lsn_text(lsn),
+                    reason: "a change that is not an insert, an update or a delete".into(),
+                });
             }
-        }
-        Change {
-            op,
-            table,
-            new,
-            old,
-            unchanged_toast,
-            lsn,
-            ordinal,
-            cascade: false,
-            restart_identity: false,
-            order_keys,
+        };
+        build(&relation, lsn, ordinal, op, old, new)
+    }
+}
+
+/// The change of `relation` at `lsn`, its rows made from their values.
+fn build(
+    relation: &Relation,
+    lsn: u64,
+    ordinal: u32,
+    op: Op,
+    old: Option<(OldKind, Vec<Datum>)>,
+    new: Option<Vec<Datum>>,
+) -> Result<Change, AssembleError> {
+    for datums in [new.as_ref(), old.as_ref().map(|(_, datums)| datums)].into_iter().flatten() {
+        if datums.len() != relation.columns.len() {
+            return Err(AssembleError::Sequence {
+                lsn: values::lsn_text(lsn),
+                reason: format!(
+                    "a row of {} values for {}, which has {} columns",
+                    datums.len(),
+                    relation.qualified_name(),
+                    relation.columns.len()
+                ),
+            });
         }
     }
+    let table = relation.qualified_name();
+    let mut unchanged_toast = Vec::new();
+    let new = new.map(|datums| row(relation, &datums, RowPart::New(&mut unchanged_toast)));
+    let old = match old {
+        Some((OldKind::Full, datums)) => Some(row(relation, &datums, RowPart::Full)),
+        Some((OldKind::Key, datums)) => Some(row(relation, &datums, RowPart::Key)),
+        None if op != Op::Update => None,
+        // An update that did not change the key: the old key is the new row's.
+        None => new.as_ref().map(|new| {
+            relation
+                .columns
+                .iter()
+                .filter(|column| column.key)
+                .filter_map(|column| new.get(&column.name).map(|value| (column.name.clone(), value.clone())))
+                .collect()
+        }),
+    };
+    let mut order_keys: Vec<Vec<u8>> = Vec::new();
+    if relation.replica_identity != b'f' {
+        for row in [new.as_ref(), old.as_ref()].into_iter().flatten() {
+            let key: Vec<(&str, &Value)> = relation
+                .columns
+                .iter()
+                .filter(|column| column.key)
+                .filter_map(|column| row.get(&column.name).map(|value| (column.name.as_str(), value)))
+                .collect();
+            let key = serde_json::to_vec(&key).expect("JSON values serialize");
+            if !order_keys.contains(&key) {
+                order_keys.push(key);
+            }
+        }
+    }
+    Ok(Change {
+        op,
+        table,
+        new,
+        old,
+        unchanged_toast,
+        lsn,
+        ordinal,
+        cascade: false,
+        restart_identity: false,
+        order_keys,
+    })
 }
 
 /// Puts whole transactions together from messages, in order (a [`Decoder`] whose changes are
@@ -368,8 +396,9 @@ impl Assembler {
                 Ok(None)
             }
             Step::Pending(pending) => {
+                let change = pending.decode()?;
                 if let Some(open) = self.open.as_mut() {
-                    open.changes.push(pending.decode());
+                    open.changes.push(change);
                 }
                 Ok(None)
             }
@@ -401,7 +430,7 @@ enum RowPart<'a> {
     Full,
 }
 
-/// The JSON object of a row whose values fit its relation's columns (checked when it was read).
+/// The JSON object of a row whose values fit its relation's columns (checked by [`build`]).
 fn row(relation: &Relation, datums: &[Datum], mut part: RowPart<'_>) -> Map<String, Value> {
     let mut map = Map::new();
     for (column, datum) in relation.columns.iter().zip(datums) {

@@ -75,7 +75,13 @@ pub(super) struct Chunk {
 /// parallel, on every core, and handed out in order).
 enum Items {
     Ready(Vec<Item>),
-    Decoding(tokio::task::JoinHandle<Vec<Item>>),
+    Decoding(tokio::task::JoinHandle<Decoded>),
+}
+
+/// A chunk decoded: its items up to the first change that could not be, and why it could not.
+struct Decoded {
+    items: Vec<Item>,
+    failed: Option<String>,
 }
 
 /// An item of the chunk being filled: a row change is decoded when its chunk is sent.
@@ -85,12 +91,38 @@ enum Unsent {
 }
 
 impl Unsent {
-    fn into_item(self) -> Item {
+    /// The item; a change that cannot be decoded is why, naming its position as `reset` takes it.
+    fn into_item(self) -> Result<Item, String> {
         match self {
-            Unsent::Item(item) => item,
-            Unsent::Change(key, fields, pending) => Item::Row(key, source_row(key, &fields, pending.decode())),
+            Unsent::Item(item) => Ok(item),
+            Unsent::Change(key, fields, pending) => match pending.decode() {
+                Ok(change) => Ok(Item::Row(key, source_row(key, &fields, change))),
+                Err(error) => Err(at_position(error, key)),
+            },
         }
     }
+}
+
+/// Decodes a chunk's changes, in order, up to the first that cannot be.
+fn decode(chunk: Vec<Unsent>) -> Decoded {
+    let mut items = Vec::with_capacity(chunk.len());
+    for unsent in chunk {
+        match unsent.into_item() {
+            Ok(item) => items.push(item),
+            Err(failed) => return Decoded { items, failed: Some(failed) },
+        }
+    }
+    Decoded { items, failed: None }
+}
+
+/// `error`, met decoding the change at `(commit LSN, ordinal)`: where, and how to skip it.
+fn at_position(error: super::changes::AssembleError, (commit_lsn, ordinal): Key) -> String {
+    format!(
+        "{error}, in the transaction committing at {} (the change after cursor {commit_lsn}, ordinal {}): \
+         to skip it, `dbtrigger reset <poller> --to-cursor {commit_lsn} --pk ordinal={ordinal}`",
+        lsn_text(commit_lsn),
+        ordinal.saturating_sub(1)
+    )
 }
 
 /// The row a change is handed out as: its event row, its keys for the ordered window.
@@ -118,6 +150,8 @@ pub(super) struct Stream {
     pub(super) at: Option<Key>,
     /// The source, as its errors name it.
     pub(super) location: String,
+    /// Why a change after `pending` could not be decoded: the next item, once `pending` is taken.
+    pub(super) failed: Option<String>,
 }
 
 impl Stream {
@@ -127,16 +161,17 @@ impl Stream {
             if let Some(item) = self.pending.pop_front() {
                 return Some(Ok(item));
             }
+            if let Some(reason) = self.failed.take() {
+                return Some(Err(SourceError::Query { location: self.location.clone(), reason }));
+            }
             match self.items.recv().await? {
                 Ok(Chunk { items: Items::Ready(items), .. }) => self.pending.extend(items),
                 Ok(Chunk { items: Items::Decoding(task), .. }) => match task.await {
-                    Ok(items) => self.pending.extend(items),
-                    Err(error) => {
-                        return Some(Err(SourceError::Query {
-                            location: self.location.clone(),
-                            reason: format!("decoding the peek's changes failed: {error}"),
-                        }));
+                    Ok(Decoded { items, failed }) => {
+                        self.pending.extend(items);
+                        self.failed = failed;
                     }
+                    Err(error) => self.failed = Some(format!("decoding the peek's changes failed: {error}")),
                 },
                 Err(error) => return Some(Err(error)),
             }
@@ -206,9 +241,9 @@ impl Outbox<'_> {
                 bytes => Some(self.room.clone().acquire_many_owned(bytes).await.map_err(|_| Stop::GivenUp)?),
             };
             let items = if chunk.iter().any(|unsent| matches!(unsent, Unsent::Change(..))) {
-                Items::Decoding(tokio::spawn(async move { chunk.into_iter().map(Unsent::into_item).collect() }))
+                Items::Decoding(tokio::spawn(async move { decode(chunk) }))
             } else {
-                Items::Ready(chunk.into_iter().map(Unsent::into_item).collect())
+                Items::Ready(chunk.into_iter().filter_map(|unsent| unsent.into_item().ok()).collect())
             };
             self.items.send(Ok(Chunk { items, _room: room })).await.map_err(|_| Stop::GivenUp)
         })
@@ -440,12 +475,7 @@ impl Shared {
     /// A decoding failure, named by the position of the change it stopped at, as `reset` takes it.
     pub(super) fn at_change(&self, decoder: &Decoder, error: super::changes::AssembleError) -> String {
         match decoder.next_change() {
-            Some((commit_lsn, ordinal)) => format!(
-                "{error}, in the transaction committing at {} (the change after cursor {commit_lsn}, ordinal {}): \
-                 to skip it, `dbtrigger reset <poller> --to-cursor {commit_lsn} --pk ordinal={ordinal}`",
-                lsn_text(commit_lsn),
-                ordinal.saturating_sub(1)
-            ),
+            Some(key) => at_position(error, key),
             None => error.to_string(),
         }
     }

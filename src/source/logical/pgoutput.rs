@@ -35,12 +35,14 @@ pub struct Relation {
     /// `d` (default: the primary key), `n` (nothing), `f` (full), `i` (an index).
     pub replica_identity: u8,
     pub columns: Vec<RelationColumn>,
+    /// `schema.table`, made once (every change of the relation names it).
+    pub qualified: String,
 }
 
 impl Relation {
     /// `schema.table`.
     pub fn qualified_name(&self) -> String {
-        format!("{}.{}", self.namespace, self.name)
+        self.qualified.clone()
     }
 }
 
@@ -218,7 +220,8 @@ pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
             }
             // The pg_catalog namespace is sent as an empty string.
             let namespace = if namespace.is_empty() { "pg_catalog".to_string() } else { namespace };
-            Message::Relation(Relation { oid, namespace, name, replica_identity, columns })
+            let qualified = format!("{namespace}.{name}");
+            Message::Relation(Relation { oid, namespace, name, replica_identity, columns, qualified })
         }
         b'I' => {
             let relation = reader.u32()?;

@@ -143,6 +143,7 @@ impl LogicalSource {
             pool: self.shared.pool.clone(),
             at: after,
             location: self.shared.redaction.location.clone(),
+            failed: None,
         }
     }
 

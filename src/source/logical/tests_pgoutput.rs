@@ -229,8 +229,8 @@ fn transactions_before_the_skip_position_are_counted_not_decoded() {
 }
 
 /// A peek's decoder hands its row changes out undecoded, to be decoded in parallel: decoded, each
-/// is the change the decoder gives at once; a row that does not fit its relation is refused where
-/// its message is, so that decoding it later cannot fail.
+/// is the change the decoder gives at once, and a row that does not fit its relation is refused
+/// when it is decoded, as at once.
 #[test]
 fn a_deferring_decoder_gives_the_same_changes_decoded_later() {
     use crate::source::logical::changes::{Decoder, Step};
@@ -261,7 +261,7 @@ fn a_deferring_decoder_gives_the_same_changes_decoded_later() {
     let deferred: Vec<_> = deferred
         .into_iter()
         .map(|(ordinal, pending)| {
-            let change = pending.decode();
+            let change = pending.decode().unwrap();
             assert_eq!(change.ordinal, ordinal);
             change
         })
@@ -270,6 +270,16 @@ fn a_deferring_decoder_gives_the_same_changes_decoded_later() {
     let mut short = Decoder::after(None).deferring();
     short.push(1, &begin(5, 0, 1)).unwrap();
     short.push(2, &relation()).unwrap();
-    let error = short.push(3, &insert(&[Some(Some("1"))])).unwrap_err();
+    let Step::Pending(pending) = short.push(3, &insert(&[Some(Some("1"))])).unwrap() else {
+        panic!("a row change is handed out undecoded");
+    };
+    let error = pending.decode().unwrap_err();
     assert!(error.to_string().contains("a row of 1 values for public.orders, which has 3 columns"), "{error}");
+    // A change of a relation never described, or outside a transaction, is refused at once.
+    let mut unknown = Decoder::after(None).deferring();
+    unknown.push(1, &begin(5, 0, 1)).unwrap();
+    assert!(unknown.push(2, &insert(&[Some(Some("1"))])).is_err());
+    let mut outside = Decoder::after(None).deferring();
+    outside.push(1, &relation()).unwrap();
+    assert!(outside.push(2, &insert(&[Some(Some("1")), Some(None), Some(None)])).is_err());
 }
