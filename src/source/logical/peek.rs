@@ -148,8 +148,9 @@ pub(super) struct Stream {
     pub(super) pool: PgPool,
     /// The last change handed out (the position the peek was asked from, before the first).
     pub(super) at: Option<Key>,
-    /// The source, as its errors name it.
+    /// The source and the slot, as its errors name them.
     pub(super) location: String,
+    pub(super) slot: String,
     /// Why a change after `pending` could not be decoded: the next item, once `pending` is taken.
     pub(super) failed: Option<String>,
 }
@@ -162,6 +163,7 @@ impl Stream {
                 return Some(Ok(item));
             }
             if let Some(reason) = self.failed.take() {
+                let reason = format!("slot {:?}: {reason}", self.slot);
                 return Some(Err(SourceError::Query { location: self.location.clone(), reason }));
             }
             match self.items.recv().await? {
@@ -531,4 +533,39 @@ fn order_group(change: &crate::source::logical::changes::Change) -> Group {
         return Group::one(&[change.table.as_bytes()]);
     }
     Group::Keys(change.order_keys.iter().map(|key| Group::key_of(&[change.table.as_bytes(), key])).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::pgoutput::tests::{begin, insert, relation};
+    use super::*;
+
+    /// A chunk is decoded in order up to its first change that cannot be; that change's error
+    /// names it as `reset` takes it (its commit LSN as the cursor, the ordinal before it), so that
+    /// an operator can skip it.
+    #[test]
+    fn a_chunk_is_decoded_up_to_the_change_that_cannot_be_which_is_named_for_reset() {
+        let mut decoder = Decoder::after(None).deferring();
+        decoder.push(1, &begin(100, 0, 7)).unwrap();
+        decoder.push(2, &relation()).unwrap();
+        let fields = Arc::new(decoder.commit_fields().unwrap());
+        let mut chunk = Vec::new();
+        for values in [&[Some(Some("1")), Some(None), Some(None)][..], &[Some(Some("2"))][..]] {
+            let Step::Pending(pending) = decoder.push(3, &insert(values)).unwrap() else { panic!("deferred") };
+            chunk.push(Unsent::Change((100, pending.ordinal()), fields.clone(), pending));
+        }
+        chunk.push(Unsent::Item(Item::End { reached_end: None, new: 2 }));
+        let Decoded { items, failed } = decode(chunk);
+        assert_eq!(items.len(), 1);
+        assert!(matches!(&items[0], Item::Row((100, 1), _)));
+        let failed = failed.expect("the second change has one value for three columns");
+        assert!(failed.contains("a row of 1 values for public.orders, which has 3 columns"), "{failed}");
+        assert!(
+            failed.ends_with(
+                "in the transaction committing at 0/64 (the change after cursor 100, ordinal 1): to skip it, \
+                 `dbtrigger reset <poller> --to-cursor 100 --pk ordinal=2`"
+            ),
+            "{failed}"
+        );
+    }
 }

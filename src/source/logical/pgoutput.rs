@@ -286,4 +286,4 @@ pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
 
 #[cfg(test)]
 #[path = "tests_pgoutput.rs"]
-mod tests;
+pub(super) mod tests;

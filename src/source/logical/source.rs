@@ -143,6 +143,7 @@ impl LogicalSource {
             pool: self.shared.pool.clone(),
             at: after,
             location: self.shared.redaction.location.clone(),
+            slot: self.shared.slot.clone(),
             failed: None,
         }
     }

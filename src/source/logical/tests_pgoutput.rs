@@ -11,7 +11,7 @@ fn string(out: &mut Vec<u8>, text: &str) {
     out.push(0);
 }
 
-fn begin(final_lsn: u64, time: i64, xid: u32) -> Vec<u8> {
+pub(crate) fn begin(final_lsn: u64, time: i64, xid: u32) -> Vec<u8> {
     let mut out = vec![b'B'];
     out.extend(final_lsn.to_be_bytes());
     out.extend(time.to_be_bytes());
@@ -28,7 +28,7 @@ fn commit(commit_lsn: u64, end_lsn: u64, time: i64) -> Vec<u8> {
 }
 
 /// `orders(id int8 key, body text, amount numeric)` as relation 16384.
-fn relation() -> Vec<u8> {
+pub(crate) fn relation() -> Vec<u8> {
     let mut out = vec![b'R'];
     out.extend(16384u32.to_be_bytes());
     string(&mut out, "public");
@@ -59,7 +59,7 @@ fn tuple(out: &mut Vec<u8>, values: &[Option<Option<&str>>]) {
     }
 }
 
-fn insert(values: &[Option<Option<&str>>]) -> Vec<u8> {
+pub(crate) fn insert(values: &[Option<Option<&str>>]) -> Vec<u8> {
     let mut out = vec![b'I'];
     out.extend(16384u32.to_be_bytes());
     out.push(b'N');
