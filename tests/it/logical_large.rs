@@ -205,6 +205,32 @@ async fn a_million_change_transaction_arrives_in_order_in_bounded_memory_through
     drop_slot(&url, &slot).await;
 }
 
+/// Wide rows (600 changes of 256 KiB, one transaction): a peek's channel holds at most 16 MiB
+/// of pgoutput (READ_AHEAD_BYTES), however many changes fit its 2,048, so that the handler's
+/// memory does not grow with the width of what it reads ahead. Without the byte bound the tick
+/// read all 150 MB ahead and decoded it (2026-11-27: a peak of 494 MiB; 139 MiB with it); the peak stays
+/// under 200 MiB, and every change arrives once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wide_changes_are_read_ahead_within_the_channels_bytes() {
+    const CHANGES: u64 = 600;
+    let (url, slot) = logical_database("CREATE TABLE orders (id BIGINT PRIMARY KEY, body TEXT)", "orders").await;
+    execute(
+        &url,
+        &format!("INSERT INTO orders SELECT g, repeat(md5(g::text), 8192) FROM generate_series(1, {CHANGES}) g"),
+    )
+    .await;
+    let (receiver, seen) = ordered_receiver().await;
+    let directory = tempfile::tempdir().unwrap();
+    let (app, settings) = app(directory.path(), &url, &slot, &receiver);
+    let (ended, ok, peak, output) = tick_process(&app, &settings, || false).await;
+    assert!(ended && ok, "{output}");
+    eprintln!("{CHANGES} changes of 256 KiB: peak {peak} KiB");
+    assert_eq!(seen.gaps.load(Ordering::SeqCst), 0, "a change was skipped");
+    assert_eq!((seen.events.load(Ordering::SeqCst), seen.repeats.load(Ordering::SeqCst)), (CHANGES, 0));
+    assert!(peak < 200 * 1024, "peak {peak} KiB");
+    drop_slot(&url, &slot).await;
+}
+
 /// Regression (issue 37, finding 1): a transaction larger than a peek's read-ahead (16 MiB then),
 /// with the checkpoint inside it and the slot before it (a restart, or a reset whose own move
 /// failed), was peeked again and again until the tick's timeout, and the slot never moved. Now the
