@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use futures::{FutureExt, TryStreamExt};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool};
-use sqlx::{Connection, Row};
+use sqlx::{Connection, Row as _};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use super::changes::{Change, CommitFields, Decoder, Pending, Step, event_row_of};
@@ -53,7 +53,7 @@ pub(super) struct Shared {
 
 /// What a peek's task sends.
 pub(super) enum Item {
-    Row(Key, SourceRow),
+    Row(Key, Row),
     /// A transaction read to its Commit.
     Mark(Mark),
     /// The peek ended: whether it read to the flushed end, and how many changes after the
@@ -96,7 +96,7 @@ impl Unsent {
         match self {
             Unsent::Item(item) => Ok(item),
             Unsent::Change(key, fields, pending) => match pending.decode() {
-                Ok(change) => Ok(Item::Row(key, source_row(key, &fields, change))),
+                Ok(change) => Ok(Item::Row(key, Row::of(&fields, change))),
                 Err(error) => Err(at_position(error, key)),
             },
         }
@@ -125,15 +125,23 @@ fn at_position(error: super::changes::AssembleError, (commit_lsn, ordinal): Key)
     )
 }
 
-/// The row a change is handed out as: its event row, its keys for the ordered window.
-fn source_row(key: Key, fields: &CommitFields, change: Change) -> SourceRow {
-    let op = change.op;
-    let group = order_group(&change);
-    SourceRow {
-        position: position(key.0, key.1),
-        row: RowJson::from_map(&event_row_of(fields, change)),
-        op,
-        group: Some(group),
+/// A change decoded: its event row and its keys for the ordered window. Its position is made
+/// from its key where it is handed out ([`Row::at`]), by the tick that frees it.
+pub(super) struct Row {
+    pub(super) row: RowJson,
+    op: crate::domain::Op,
+    group: Group,
+}
+
+impl Row {
+    fn of(fields: &CommitFields, change: Change) -> Row {
+        let (op, group) = (change.op, order_group(&change));
+        Row { row: RowJson::from_map(&event_row_of(fields, change)), op, group }
+    }
+
+    /// The row handed out, at its position (commit LSN, ordinal).
+    pub(super) fn at(self, (commit_lsn, ordinal): Key) -> SourceRow {
+        SourceRow { position: position(commit_lsn, ordinal), row: self.row, op: self.op, group: Some(self.group) }
     }
 }
 
@@ -406,7 +414,7 @@ impl Shared {
                     for change in changes {
                         let key = (commit_lsn, change.ordinal);
                         new += 1;
-                        outbox.push(Item::Row(key, source_row(key, fields, change))).await?;
+                        outbox.push(Item::Row(key, Row::of(fields, change))).await?;
                     }
                 }
                 Step::Pending(pending) => {

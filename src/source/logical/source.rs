@@ -222,7 +222,7 @@ impl LogicalSource {
                     bytes += size;
                     stream.at = Some(key);
                     reading.progress.handed(key);
-                    rows.push(row);
+                    rows.push(row.at(key));
                     if rows.len() >= limit.rows.max(1) {
                         break;
                     }
@@ -290,8 +290,8 @@ impl LogicalSource {
         let mut rows = Vec::new();
         loop {
             match stream.next().await {
-                Some(Ok(Item::Row(_, row))) => {
-                    rows.push(row);
+                Some(Ok(Item::Row(key, row))) => {
+                    rows.push(row.at(key));
                     if rows.len() > limit.rows {
                         return Ok((rows, true, 0));
                     }
