@@ -142,7 +142,7 @@ async fn run() {
     let rounds = env_number("DBTRIGGER_BENCH_ROUNDS", 5).max(1);
     let url = services::postgres().fresh_database().await;
     execute(&url, "CREATE TABLE orders (id BIGINT PRIMARY KEY, status TEXT, total NUMERIC(12,2), at TIMESTAMPTZ);\nCREATE PUBLICATION feed FOR TABLE orders").await;
-    println!("logical source, {changes} changes (transactions of 10), 2-core AMD EPYC, loopback, {rounds} rounds");
+    println!("logical source, {changes} changes (transactions of 10), {}, loopback, {rounds} rounds", machine());
     println!(
         "{:<10} {:>14} {:>14} {:>8} {:>24} {:>14}",
         "batch", "raw changes/s", "dbtrigger c/s", "ratio", "", "CPU ratio"
@@ -201,6 +201,20 @@ async fn run() {
             median(cpus)
         );
     }
+}
+
+/// This machine's cores and processor, as /proc/cpuinfo names them.
+fn machine() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = info
+        .lines()
+        .find_map(|line| line.strip_prefix("model name"))
+        .map(|rest| rest.trim_start_matches([' ', '\t', ':']));
+    format!(
+        "{} cores, {}",
+        std::thread::available_parallelism().map_or(0, |cores| cores.get()),
+        model.unwrap_or("unknown processor")
+    )
 }
 
 /// CPU time (user + system) of this process so far, in microseconds: the client's side of a path

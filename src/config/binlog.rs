@@ -117,6 +117,16 @@ mod tests {
         json!({"kind": "binlog", "connection": "FEED_DB", "tables": ["shop.orders", "shop.lines"]})
     }
 
+    /// Like a logical source's: read in commit order, no late rows, no detector.
+    #[test]
+    fn a_binlog_source_has_no_late_arrival_detector() {
+        assert!(!load(binlog()).unwrap().late_arrivals.enabled);
+        let mut source = binlog();
+        source["lateArrivals"] = json!({"everyTicks": 5});
+        let message = load(source).unwrap_err().to_string();
+        assert!(message.contains("poller.source.lateArrivals: a change stream is read in commit order"), "{message}");
+    }
+
     #[test]
     fn a_binlog_source_takes_its_tables_and_derives_its_server_id() {
         let config = load(binlog()).unwrap();

@@ -80,6 +80,18 @@ impl LateArrivalsConfig {
 }
 
 /// Whether function.json turns the detector on in so many words (`"enabled": true`).
+/// Whether `lateArrivals` is given and says anything but `"enabled": false` (what a source that
+/// cannot have late rows refuses).
+pub(super) fn configured(raw: Option<&RawLateArrivals>) -> bool {
+    raw.is_some_and(|raw| {
+        raw.enabled != Some(false)
+            || raw.window_seconds.is_some()
+            || raw.window_rows.is_some()
+            || raw.every_ticks.is_some()
+            || raw.sweep_checks.is_some()
+    })
+}
+
 pub(super) fn asked_for(raw: Option<&RawLateArrivals>) -> bool {
     raw.and_then(|raw| raw.enabled).unwrap_or(false)
 }

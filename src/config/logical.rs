@@ -168,15 +168,21 @@ mod tests {
     #[test]
     fn a_change_stream_has_no_late_arrival_detector() {
         assert!(!load(logical()).unwrap().late_arrivals.enabled);
+        for late in [json!({"enabled": true}), json!({"windowRows": 500})] {
+            let mut source = logical();
+            source["lateArrivals"] = late;
+            let message = load(source).unwrap_err().to_string();
+            assert!(
+                message.ends_with(
+                    "poller.source.lateArrivals: a change stream is read in commit order, where no change can \
+                     arrive late: leave lateArrivals out"
+                ),
+                "{message}"
+            );
+        }
+        // Saying it is off is no error.
         let mut source = logical();
-        source["lateArrivals"] = json!({"enabled": true});
-        let message = load(source).unwrap_err().to_string();
-        assert!(
-            message.ends_with(
-                "poller.source.lateArrivals: a change stream is read in commit order, where no change can arrive \
-                 late: leave lateArrivals out"
-            ),
-            "{message}"
-        );
+        source["lateArrivals"] = json!({"enabled": false});
+        assert!(!load(source).unwrap().late_arrivals.enabled);
     }
 }

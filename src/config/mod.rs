@@ -510,12 +510,13 @@ fn build(
 
     let mut late_arrivals = late::build_late_arrivals(raw.source.late_arrivals.as_ref(), at)?;
     let late_arrivals_asked = late::asked_for(raw.source.late_arrivals.as_ref());
+    let late_arrivals_configured = late::configured(raw.source.late_arrivals.as_ref());
     let raw_max_row_bytes = raw.source.max_row_bytes;
     let (source, fingerprints) = build_any_source(raw.source, settings, app_root, (&app_name, &poller_name), at)?;
     if source.target.is_change_stream() {
         // A change stream hands out changes in commit order, each once: none can commit behind
         // the checkpoint, and there is no cursor to bucket by.
-        if late_arrivals_asked {
+        if late_arrivals_configured {
             return Err(at.error(
                 "poller.source.lateArrivals",
                 "a change stream is read in commit order, where no change can arrive late: leave lateArrivals out",

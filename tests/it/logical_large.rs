@@ -205,11 +205,14 @@ async fn a_million_change_transaction_arrives_in_order_in_bounded_memory_through
     drop_slot(&url, &slot).await;
 }
 
-/// Wide rows (600 changes of 256 KiB, one transaction): a peek's channel holds at most 16 MiB
-/// of pgoutput (READ_AHEAD_BYTES), however many changes fit its 2,048, so that the handler's
-/// memory does not grow with the width of what it reads ahead. Without the byte bound the tick
-/// read all 150 MB ahead and decoded it (2026-11-27: a peak of 494 MiB; 139 MiB with it); the peak stays
-/// under 200 MiB, and every change arrives once, in order.
+/// Wide rows (600 changes of 256 KiB, one transaction): what a peek reads ahead is bounded in
+/// bytes as well as in changes (chunks of at most 128 changes or 1 MiB of pgoutput, at most 16 MiB
+/// of pgoutput in the channel: the last bound is pinned by
+/// `source::logical::peek::tests::a_chunk_waits_for_room_in_the_channels_bytes`), so that the
+/// handler's memory does not grow with the width of the rows it reads ahead, only with what one
+/// chunk and the batches in flight hold. Every change arrives once, in order, and the peak stays
+/// under 200 MiB. Measured 2026-11-27: 139-141 MiB; 494 MiB with the channel bounded by its count
+/// alone (2,048 changes, as before the byte bounds).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wide_changes_are_read_ahead_within_the_channels_bytes() {
     const CHANGES: u64 = 600;

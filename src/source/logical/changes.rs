@@ -245,8 +245,10 @@ impl Decoder {
             lsn: values::lsn_text(lsn),
             reason: "a change outside a transaction".into(),
         })?;
+        // Counted once built: a change that cannot be is still the next one.
+        let change = build(&relation, lsn, open.changes + 1, op, old, new)?;
         open.changes += 1;
-        Ok(Step::Changes(vec![build(&relation, lsn, open.changes, op, old, new)?]))
+        Ok(Step::Changes(vec![change]))
     }
 }
 

@@ -65,21 +65,21 @@ pub(super) enum Item {
 }
 
 /// What a peek's task sends: items, and the room their messages take in the channel (given back
-/// when the tick takes them).
+/// when the tick has them).
 pub(super) struct Chunk {
     items: Items,
-    _room: Option<OwnedSemaphorePermit>,
+    room: Option<OwnedSemaphorePermit>,
 }
 
 /// A chunk's items: ready, or being decoded by a task of their own (chunks are decoded in
-/// parallel, on every core, and handed out in order).
+/// parallel, on every core, and handed out in order), whose first change is at `Key`.
 enum Items {
-    Ready(Vec<Item>),
-    Decoding(tokio::task::JoinHandle<Decoded>),
+    Ready(Decoded),
+    Decoding(tokio::task::JoinHandle<Decoded>, Key),
 }
 
 /// A chunk decoded: its items up to the first change that could not be, and why it could not.
-struct Decoded {
+pub(super) struct Decoded {
     items: Vec<Item>,
     failed: Option<String>,
 }
@@ -159,38 +159,62 @@ pub(super) struct Stream {
     /// The source and the slot, as its errors name them.
     pub(super) location: String,
     pub(super) slot: String,
-    /// Why a change after `pending` could not be decoded: the next item, once `pending` is taken.
+    /// The chunk being decoded, kept here while the tick waits for it: a read dropped during that
+    /// wait loses nothing (the next read waits for the same chunk).
+    pub(super) decoding: Option<(tokio::task::JoinHandle<Decoded>, Key, Option<OwnedSemaphorePermit>)>,
+    /// Why a change after `pending` could not be decoded: every next item, once `pending` is taken.
     pub(super) failed: Option<String>,
 }
 
 impl Stream {
-    /// The peek's next item, in order; `None` when its task ended without one.
+    /// The peek's next item, in order; `None` when its task ended without one. Cancel-safe: a
+    /// chunk taken from the channel is kept in the stream until its items are.
     pub(super) async fn next(&mut self) -> Option<Result<Item, SourceError>> {
         loop {
             if let Some(item) = self.pending.pop_front() {
                 return Some(Ok(item));
             }
-            if let Some(reason) = self.failed.take() {
+            if let Some(reason) = &self.failed {
                 let reason = format!("slot {:?}: {reason}", self.slot);
                 return Some(Err(SourceError::Query { location: self.location.clone(), reason }));
             }
+            if let Some((task, first, _)) = self.decoding.as_mut() {
+                let decoded = task.await.unwrap_or_else(|error| Decoded {
+                    items: Vec::new(),
+                    failed: Some(format!(
+                        "decoding the changes from cursor {} ordinal {} on failed: {error}",
+                        first.0, first.1
+                    )),
+                });
+                // The items are in `pending` before the room is given back.
+                self.take(decoded);
+                self.decoding = None;
+                continue;
+            }
             match self.items.recv().await? {
-                Ok(Chunk { items: Items::Ready(items), .. }) => self.pending.extend(items),
-                Ok(Chunk { items: Items::Decoding(task), .. }) => match task.await {
-                    Ok(Decoded { items, failed }) => {
-                        self.pending.extend(items);
-                        self.failed = failed;
-                    }
-                    Err(error) => self.failed = Some(format!("decoding the peek's changes failed: {error}")),
-                },
+                Ok(Chunk { items: Items::Ready(decoded), .. }) => self.take(decoded),
+                Ok(Chunk { items: Items::Decoding(task, first), room }) => self.decoding = Some((task, first, room)),
                 Err(error) => return Some(Err(error)),
             }
         }
+    }
+
+    fn take(&mut self, Decoded { items, failed }: Decoded) {
+        self.pending.extend(items);
+        self.failed = self.failed.take().or(failed);
     }
 }
 
 impl Drop for Stream {
     fn drop(&mut self) {
+        // Chunks still being decoded are not wanted any more.
+        if let Some((task, _, _)) = self.decoding.take() {
+            task.abort();
+        }
+        self.items.close();
+        while let Ok(Ok(Chunk { items: Items::Decoding(task, _), .. })) = self.items.try_recv() {
+            task.abort();
+        }
         if self.task.is_finished() {
             return;
         }
@@ -250,12 +274,15 @@ impl Outbox<'_> {
                 0 => None,
                 bytes => Some(self.room.clone().acquire_many_owned(bytes).await.map_err(|_| Stop::GivenUp)?),
             };
-            let items = if chunk.iter().any(|unsent| matches!(unsent, Unsent::Change(..))) {
-                Items::Decoding(tokio::spawn(async move { decode(chunk) }))
-            } else {
-                Items::Ready(chunk.into_iter().filter_map(|unsent| unsent.into_item().ok()).collect())
+            let first = chunk.iter().find_map(|unsent| match unsent {
+                Unsent::Change(key, ..) => Some(*key),
+                Unsent::Item(_) => None,
+            });
+            let items = match first {
+                Some(first) => Items::Decoding(tokio::spawn(async move { decode(chunk) }), first),
+                None => Items::Ready(decode(chunk)),
             };
-            self.items.send(Ok(Chunk { items, _room: room })).await.map_err(|_| Stop::GivenUp)
+            self.items.send(Ok(Chunk { items, room })).await.map_err(|_| Stop::GivenUp)
         })
         .await;
         match sent {
@@ -409,7 +436,7 @@ impl Shared {
                 Step::Nothing => {}
                 Step::Changes(changes) => {
                     let (Some(fields), Some((commit_lsn, _))) = (fields.as_ref(), decoder.next_change()) else {
-                        continue;
+                        return Err(Stop::Failed(self.malformed("a change before its transaction's Begin".into())));
                     };
                     for change in changes {
                         let key = (commit_lsn, change.ordinal);
@@ -419,7 +446,7 @@ impl Shared {
                 }
                 Step::Pending(pending) => {
                     let (Some(fields), Some((commit_lsn, _))) = (fields.as_ref(), decoder.next_change()) else {
-                        continue;
+                        return Err(Stop::Failed(self.malformed("a change before its transaction's Begin".into())));
                     };
                     new += 1;
                     let unsent = Unsent::Change((commit_lsn, pending.ordinal()), fields.clone(), pending);
@@ -575,5 +602,74 @@ mod tests {
             ),
             "{failed}"
         );
+    }
+
+    /// Regression (review, 2026-11-27): a read dropped while it waited for a chunk's decoding (a
+    /// tick whose future was dropped) lost that chunk, and a later read of the same stream went
+    /// on after it, past a gap. The chunk now stays in the stream until its items are taken.
+    #[tokio::test]
+    async fn a_read_dropped_while_a_chunk_is_decoded_loses_nothing() {
+        let (sender, items) = mpsc::channel(4);
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        let decoding = tokio::spawn(async move {
+            let _ = released.await;
+            Decoded { items: vec![Item::End { reached_end: None, new: 7 }], failed: None }
+        });
+        sender.send(Ok(Chunk { items: Items::Decoding(decoding, (100, 1)), room: None })).await.unwrap();
+        drop(sender);
+        let mut stream = Stream {
+            items,
+            pending: VecDeque::new(),
+            task: tokio::spawn(async {}),
+            backend: Arc::new(AtomicI32::new(0)),
+            pool: sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://u@127.0.0.1:9/none").unwrap(),
+            at: None,
+            location: "test".into(),
+            slot: "s".into(),
+            decoding: None,
+            failed: None,
+        };
+        // The read takes the chunk from the channel and waits for its decoding: dropped there.
+        assert!(stream.next().now_or_never().is_none());
+        release.send(()).unwrap();
+        match stream.next().await {
+            Some(Ok(Item::End { new: 7, .. })) => {}
+            _ => panic!("the chunk taken by the dropped read was lost"),
+        }
+    }
+
+    /// The channel holds at most READ_AHEAD_BYTES of pgoutput: a chunk whose messages do not fit
+    /// the room left waits until the tick takes an earlier one, however few changes the channel
+    /// holds (rows of several MiB each); a message larger than all the room waits for all of it.
+    #[tokio::test]
+    async fn a_chunk_waits_for_room_in_the_channels_bytes() {
+        let mut decoder = Decoder::after(None).deferring();
+        decoder.push(1, &begin(100, 0, 7)).unwrap();
+        decoder.push(2, &relation()).unwrap();
+        let fields = Arc::new(decoder.commit_fields().unwrap());
+        let (sender, mut items) = mpsc::channel(CHANNEL_ITEMS / CHUNK_ITEMS);
+        let room = Arc::new(Semaphore::new(READ_AHEAD_BYTES));
+        let mut outbox =
+            Outbox { items: &sender, room: room.clone(), idle: Duration::from_secs(60), chunk: Vec::new(), bytes: 0 };
+        let mut change = || {
+            let Step::Pending(pending) = decoder.push(3, &insert(&[Some(Some("1")), Some(None), Some(None)])).unwrap()
+            else {
+                panic!("deferred")
+            };
+            Unsent::Change((100, pending.ordinal()), fields.clone(), pending)
+        };
+        // A chunk leaves at 1 MiB: each of these changes is a chunk of its own.
+        let ten_mib = 10 * 1024 * 1024;
+        assert!(outbox.add(change(), ten_mib).await.is_ok(), "the first chunk fits");
+        assert_eq!(room.available_permits(), READ_AHEAD_BYTES - ten_mib);
+        let second = outbox.add(change(), ten_mib);
+        tokio::pin!(second);
+        assert!(futures::poll!(&mut second).is_pending(), "a second 10 MiB does not fit 16 MiB: it waits");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(futures::poll!(&mut second).is_pending(), "it still waits");
+        // The tick takes the first chunk: its room comes back, and the second one goes.
+        drop(items.recv().await.unwrap().unwrap());
+        assert!(second.await.is_ok(), "room for the second now");
+        assert_eq!(room.available_permits(), READ_AHEAD_BYTES - ten_mib);
     }
 }

@@ -36,7 +36,7 @@ pub struct Relation {
     pub replica_identity: u8,
     pub columns: Vec<RelationColumn>,
     /// `schema.table`, made once (every change of the relation names it).
-    pub qualified: String,
+    qualified: String,
 }
 
 impl Relation {

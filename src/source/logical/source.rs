@@ -144,6 +144,7 @@ impl LogicalSource {
             at: after,
             location: self.shared.redaction.location.clone(),
             slot: self.shared.slot.clone(),
+            decoding: None,
             failed: None,
         }
     }
@@ -354,6 +355,14 @@ impl Source for LogicalSource {
 
     fn count_limit(&self) -> u64 {
         COUNT_CAP
+    }
+
+    /// A peek a tick left open without ending cleanly (its future dropped, a panic) is given up:
+    /// the next tick peeks again from its checkpoint.
+    fn end_reads(&self) {
+        if let Ok(mut reading) = self.reading.try_lock() {
+            reading.stream = None;
+        }
     }
 
     fn fence(&self, held: bool) {
