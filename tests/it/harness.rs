@@ -18,6 +18,16 @@ use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 
 /// A free TCP port on loopback (bound, read, released).
+/// The peak resident memory (VmHWM) of a running process, in KiB: its own address space's high
+/// water mark. Not `wait4`'s `ru_maxrss`, which also counts the spawning process's resident memory
+/// (the kernel folds the parent's address space into the child's maximum at its exec: a
+/// `/bin/true` spawned by a 600 MB process reports 613 MB).
+pub fn peak_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 pub fn free_port() -> u16 {
     StdListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }

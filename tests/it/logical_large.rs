@@ -14,7 +14,7 @@ use dbtrigger::store::memory::MemoryStore;
 use dbtrigger::tick::{StopReason, TickOutcome};
 use serde_json::json;
 
-use crate::harness::AppRoot;
+use crate::harness::{AppRoot, peak_kib};
 use crate::logical::{confirmed_flush, drop_slot, logical_app, logical_database, poller};
 use crate::sources::execute;
 
@@ -63,13 +63,6 @@ async fn ordered_receiver() -> (String, Arc<Seen>) {
     let url = format!("http://{}/hook", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, router).await });
     (url, seen)
-}
-
-/// The peak resident memory (VmHWM) of a process, in KiB, while it runs.
-fn peak_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// `dbtrigger tick orders` as a process; its peak memory sampled every 50 ms until it ends, or
