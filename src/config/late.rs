@@ -79,7 +79,6 @@ impl LateArrivalsConfig {
     }
 }
 
-/// Whether function.json turns the detector on in so many words (`"enabled": true`).
 /// Whether `lateArrivals` is given and says anything but `"enabled": false` (what a source that
 /// cannot have late rows refuses).
 pub(super) fn configured(raw: Option<&RawLateArrivals>) -> bool {
@@ -92,6 +91,7 @@ pub(super) fn configured(raw: Option<&RawLateArrivals>) -> bool {
     })
 }
 
+/// Whether function.json turns the detector on in so many words (`"enabled": true`).
 pub(super) fn asked_for(raw: Option<&RawLateArrivals>) -> bool {
     raw.and_then(|raw| raw.enabled).unwrap_or(false)
 }

@@ -17,7 +17,6 @@ use serde_json::{Value, json};
 use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 
-/// A free TCP port on loopback (bound, read, released).
 /// The peak resident memory (VmHWM) of a running process, in KiB: its own address space's high
 /// water mark. Not `wait4`'s `ru_maxrss`, which also counts the spawning process's resident memory
 /// (the kernel folds the parent's address space into the child's maximum at its exec: a
@@ -28,6 +27,7 @@ pub fn peak_kib(pid: u32) -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// A free TCP port on loopback (bound, read, released).
 pub fn free_port() -> u16 {
     StdListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }

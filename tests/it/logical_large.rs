@@ -199,7 +199,7 @@ async fn a_million_change_transaction_arrives_in_order_in_bounded_memory_through
 }
 
 /// Wide rows (600 changes of 256 KiB, one transaction): what a peek reads ahead is bounded in
-/// bytes as well as in changes (chunks of at most 128 changes or 1 MiB of pgoutput, at most 16 MiB
+/// bytes as well as in changes (chunks of at most 128 changes or about 1 MiB of pgoutput, at most 16 MiB
 /// of pgoutput in the channel: the last bound is pinned by
 /// `source::logical::peek::tests::a_chunk_waits_for_room_in_the_channels_bytes`), so that the
 /// handler's memory does not grow with the width of the rows it reads ahead, only with what one

@@ -75,7 +75,17 @@ pub(super) struct Chunk {
 /// parallel, on every core, and handed out in order), whose first change is at `Key`.
 enum Items {
     Ready(Decoded),
-    Decoding(tokio::task::JoinHandle<Decoded>, Key),
+    Decoding(Decoding, Key),
+}
+
+/// A chunk's decoding task, aborted when dropped: a chunk nobody will take (its stream dropped,
+/// the peek's task aborted while it was sending it) is not decoded for nothing.
+pub(super) struct Decoding(tokio::task::JoinHandle<Decoded>);
+
+impl Drop for Decoding {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// A chunk decoded: its items up to the first change that could not be, and why it could not.
@@ -161,7 +171,7 @@ pub(super) struct Stream {
     pub(super) slot: String,
     /// The chunk being decoded, kept here while the tick waits for it: a read dropped during that
     /// wait loses nothing (the next read waits for the same chunk).
-    pub(super) decoding: Option<(tokio::task::JoinHandle<Decoded>, Key, Option<OwnedSemaphorePermit>)>,
+    pub(super) decoding: Option<(Decoding, Key, Option<OwnedSemaphorePermit>)>,
     /// Why a change after `pending` could not be decoded: every next item, once `pending` is taken.
     pub(super) failed: Option<String>,
 }
@@ -179,11 +189,12 @@ impl Stream {
                 return Some(Err(SourceError::Query { location: self.location.clone(), reason }));
             }
             if let Some((task, first, _)) = self.decoding.as_mut() {
-                let decoded = task.await.unwrap_or_else(|error| Decoded {
+                let decoded = (&mut task.0).await.unwrap_or_else(|error| Decoded {
                     items: Vec::new(),
                     failed: Some(format!(
-                        "decoding the changes from cursor {} ordinal {} on failed: {error}",
-                        first.0, first.1
+                        "decoding the chunk from the change after cursor {}, ordinal {} failed: {error}",
+                        first.0,
+                        first.1.saturating_sub(1)
                     )),
                 });
                 // The items are in `pending` before the room is given back.
@@ -207,14 +218,6 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        // Chunks still being decoded are not wanted any more.
-        if let Some((task, _, _)) = self.decoding.take() {
-            task.abort();
-        }
-        self.items.close();
-        while let Ok(Ok(Chunk { items: Items::Decoding(task, _), .. })) = self.items.try_recv() {
-            task.abort();
-        }
         if self.task.is_finished() {
             return;
         }
@@ -279,7 +282,7 @@ impl Outbox<'_> {
                 Unsent::Item(_) => None,
             });
             let items = match first {
-                Some(first) => Items::Decoding(tokio::spawn(async move { decode(chunk) }), first),
+                Some(first) => Items::Decoding(Decoding(tokio::spawn(async move { decode(chunk) })), first),
                 None => Items::Ready(decode(chunk)),
             };
             self.items.send(Ok(Chunk { items, room })).await.map_err(|_| Stop::GivenUp)
@@ -615,7 +618,7 @@ mod tests {
             let _ = released.await;
             Decoded { items: vec![Item::End { reached_end: None, new: 7 }], failed: None }
         });
-        sender.send(Ok(Chunk { items: Items::Decoding(decoding, (100, 1)), room: None })).await.unwrap();
+        sender.send(Ok(Chunk { items: Items::Decoding(Decoding(decoding), (100, 1)), room: None })).await.unwrap();
         drop(sender);
         let mut stream = Stream {
             items,
@@ -640,7 +643,7 @@ mod tests {
 
     /// The channel holds at most READ_AHEAD_BYTES of pgoutput: a chunk whose messages do not fit
     /// the room left waits until the tick takes an earlier one, however few changes the channel
-    /// holds (rows of several MiB each); a message larger than all the room waits for all of it.
+    /// holds (rows of several MiB each).
     #[tokio::test]
     async fn a_chunk_waits_for_room_in_the_channels_bytes() {
         let mut decoder = Decoder::after(None).deferring();
