@@ -20,4 +20,5 @@ pub mod setup;
 mod source;
 pub mod values;
 
-pub use source::{LogicalSource, READ_AHEAD_BYTES, read_ahead_rows};
+pub use peek::READ_AHEAD_BYTES;
+pub use source::{LogicalSource, read_ahead_rows};

@@ -15,7 +15,6 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use super::changes::{Change, CommitFields, Decoder, Pending, Step, event_row_of};
 use super::progress::{Key, Mark, ReadToEnd, position};
-use super::source::READ_AHEAD_BYTES;
 use super::values::{lsn_text, parse_lsn};
 use crate::config::Origin;
 use crate::config::redact::Redaction;
@@ -27,6 +26,8 @@ use crate::source::{SourceError, SourceRow, classify};
 /// [`READ_AHEAD_BYTES`] of pgoutput. Room for a few chunks being decoded at once, and for the
 /// peek to go on while the tick writes its lease.
 pub(super) const CHANNEL_ITEMS: usize = 2048;
+/// What a peek's channel holds at most, in bytes of pgoutput (its changes are decoded there).
+pub const READ_AHEAD_BYTES: usize = 16 * 1024 * 1024;
 pub(super) const CHUNK_ITEMS: usize = 128;
 const CHUNK_BYTES: usize = READ_AHEAD_BYTES / 16;
 /// The most a counting peek counts: the changes after a position, counted by tag (no decoding).

@@ -38,8 +38,6 @@ use crate::source::{FetchLimit, Fetched, Probe, Source, SourceError, SourceRow, 
 const READ_AHEAD_BATCHES: usize = 256;
 const MIN_READ_AHEAD_ROWS: usize = 1024;
 const MAX_READ_AHEAD_ROWS: usize = 262_144;
-/// What a peek's channel holds at most, in bytes of pgoutput (its changes are decoded there).
-pub const READ_AHEAD_BYTES: usize = 16 * 1024 * 1024;
 
 /// The most rows a read reserves room for before it has them.
 const MAX_BATCH_ROWS_RESERVED: usize = 10_000;
