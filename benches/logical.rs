@@ -164,13 +164,13 @@ async fn run() {
                  DO $$ BEGIN FOR i IN 0..{} LOOP DELETE FROM orders WHERE id BETWEEN i * 10 + 1 AND i * 10 + 10; COMMIT; END LOOP; END $$",
                 inserts / 10 - 1, inserts / 20 - 1, inserts / 40 - 1
             )).await;
-            let cpu = cpu_micros();
+            let cpu = common::cpu_micros();
             let (seen_before, raw_before) = raw(&url, &raw_slot).await;
-            let cpu_raw_before = cpu_micros() - cpu;
+            let cpu_raw_before = common::cpu_micros() - cpu;
             let (delivered, ours_seconds) = dbtrigger(prepared).await;
-            let cpu_ours = cpu_micros() - cpu - cpu_raw_before;
+            let cpu_ours = common::cpu_micros() - cpu - cpu_raw_before;
             let (seen_after, raw_after) = raw(&url, &raw_slot).await;
-            let cpu_raw_after = cpu_micros() - cpu - cpu_raw_before - cpu_ours;
+            let cpu_raw_after = common::cpu_micros() - cpu - cpu_raw_before - cpu_ours;
             // TRUNCATE is a change too: one event.
             assert_eq!(seen_before, delivered);
             assert_eq!(seen_after, delivered);
@@ -215,15 +215,6 @@ fn machine() -> String {
         std::thread::available_parallelism().map_or(0, |cores| cores.get()),
         model.unwrap_or("unknown processor")
     )
-}
-
-/// CPU time (user + system) of this process so far, in microseconds: the client's side of a path
-/// (PostgreSQL is another process).
-fn cpu_micros() -> u64 {
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
-    let micros = |time: libc::timeval| time.tv_sec as u64 * 1_000_000 + time.tv_usec as u64;
-    micros(usage.ru_utime) + micros(usage.ru_stime)
 }
 
 fn main() {

@@ -40,6 +40,9 @@
 mod services;
 
 mod chart;
+mod common;
+
+use common::median;
 
 /// The binary's allocator (src/main.rs), for dbtrigger's paths and the raw one alike.
 #[global_allocator]
@@ -108,14 +111,6 @@ impl Drop for ReceiverProcess {
     }
 }
 
-/// CPU time (user + system) of this process so far, in microseconds.
-fn cpu_micros() -> u64 {
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
-    let micros = |time: libc::timeval| time.tv_sec as u64 * 1_000_000 + time.tv_usec as u64;
-    micros(usage.ru_utime) + micros(usage.ru_stime)
-}
-
 /// This process's peak RSS (`VmHWM`), in MB.
 fn peak_rss_mb() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -137,13 +132,13 @@ struct Meter {
 impl Meter {
     fn start() -> Meter {
         let _ = std::fs::write("/proc/self/clear_refs", "5");
-        Meter { started: Instant::now(), cpu_before: cpu_micros() }
+        Meter { started: Instant::now(), cpu_before: common::cpu_micros() }
     }
 
     fn finish(self, rows: i64) -> Measured {
         Measured {
             rows_per_second: rows as f64 / self.started.elapsed().as_secs_f64(),
-            cpu_micros_per_row: (cpu_micros() - self.cpu_before) as f64 / rows as f64,
+            cpu_micros_per_row: (common::cpu_micros() - self.cpu_before) as f64 / rows as f64,
             peak_rss_mb: peak_rss_mb(),
             blob_writes: 0,
             body_bytes_per_row: 0.0,
@@ -633,11 +628,6 @@ struct Line {
     path: String,
     runs: Vec<Measured>,
     ratios: Vec<f64>,
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
 }
 
 impl Line {

@@ -1,5 +1,7 @@
 //! Scaffolding the benches share: one poller `orders` in a temporary app root with file state, its
-//! catch-up timed over real ticks, and the medians of the rounds.
+//! catch-up timed over real ticks, the medians of the rounds, and the CPU a run took. Each bench
+//! uses some of it.
+#![allow(dead_code)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
@@ -58,7 +60,6 @@ pub async fn catch_up(poller: &Poller) -> (usize, f64) {
 /// Acknowledges every batch and counts its events. The tests' recording sink copies each batch
 /// it keeps, work no real sink does and a raw path does not do: it is not what is measured here.
 #[derive(Default)]
-#[allow(dead_code)] // the change-stream benches deliver to it, not every bench
 pub struct Acknowledging {
     pub events: AtomicUsize,
 }
@@ -73,4 +74,13 @@ impl Sink for Acknowledging {
     fn describe(&self) -> String {
         "acknowledging".to_string()
     }
+}
+
+/// CPU time (user + system) of this process so far, in microseconds: the dbtrigger side's alone
+/// (the databases, Azurite and the receivers the benches talk to are other processes).
+pub fn cpu_micros() -> u64 {
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let micros = |time: libc::timeval| time.tv_sec as u64 * 1_000_000 + time.tv_usec as u64;
+    micros(usage.ru_utime) + micros(usage.ru_stime)
 }
