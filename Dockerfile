@@ -24,7 +24,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     && strip out/dbtrigger
 
 # The runtime: the Functions v4 host without a language worker, the base image Microsoft lists for
-# custom handlers (docs/deploy.md, section 3.1). The binary is run once here, so that a C library
+# custom handlers (docs/deploy-container.md, "Choose the base image"). The binary is run once here, so that a C library
 # older than the build stage's fails `docker build` instead of the deployed app.
 FROM mcr.microsoft.com/azure-functions/base:4
 ENV AzureWebJobsScriptRoot=/home/site/wwwroot \

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Peek (SQL interface) against START_REPLICATION (pg_recvlogical) on the same changes, PostgreSQL 15.
 # Run as root on a machine with PostgreSQL 15 installed (it starts its own server as the postgres user,
-# on a free port, in /tmp/m5/pg): bash benches/logical_protocol.sh. Cited by docs/logical.md.
+# on a free port, in /tmp/m5/pg): bash benches/logical_protocol.sh. Cited by docs/logical-performance.md.
 set -e
 B=/usr/lib/postgresql/15/bin
 D=/tmp/m5/pg; rm -rf $D; mkdir -p $D; chown postgres $D

@@ -415,7 +415,7 @@ fn sink() -> Vec<Field> {
         field(
             "allowLinkLocal",
             Kind::Boolean { default: false },
-            "webhook: allow a url at a link-local or cloud metadata address (169.254.0.0/16, fd00:ec2::254, fe80::/10) or at the handler's own port on the loopback, which are refused otherwise (docs/deploy.md, Security).",
+            "webhook: allow a url at a link-local or cloud metadata address (169.254.0.0/16, fd00:ec2::254, fe80::/10) or at the handler's own port on the loopback, which are refused otherwise (docs/security.md).",
             json!(true),
         ),
         field(
@@ -605,7 +605,7 @@ fn alert() -> Vec<Field> {
         field(
             "allowLinkLocal",
             Kind::Boolean { default: false },
-            "Allow a url at a link-local or cloud metadata address, or at the handler's own port on the loopback, which are refused otherwise (docs/deploy.md, Security).",
+            "Allow a url at a link-local or cloud metadata address, or at the handler's own port on the loopback, which are refused otherwise (docs/security.md).",
             json!(true),
         ),
     ]

@@ -179,9 +179,7 @@ pub(super) fn outbound_url(
     let handler_port = settings.get(HANDLER_PORT_SETTING).and_then(|port| port.trim().parse::<u16>().ok());
     if !allow_link_local && let Some(reason) = outbound_refusal(&url, handler_port) {
         let allow = field.rsplit_once('.').map(|(section, _)| format!("{section}.allowLinkLocal")).unwrap_or_default();
-        return Err(
-            at.error(field, format!("{reason}; set `{allow}: true` if this is meant (docs/deploy.md, Security)"))
-        );
+        return Err(at.error(field, format!("{reason}; set `{allow}: true` if this is meant (docs/security.md)")));
     }
     Ok(OutboundUrl(url))
 }

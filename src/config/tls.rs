@@ -88,7 +88,7 @@ pub fn tls_warning(source: &SourceConfig) -> Option<String> {
     };
     Some(format!(
         "the connection to {host} (app setting {}, {mode}) {risk}: anyone on the path can read the rows and the \
-         password, or answer in the database's place; {fix} to the URL (docs/deploy.md, \"Security\")",
+         password, or answer in the database's place; {fix} to the URL (docs/security.md, \"TLS to the database\")",
         source.connection
     ))
 }

@@ -307,7 +307,7 @@ pub fn assess(observed: Observed<'_>, now: DateTime<Utc>) -> PollerHealth {
     if let Some(slot) = observed.slot {
         if slot.lost() {
             health.problems.push(format!(
-                "replication slot {} was invalidated by the server: changes were lost (docs/logical.md)",
+                "replication slot {} was invalidated by the server: changes were lost (docs/logical-operations.md, \"A lost slot\")",
                 slot.slot
             ));
         }

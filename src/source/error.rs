@@ -30,7 +30,7 @@ pub enum SourceError {
     /// used: the changes it no longer holds are a gap no tick can deliver.
     #[error(
         "replication slot {slot} on {location} is lost: {reason}. The changes it no longer holds are a gap: the poller stops here, \
-         its checkpoint stays where it is, and nothing recreates the slot. Recover by hand (docs/logical.md, \"A lost slot\"): \
+         its checkpoint stays where it is, and nothing recreates the slot. Recover by hand (docs/logical-operations.md, \"A lost slot\"): \
          recreate the slot, `dbtrigger reset <poller> --to-end`, and load the gap again through a polling poller"
     )]
     SlotLost { location: String, slot: String, reason: String },

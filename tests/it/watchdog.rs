@@ -64,7 +64,7 @@ async fn an_abandoned_lease_is_flagged_and_a_kick_brings_the_poller_back_to_caug
         "{logs:?}"
     );
     // Beside `Logs`, the finding reaches the host's console log as an Error and the note as a
-    // Warning (docs/deploy.md, "What dbtrigger writes, and where it lands"): the host logs every
+    // Warning (docs/observability.md, "What dbtrigger writes, and where it lands"): the host logs every
     // stdout line at Information, a stderr line at Error unless its text says "warn", then at
     // Warning. So each is on stderr with its level, the finding's line free of "warn", and neither
     // on stdout, where an alert rule on severity would not see it.

@@ -21,7 +21,7 @@ pub fn judge_slot(health: &PollerHealth, threshold_bytes: u64) -> Option<Finding
             FindingKind::SlotLost,
             format!(
                 "the poller stopped on replication slot {slot}, found lost (gone after use, or invalidated): the changes it no \
-                 longer held are a gap; recreate the slot, reset the poller and load the gap again (docs/logical.md, \"A lost slot\")"
+                 longer held are a gap; recreate the slot, reset the poller and load the gap again (docs/logical-operations.md, \"A lost slot\")"
             ),
         ));
     }
@@ -34,7 +34,7 @@ pub fn judge_slot(health: &PollerHealth, threshold_bytes: u64) -> Option<Finding
             FindingKind::SlotLost,
             format!(
                 "the server invalidated replication slot {} (max_slot_wal_keep_size): the changes it dropped are gone; \
-                 recreate the slot, reset the poller and load the gap again (docs/logical.md, \"A lost slot\")",
+                 recreate the slot, reset the poller and load the gap again (docs/logical-operations.md, \"A lost slot\")",
                 slot.slot
             ),
         ));

@@ -43,7 +43,7 @@ pub fn logical_ddl(poller: &str, slot: &str, publication: &str, user: Option<&st
         "-- 3. The slot (pgoutput). It keeps every change from now on; rows that exist before it are\n\
          --    not changes: see docs/logical.md, \"The first load\". On PostgreSQL 17 and later it is made a\n\
          --    failover slot (failover => true), which a standby with sync_replication_slots = on keeps a\n\
-         --    copy of (see docs/logical.md, \"A failover\"); with no such standby it changes nothing.\n\
+         --    copy of (see docs/logical-operations.md, \"A failover\"); with no such standby it changes nothing.\n\
          --    PostgreSQL 16 and earlier have no failover slots: there it is an ordinary slot.\n\
          DO $$\n\
          BEGIN\n\

@@ -333,7 +333,7 @@ pub async fn complete(world: &mut World) -> Result<(), Violation> {
 }
 
 /// After each tick that ended (not crashed): it took no longer than its budget and the margin the
-/// host's `functionTimeout` must leave beyond it (`TIMEOUT_MARGIN_SECONDS`, docs/deploy.md).
+/// host's `functionTimeout` must leave beyond it (`TIMEOUT_MARGIN_SECONDS`, docs/hosting.md).
 pub fn tick_took(world: &World, index: usize, me: &str, took: std::time::Duration) -> Result<(), Violation> {
     let bound = std::time::Duration::from_secs(world.variant.tick_budget_seconds + MARGIN_SECONDS);
     if took > bound {
