@@ -137,7 +137,12 @@ async fn tick_until(poller: &Poller, sink: &RecordingSink, expected: &[i64], why
 /// that role then delivers inserts and updates, its checkpoint an `xid`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_printed_xid_ddl_runs_twice_and_the_poller_then_reads_the_table() {
-    let admin_url = postgres().fresh_database().await;
+    printed_xid_ddl_runs_twice_on(postgres()).await;
+}
+
+/// [`the_printed_xid_ddl_runs_twice_and_the_poller_then_reads_the_table`] on `server`.
+pub(crate) async fn printed_xid_ddl_runs_twice_on(server: &crate::services::Postgres) {
+    let admin_url = server.fresh_database().await;
     let reader = format!("reader_{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
     execute(
         &admin_url,
@@ -195,7 +200,12 @@ async fn the_printed_xid_ddl_runs_twice_and_the_poller_then_reads_the_table() {
 /// in order: nothing passed, nothing late.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_xid_cursor_delivers_a_late_commit_in_order() {
-    let url = postgres().fresh_database().await;
+    xid_late_commit_on(postgres()).await;
+}
+
+/// [`an_xid_cursor_delivers_a_late_commit_in_order`] on `server`.
+pub(crate) async fn xid_late_commit_on(server: &crate::services::Postgres) {
+    let url = server.fresh_database().await;
     execute(
         &url,
         "CREATE TABLE items (id BIGINT PRIMARY KEY, c xid8 NOT NULL DEFAULT pg_current_xact_id(), note TEXT);\n\

@@ -24,7 +24,16 @@ use crate::sources::execute;
 /// A database with a publication `feed` on `tables` and a pgoutput slot (named after the
 /// database, slots being the server's); its URL and the slot's name.
 pub(crate) async fn logical_database(tables_sql: &str, tables: &str) -> (String, String) {
-    let url = postgres().fresh_database().await;
+    logical_database_on(postgres(), tables_sql, tables).await
+}
+
+/// [`logical_database`] on `server`.
+pub(crate) async fn logical_database_on(
+    server: &crate::services::Postgres,
+    tables_sql: &str,
+    tables: &str,
+) -> (String, String) {
+    let url = server.fresh_database().await;
     execute(&url, tables_sql).await;
     let slot = format!("s_{}", url.rsplit('/').next().unwrap().trim_start_matches("t_"));
     execute(
@@ -211,7 +220,13 @@ async fn what_postgres_emits_decodes_to_the_polling_sources_json() {
 /// (commit LSN, ordinal); after catch-up the slot has moved past everything delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changes_arrive_once_in_commit_order_and_the_slot_moves_after_the_commit() {
-    let (url, slot) = logical_database(
+    commit_order_on(postgres()).await;
+}
+
+/// [`changes_arrive_once_in_commit_order_and_the_slot_moves_after_the_commit`] on `server`.
+pub(crate) async fn commit_order_on(server: &crate::services::Postgres) {
+    let (url, slot) = logical_database_on(
+        server,
         "CREATE TABLE orders (id BIGINT PRIMARY KEY, note TEXT);\nCREATE TABLE lines (id BIGINT PRIMARY KEY)",
         "orders, lines",
     )

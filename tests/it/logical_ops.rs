@@ -123,7 +123,13 @@ async fn status_shows_the_wal_a_slot_holds_and_the_watchdog_reports_it_past_the_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_printed_set_up_runs_twice_and_check_then_finds_nothing_missing() {
-    let url = crate::services::postgres().fresh_database().await;
+    printed_set_up_on(crate::services::postgres()).await;
+}
+
+/// [`the_printed_set_up_runs_twice_and_check_then_finds_nothing_missing`] on `server`; on
+/// PostgreSQL 17 and later the slot it creates is a failover slot.
+pub(crate) async fn printed_set_up_on(server: &crate::services::Postgres) {
+    let url = server.fresh_database().await;
     execute(&url, "CREATE TABLE orders (id BIGINT PRIMARY KEY, note TEXT)").await;
     let slot = format!("s_{}", url.rsplit('/').next().unwrap().trim_start_matches("t_"));
     let directory = tempfile::tempdir().unwrap();
@@ -150,6 +156,16 @@ async fn the_printed_set_up_runs_twice_and_check_then_finds_nothing_missing() {
             }
         }
     }
+    let version: i32 =
+        sqlx::query_scalar("SELECT current_setting('server_version_num')::int").fetch_one(&pool).await.unwrap();
+    if version >= 170_000 {
+        let failover: bool = sqlx::query_scalar("SELECT failover FROM pg_replication_slots WHERE slot_name = $1")
+            .bind(&slot)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert!(failover, "on PostgreSQL {} the printed slot is a failover slot", version / 10_000);
+    }
     pool.close().await;
     let (ok, after, _) = run_dbtrigger(&app, &settings, &["check"]);
     assert!(ok, "{after}");
@@ -164,7 +180,14 @@ async fn the_printed_set_up_runs_twice_and_check_then_finds_nothing_missing() {
 /// order, and the slot is past the last of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ticks_killed_at_any_moment_lose_no_change_and_the_slot_ends_past_them() {
-    let (url, slot) = logical_database("CREATE TABLE orders (id BIGINT PRIMARY KEY, note TEXT)", "orders").await;
+    ticks_killed_on(crate::services::postgres()).await;
+}
+
+/// [`ticks_killed_at_any_moment_lose_no_change_and_the_slot_ends_past_them`] on `server`.
+pub(crate) async fn ticks_killed_on(server: &crate::services::Postgres) {
+    let (url, slot) =
+        crate::logical::logical_database_on(server, "CREATE TABLE orders (id BIGINT PRIMARY KEY, note TEXT)", "orders")
+            .await;
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
     let mut expected: Vec<(String, i64)> = Vec::new();
     for step in 0..60i64 {
@@ -253,7 +276,14 @@ async fn ticks_killed_at_any_moment_lose_no_change_and_the_slot_ends_past_them()
 /// is not delivered and the others are.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn source_origin_none_leaves_out_writes_under_an_origin_and_is_refused_before_postgresql_16() {
-    let (url, slot) = logical_database("CREATE TABLE orders (id BIGINT PRIMARY KEY)", "orders").await;
+    origin_none_on(crate::services::postgres()).await;
+}
+
+/// [`source_origin_none_leaves_out_writes_under_an_origin_and_is_refused_before_postgresql_16`]
+/// on `server`: the refusal before 16, the filter from 16 on.
+pub(crate) async fn origin_none_on(server: &crate::services::Postgres) {
+    let (url, slot) =
+        crate::logical::logical_database_on(server, "CREATE TABLE orders (id BIGINT PRIMARY KEY)", "orders").await;
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
     let version: i32 =
         sqlx::query_scalar("SELECT current_setting('server_version_num')::int").fetch_one(&pool).await.unwrap();

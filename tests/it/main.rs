@@ -40,6 +40,7 @@ mod ops;
 mod ordered;
 mod ordered_queue;
 mod package;
+mod pg_versions;
 mod poison;
 mod quarantine;
 mod queue;

@@ -66,7 +66,7 @@ fn at_exit(action: impl FnOnce() + Send + 'static) {
     AT_EXIT.lock().unwrap().push(Box::new(action));
 }
 
-fn is_root() -> bool {
+pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
@@ -96,7 +96,7 @@ fn find_program(name: &str, debian_dirs: &[&str]) -> Option<PathBuf> {
     None
 }
 
-fn run(command: &mut Command, what: &str) {
+pub fn run(command: &mut Command, what: &str) {
     let output = command.output().unwrap_or_else(|error| panic!("{what}: cannot run: {error}"));
     assert!(
         output.status.success(),
@@ -133,11 +133,14 @@ fn stop_at_exit(child: Child, directory: PathBuf) {
 
 pub struct Postgres {
     pub port: u16,
-    directory: PathBuf,
+    pub directory: PathBuf,
+    /// The programs it was started with (a standby of it uses the same).
+    pub programs: PostgresPrograms,
 }
 
 /// The server's programs (initdb's directory) and how to run one as the server's user.
-struct PostgresPrograms {
+#[derive(Clone)]
+pub struct PostgresPrograms {
     initdb: PathBuf,
 }
 
@@ -148,8 +151,20 @@ impl PostgresPrograms {
         PostgresPrograms { initdb }
     }
 
+    /// The programs of the directory `bin` (which must hold initdb, pg_ctl and postgres).
+    pub fn in_directory(bin: &Path) -> PostgresPrograms {
+        for program in ["initdb", "pg_ctl", "postgres"] {
+            assert!(
+                bin.join(program).is_file(),
+                "{} is missing: run scripts/test, which installs the PostgreSQL servers the tests use",
+                bin.join(program).display()
+            );
+        }
+        PostgresPrograms { initdb: bin.join("initdb") }
+    }
+
     /// A program beside initdb (or beside the file initdb links to: PATH may hold a few links).
-    fn program(&self, name: &str) -> PathBuf {
+    pub fn program(&self, name: &str) -> PathBuf {
         let beside = self.initdb.with_file_name(name);
         if beside.is_file() {
             return beside;
@@ -158,7 +173,7 @@ impl PostgresPrograms {
     }
 
     /// `program arguments`, as the `postgres` user when running as root (initdb refuses root).
-    fn as_server_user(&self, program: &Path, arguments: &str) -> Command {
+    pub fn as_server_user(&self, program: &Path, arguments: &str) -> Command {
         if is_root() {
             let mut command = Command::new("su");
             command.args(["postgres", "-s", "/bin/sh", "-c", &format!("{} {arguments}", program.display())]);
@@ -194,7 +209,11 @@ fn start_postgres(max_connections: u32) -> Postgres {
 }
 
 fn start_postgres_with(max_connections: u32, extra_settings: &str) -> Postgres {
-    let programs = PostgresPrograms::find();
+    start_postgres_of(&PostgresPrograms::find(), max_connections, extra_settings)
+}
+
+/// A server of its own started with `programs` (a given PostgreSQL major), stopped at exit.
+pub fn start_postgres_of(programs: &PostgresPrograms, max_connections: u32, extra_settings: &str) -> Postgres {
     let directory = std::env::temp_dir().join(format!("dbtrigger-pg-{}", uuid::Uuid::new_v4().simple()));
     let data = directory.join("data");
     std::fs::create_dir_all(&directory).unwrap();
@@ -210,7 +229,7 @@ fn start_postgres_with(max_connections: u32, extra_settings: &str) -> Postgres {
 }
 
 /// Starts the server whose data directory is `directory/data` on a free port.
-fn start_postgres_data(
+pub fn start_postgres_data(
     programs: &PostgresPrograms,
     directory: PathBuf,
     max_connections: u32,
@@ -240,13 +259,13 @@ fn start_postgres_data(
         let _ = stop.lock().unwrap().stdout(Stdio::null()).stderr(Stdio::null()).status();
         let _ = std::fs::remove_dir_all(&stop_directory);
     });
-    Postgres { port, directory }
+    Postgres { port, directory, programs: programs.clone() }
 }
 
 /// A hot standby of `primary` (a server of its own: `pg_basebackup -R` into a temporary
 /// directory, started on a free port, streaming from the primary), stopped at exit.
 pub fn hot_standby_of(primary: &Postgres) -> Postgres {
-    let programs = PostgresPrograms::find();
+    let programs = primary.programs.clone();
     let directory = std::env::temp_dir().join(format!("dbtrigger-pg-standby-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&directory).unwrap();
     if is_root() {
@@ -267,6 +286,17 @@ pub fn hot_standby_of(primary: &Postgres) -> Postgres {
 }
 
 impl Postgres {
+    /// Stops the server now (`pg_ctl stop -m fast`: its sessions are ended, its WAL flushed).
+    pub fn stop(&self) {
+        let pg_ctl = self.programs.program("pg_ctl");
+        run(
+            &mut self
+                .programs
+                .as_server_user(&pg_ctl, &format!("-D {} -m fast -w stop", self.directory.join("data").display())),
+            "pg_ctl stop",
+        );
+    }
+
     pub fn url(&self, database: &str) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
     }

@@ -25,7 +25,7 @@ pub enum Engine {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     Integer,
     Timestamptz,
     Naive,
@@ -35,6 +35,13 @@ enum Kind {
 pub struct Database {
     pub url: String,
     _directory: Option<tempfile::TempDir>,
+}
+
+impl Database {
+    /// A server database at `url` (no file of its own).
+    pub fn at(url: String) -> Database {
+        Database { url, _directory: None }
+    }
 }
 
 pub async fn database(engine: Engine) -> Database {
@@ -146,7 +153,12 @@ fn poller(url: &str, kind: Kind, directory: &std::path::Path) -> (Poller, Arc<Re
 }
 
 async fn end_to_end(engine: Engine, kind: Kind) {
-    let database = database(engine).await;
+    end_to_end_in(database(engine).await, engine, kind).await;
+}
+
+/// [`end_to_end`] in `database` (of `engine`): the compatibility suite runs it on each
+/// PostgreSQL major.
+pub(crate) async fn end_to_end_in(database: Database, engine: Engine, kind: Kind) {
     execute(&database.url, &create_table(engine, kind)).await;
     let directory = tempfile::tempdir().unwrap();
     let (poller, sink, store) = poller(&database.url, kind, directory.path());
