@@ -225,7 +225,7 @@ pub fn start_postgres_of(programs: &PostgresPrograms, max_connections: u32, extr
             .as_server_user(&programs.initdb, &format!("-D {} -U postgres -A trust --no-sync -E UTF8", data.display())),
         "initdb",
     );
-    start_postgres_data(&programs, directory, max_connections, extra_settings)
+    start_postgres_data(programs, directory, max_connections, extra_settings)
 }
 
 /// Starts the server whose data directory is `directory/data` on a free port.
