@@ -453,9 +453,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Check { app_root } => {
             let app_root = app_root.resolve()?;
             let offline = scaffold::check(&app_root)?;
-            // A logical source's server is asked what it still lacks (set-up is printed, not run).
-            let live = sql::check_logical(&app_root).await?;
-            Ok(if live { offline } else { ExitCode::FAILURE })
+            // A change-stream source's server is asked what it still lacks (set-up is printed,
+            // not run); the verdict comes after, one per poller.
+            let missing = sql::check_live(&app_root).await?;
+            Ok(offline.verdict(&missing))
         }
         Command::Schema { markdown } => {
             if markdown {

@@ -192,9 +192,37 @@ fn example_for(name: &str) -> &'static str {
     }
 }
 
+/// What the offline check passed: each function it took (`ok:` names it unless the live check
+/// finds something missing for its poller), and whether it printed a problem.
+pub struct Checked {
+    pub failed: bool,
+    /// The function as `ok:` names it, and its poller's name.
+    pub good: Vec<(String, Option<String>)>,
+}
+
+impl Checked {
+    /// The verdict after the live check: `ok:` names the functions nothing is missing for (one
+    /// verdict per poller: one with a `missing` line is not named `ok`); exit 1 on any problem.
+    pub fn verdict(&self, missing: &BTreeSet<String>) -> ExitCode {
+        if self.failed {
+            return ExitCode::FAILURE;
+        }
+        let good: Vec<&str> = self
+            .good
+            .iter()
+            .filter(|(_, poller)| poller.as_ref().is_none_or(|poller| !missing.contains(poller)))
+            .map(|(shown, _)| shown.as_str())
+            .collect();
+        if !good.is_empty() {
+            println!("ok: {}", good.join(", "));
+        }
+        if missing.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    }
+}
+
 /// Every function.json of the app against the app settings (environment, then
 /// local.settings.json): one line per problem (file: field: reason), exit 1 when there is one.
-pub fn check(app_root: &Path) -> anyhow::Result<ExitCode> {
+pub fn check(app_root: &Path) -> anyhow::Result<Checked> {
     let settings = crate::config::Settings::for_app_root(app_root)?;
     let mut problems = Vec::new();
     let host_json = app_root.join("host.json");
@@ -219,7 +247,7 @@ pub fn check(app_root: &Path) -> anyhow::Result<ExitCode> {
             for problem in &problems {
                 println!("{problem}");
             }
-            return Ok(ExitCode::FAILURE);
+            return Ok(Checked { failed: true, good: Vec::new() });
         }
     };
     if config.functions.is_empty() {
@@ -230,13 +258,13 @@ pub fn check(app_root: &Path) -> anyhow::Result<ExitCode> {
     for (name, parsed) in &config.functions {
         match parsed {
             Ok(FunctionConfig::Poller(poller)) => {
-                good.push(format!("{name} (poller {})", poller.poller_name));
+                good.push((format!("{name} (poller {})", poller.poller_name), Some(poller.poller_name.clone())));
                 if let Some(warning) = crate::config::tls::tls_warning(&poller.source) {
                     warnings.push(format!("warning: {}: poller.source.connection: {warning}", poller.file.display()));
                 }
             }
-            Ok(FunctionConfig::Status(_)) => good.push(format!("{name} (status)")),
-            Ok(FunctionConfig::Watchdog(_)) => good.push(format!("{name} (watchdog)")),
+            Ok(FunctionConfig::Status(_)) => good.push((format!("{name} (status)"), None)),
+            Ok(FunctionConfig::Watchdog(_)) => good.push((format!("{name} (watchdog)"), None)),
             Err(error) => problems.push(error.to_string()),
         }
     }
@@ -247,10 +275,5 @@ pub fn check(app_root: &Path) -> anyhow::Result<ExitCode> {
     for warning in &warnings {
         println!("{warning}");
     }
-    if problems.is_empty() {
-        println!("ok: {}", good.join(", "));
-        Ok(ExitCode::SUCCESS)
-    } else {
-        Ok(ExitCode::FAILURE)
-    }
+    Ok(Checked { failed: !problems.is_empty(), good })
 }

@@ -1,6 +1,7 @@
 //! `dbtrigger sql <poller>`: prints the DDL the poller's cursor needs ([`crate::source::ddl`]).
 //! Nothing is run, nothing is connected to.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::ExitCode;
 use std::str::FromStr;
@@ -35,20 +36,22 @@ pub fn run(app_root: &Path, name: &str) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// `check`'s live part: each logical poller's server, asked what its source needs (`wal_level`,
-/// the slot, the publication and its tables' replica identity, the role's privilege). `false`
-/// when something is missing. Pollers of other sources are not connected to.
-pub async fn check_logical(app_root: &Path) -> anyhow::Result<bool> {
+/// `check`'s live part: each logical or binary-log poller's server, asked what its source needs
+/// (`wal_level`, the slot, the publication and its tables' replica identity, the role's
+/// privilege; `log_bin`, the row format, the grants), and a binary-log poller's tables, what
+/// changes the log will not hold (a cascading foreign key: a warning). The pollers something is
+/// missing for. Pollers of other sources are not connected to.
+pub async fn check_live(app_root: &Path) -> anyhow::Result<BTreeSet<String>> {
     let settings = crate::config::Settings::for_app_root(app_root)?;
     let Ok(config) = crate::config::AppConfig::load(app_root, &settings) else {
         // The offline check has said why.
-        return Ok(true);
+        return Ok(BTreeSet::new());
     };
-    let mut all_ok = true;
+    let mut missing_for = BTreeSet::new();
     for parsed in config.functions.values() {
         let Ok(crate::config::FunctionConfig::Poller(poller)) = parsed else { continue };
         let name = &poller.poller_name;
-        if let crate::config::SourceTarget::Binlog { .. } = &poller.source.target {
+        if let crate::config::SourceTarget::Binlog { tables, .. } = &poller.source.target {
             match crate::source::binlog::setup::check(poller.source.url.expose()).await {
                 Ok(missing) if missing.is_empty() => {
                     println!(
@@ -56,15 +59,25 @@ pub async fn check_logical(app_root: &Path) -> anyhow::Result<bool> {
                     );
                 }
                 Ok(missing) => {
-                    all_ok = false;
+                    missing_for.insert(name.clone());
                     for what in missing {
                         println!("missing {name}: {what} (`dbtrigger sql {name}` prints the set-up)");
                     }
                 }
                 Err(reason) => {
-                    all_ok = false;
+                    missing_for.insert(name.clone());
                     println!("missing {name}: the server cannot be asked: {reason}");
                 }
+            }
+            // Warnings do not fail the check: a cascade that never fires on a watched table's
+            // rows loses nothing. They are said every time.
+            match crate::source::binlog::cascades::check(poller.source.url.expose(), tables).await {
+                Ok(warnings) => {
+                    for warning in warnings {
+                        println!("warning: {name}: {warning}");
+                    }
+                }
+                Err(reason) => println!("warning: {name}: the tables' foreign keys cannot be read: {reason}"),
             }
             continue;
         }
@@ -74,17 +87,19 @@ pub async fn check_logical(app_root: &Path) -> anyhow::Result<bool> {
         match crate::source::logical::setup::check(poller.source.url.expose(), slot, publication, *origin).await {
             Ok(findings) => {
                 for finding in findings {
-                    all_ok &= finding.ok;
+                    if !finding.ok {
+                        missing_for.insert(name.clone());
+                    }
                     println!("{} {name}: {}", if finding.ok { "ok" } else { "missing" }, finding.what);
                 }
             }
             Err(reason) => {
-                all_ok = false;
+                missing_for.insert(name.clone());
                 println!("missing {name}: the server cannot be asked: {reason}");
             }
         }
     }
-    Ok(all_ok)
+    Ok(missing_for)
 }
 
 /// The account the poller's URL connects as, as its driver resolves it (a `?user=` included).

@@ -39,7 +39,8 @@ pub enum Kind {
     /// A whole number, never `%NAME%` (settings are text: the loader would refuse the text).
     Integer {
         range: RangeInclusive<u64>,
-        default: u64,
+        /// `None`: no constant (what a left-out field means is the field's `when_absent`).
+        default: Option<u64>,
     },
     Boolean {
         default: bool,
@@ -99,11 +100,11 @@ pub enum TextRule {
 
 impl Kind {
     fn integer<T: Into<u64> + Copy>(range: RangeInclusive<T>, default: T) -> Kind {
-        Kind::Integer { range: (*range.start()).into()..=(*range.end()).into(), default: default.into() }
+        Kind::Integer { range: (*range.start()).into()..=(*range.end()).into(), default: Some(default.into()) }
     }
 
     fn size(range: RangeInclusive<usize>, default: usize) -> Kind {
-        Kind::Integer { range: *range.start() as u64..=*range.end() as u64, default: default as u64 }
+        Kind::Integer { range: *range.start() as u64..=*range.end() as u64, default: Some(default as u64) }
     }
 
     fn text(rule: TextRule) -> Kind {
@@ -218,7 +219,7 @@ fn source() -> Vec<Field> {
         field("origin", Kind::Choice { values: &["any", "none"], default: None }, "A logical source's changes by their replication origin (pgoutput's origin option): \"any\" delivers every change; \"none\" only the changes made without a replication origin, so that a function whose session declares one (pg_replication_origin_session_setup) does not receive its own writes back (docs/logical.md, \"A function that writes to the tables it reads\"). \"none\" needs PostgreSQL 16 or later: on an older server every read fails naming it, and `dbtrigger check` says so.", json!("none"))
             .when_absent("\"any\" for a logical source (every change)"),
         field("tables", Kind::List { rule: TextRule::TableName, unique: true }, "A binary-log source's tables, each `database.table`: the changes it delivers.", json!(["shop.orders", "shop.order_lines"])),
-        field("serverId", Kind::Integer { range: ranges::SERVER_ID, default: 0 }, "The server id a binary-log source registers with as a replica: unique among the server's replicas (the server drops the older of two with one id), and so are the id with its lowest bit flipped and the id with its next bit flipped, which `status` registers with beside a tick (4242: 4243 and 4240). Left out: derived from the app and poller names.", json!(4242))
+        field("serverId", Kind::Integer { range: ranges::SERVER_ID, default: None }, "The server id a binary-log source registers with as a replica: unique among the server's replicas (the server drops the older of two with one id), and so are the id with its lowest bit flipped and the id with its next bit flipped, which `status` registers with beside a tick (4242: 4243 and 4240).", json!(4242))
             .when_absent("derived from the app and poller names, in 2147483648..=4294967295"),
         field("columns", Kind::List { rule: TextRule::Identifier, unique: false }, "The columns to deliver (the cursor and the key are always read).", json!(["id", "status", "total", "updated_at"]))
             .when_absent("every column"),

@@ -233,9 +233,11 @@ fn describe(field: &Field) -> (String, String, String) {
         (false, None) => "—".to_string(),
     };
     match &field.kind {
-        Kind::Integer { range, default: value } => {
-            ("integer".into(), default(Some(format!("`{value}`"))), format!("{}..={}", range.start(), range.end()))
-        }
+        Kind::Integer { range, default: value } => (
+            "integer".into(),
+            default(value.map(|value| format!("`{value}`"))),
+            format!("{}..={}", range.start(), range.end()),
+        ),
         Kind::Boolean { default: value } => ("boolean".into(), default(Some(format!("`{value}`"))), String::new()),
         Kind::Text { rule, default: value } => {
             ("text, `%NAME%`".into(), default(value.map(|text| format!("`{text}`"))), text_rule_words(*rule).into())

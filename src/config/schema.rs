@@ -218,7 +218,11 @@ fn field_schema(field: &Field) -> Value {
 fn kind_schema(kind: &Kind) -> Value {
     match kind {
         Kind::Integer { range, default } => {
-            json!({"type": "integer", "minimum": range.start(), "maximum": range.end(), "default": default})
+            let mut schema = json!({"type": "integer", "minimum": range.start(), "maximum": range.end()});
+            if let Some(default) = default {
+                schema["default"] = Value::from(*default);
+            }
+            schema
         }
         Kind::Boolean { default } => json!({"type": "boolean", "default": default}),
         Kind::Text { rule, default } => {

@@ -353,13 +353,8 @@ fn writing_the_schema_default_is_leaving_the_field_out() {
         let mut leaves = Vec::new();
         flatten("", &section.fields, &mut leaves);
         for (path, field) in leaves {
-            // A binary-log source's server id left out is derived from the app and poller names:
-            // no constant is the same as leaving it out.
-            if path == "source.serverId" {
-                continue;
-            }
             let default = match &field.kind {
-                Kind::Integer { default, .. } => json!(default),
+                Kind::Integer { default: Some(default), .. } => json!(default),
                 Kind::Boolean { default } => json!(default),
                 Kind::Text { default: Some(text), .. }
                 | Kind::Choice { default: Some(text), .. }
@@ -567,4 +562,27 @@ fn every_app_setting_read_is_documented() {
         documented.iter().filter(|name| !name.contains(['<', '%', ' ']) && *name != &"RUST_LOG").collect();
     let stale: Vec<&&str> = fixed.iter().copied().filter(|name| !read.contains(**name)).collect();
     assert!(stale.is_empty(), "documented in reference::APP_SETTINGS but no longer read: {stale:?}");
+}
+
+/// A field's meaning says what leaving it out means once (its `when_absent`), and a default
+/// the docs state is one the field takes (`source.serverId` said "derived" twice and `0`, out of
+/// its range: issue 45 #10).
+#[test]
+fn each_default_is_stated_once_and_within_its_range() {
+    let mut problems = Vec::new();
+    for section in fields::sections() {
+        let mut leaves = Vec::new();
+        flatten("", &section.fields, &mut leaves);
+        for (path, field) in leaves {
+            if field.when_absent.is_some() && field.description.contains("Left out:") {
+                problems.push(format!("{}.{path}: says `Left out:` beside its when_absent", section.name));
+            }
+            if let Kind::Integer { range, default: Some(default) } = &field.kind
+                && !range.contains(default)
+            {
+                problems.push(format!("{}.{path}: default {default} is outside {range:?}", section.name));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
 }

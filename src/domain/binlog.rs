@@ -196,6 +196,29 @@ impl GtidPos {
         self.0.get(&gtid.domain).is_some_and(|last| last.seq >= gtid.seq)
     }
 
+    /// Why a server whose binary log ends at `logged` (`@@gtid_binlog_pos`) cannot place this
+    /// position, an operator's reset target: a domain it never logged, or a transaction after
+    /// its last in a domain (ahead of the server). `None`: the server may serve it (whether it
+    /// still keeps the files is the server's to say).
+    pub fn beyond(&self, logged: &GtidPos) -> Option<String> {
+        for (domain, gtid) in &self.0 {
+            match logged.0.get(domain) {
+                None => {
+                    return Some(format!(
+                        "the server's binary log has no transaction of domain {domain} (it is at {logged})"
+                    ));
+                }
+                Some(last) if last.seq < gtid.seq => {
+                    return Some(format!(
+                        "{gtid} is ahead of the server's binary log (its last transaction of domain {domain} is {last})"
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        None
+    }
+
     /// Whether every transaction up to `other` is up to this position too.
     pub fn covers(&self, other: &GtidPos) -> bool {
         other.0.values().all(|gtid| self.contains(gtid))
@@ -441,6 +464,14 @@ mod tests {
         assert_eq!(GtidPos::parse("").unwrap(), GtidPos::default());
         assert_eq!(GtidPos::parse("0-1-5,0-2-6"), None, "a domain twice");
         assert_eq!(GtidPos::parse("0-1-5,x"), None);
+        let logged = pos("0-1-9,1-2-4");
+        assert_eq!(pos("0-1-9").beyond(&logged), None);
+        assert_eq!(pos("0-1-3,1-2-4").beyond(&logged), None);
+        assert_eq!(
+            pos("0-1-10").beyond(&logged).unwrap(),
+            "0-1-10 is ahead of the server's binary log (its last transaction of domain 0 is 0-1-9)"
+        );
+        assert!(pos("2-1-1").beyond(&logged).unwrap().contains("no transaction of domain 2 (it is at 0-1-9,1-2-4)"));
         assert!(position.contains(&Gtid::parse("0-7-5").unwrap()), "sequence numbers, whatever the server");
         assert!(!position.contains(&Gtid::parse("0-1-6").unwrap()));
         assert!(!position.contains(&Gtid::parse("2-1-1").unwrap()), "a domain it has not seen");

@@ -189,7 +189,13 @@ async fn binlog_target(parts: Parts<'_>, to: &ResetTo) -> Result<ResetTarget, Op
                 ))
             })?;
             let mark = GtidMark { tx: None, before };
-            return Ok(ResetTarget::After(crate::source::binlog::position_marked((BY_GTID_ONLY, 0), Some(&mark))));
+            let position = crate::source::binlog::position_marked((BY_GTID_ONLY, 0), Some(&mark));
+            if let Some(reason) = parts.source.refuses_reset_to(&position).await? {
+                return Err(OperationError::Invalid(format!(
+                    "GTID position {value}: {reason}; give one this server holds, --to-beginning or --to-end"
+                )));
+            }
+            return Ok(ResetTarget::After(position));
         }
         ResetTo::Cursor { value, keys } => {
             let ordinal = key_values(&parts.config.source.pk, keys)?.remove(0);

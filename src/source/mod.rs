@@ -189,6 +189,14 @@ pub trait Source: Send + Sync {
         Ok(None)
     }
 
+    /// Why the source cannot read after `to`, an operator's reset target it does not check by
+    /// [`Source::slot_ends`] (a binary-log source's GTID position: the server must hold it);
+    /// `None` when it can, and for the sources with no such target.
+    async fn refuses_reset_to(&self, to: &Position) -> Result<Option<String>, SourceError> {
+        let _ = to;
+        Ok(None)
+    }
+
     /// After an operator's reset wrote a checkpoint at `to`: a source with a position of its own on
     /// the server moves it forward to there (never back); the others have nothing to do.
     async fn reset_moved(&self, to: &Position) -> Result<(), SourceError> {

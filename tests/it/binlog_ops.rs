@@ -166,7 +166,7 @@ async fn a_purged_binary_log_stops_the_poller_until_it_is_reset() {
 
 /// `PURGE BINARY LOGS TO file`, again until it took: MariaDB keeps a file until InnoDB has
 /// flushed the commits it holds (its binlog checkpoint), which lags here (no flush at commit).
-async fn purge_to(url: &str, file: &str) {
+pub(crate) async fn purge_to(url: &str, file: &str) {
     let started = Instant::now();
     loop {
         execute(url, &format!("PURGE BINARY LOGS TO '{file}'")).await;
@@ -182,7 +182,7 @@ async fn purge_to(url: &str, file: &str) {
 }
 
 /// `dbtrigger check` asks the server; `sql` prints the set-up: a server without its binary log
-/// is named as missing it.
+/// is named as missing it, and its poller is not also named `ok:` (one verdict per poller).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_and_sql_say_what_the_server_lacks() {
     let receiver = Receiver::start().await;
@@ -191,6 +191,7 @@ async fn check_and_sql_say_what_the_server_lacks() {
     let (app, settings) = app(directory.path(), &url, &[format!("{database}.orders")], &receiver);
     let (ok, stdout, stderr) = run_dbtrigger(&app, &settings, &["check"]);
     assert!(ok && stdout.contains("ok orders: log_bin"), "{stdout}{stderr}");
+    assert!(stdout.contains("ok: orders (poller orders)"), "{stdout}");
     let (ok, stdout, _) = run_dbtrigger(&app, &settings, &["sql", "orders"]);
     assert!(ok && stdout.contains("GRANT REPLICATION SLAVE") && stdout.contains("binlog_row_image = FULL"), "{stdout}");
     // The shared MariaDB without a binary log.
@@ -199,4 +200,5 @@ async fn check_and_sql_say_what_the_server_lacks() {
     let (app, settings) = self::app(plain_directory.path(), &plain, &["x.orders".into()], &receiver);
     let (ok, stdout, stderr) = run_dbtrigger(&app, &settings, &["check"]);
     assert!(!ok && stdout.contains("missing orders: log_bin is OFF"), "{stdout}{stderr}");
+    assert!(!stdout.contains("ok: "), "a poller with something missing is not also ok: {stdout}");
 }

@@ -139,6 +139,7 @@ pub(crate) async fn printed_set_up_on(server: &crate::services::Postgres) {
     assert!(!ok, "{before}");
     assert!(before.contains(&format!("missing orders: slot {slot} does not exist")), "{before}");
     assert!(before.contains("missing orders: publication feed does not exist"), "{before}");
+    assert!(!before.contains("ok: "), "a poller with something missing is not also ok: {before}");
     let (printed, ddl, stderr) = run_dbtrigger(&app, &settings, &["sql", "orders"]);
     assert!(printed, "{stderr}");
     assert!(ddl.contains("pg_create_logical_replication_slot"), "{ddl}");
@@ -169,6 +170,7 @@ pub(crate) async fn printed_set_up_on(server: &crate::services::Postgres) {
     pool.close().await;
     let (ok, after, _) = run_dbtrigger(&app, &settings, &["check"]);
     assert!(ok, "{after}");
+    assert!(after.contains("ok: orders (poller orders)"), "{after}");
     assert!(after.contains("ok orders: wal_level is logical"), "{after}");
     assert!(after.contains("ok orders: publication feed has 1 table(s)"), "{after}");
     drop_slot(&url, &slot).await;

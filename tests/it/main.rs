@@ -4,6 +4,7 @@
 mod azure;
 mod big_rows;
 mod binlog;
+mod binlog_cascades;
 mod binlog_gtid;
 mod binlog_keys;
 mod binlog_ops;

@@ -6,11 +6,13 @@
 //! | `events.rs` | from events to changes: positions, transactions, rows of the tables      |
 //! | `values.rs` | a row's values as the polling MySQL source's JSON                        |
 //! | `setup.rs`  | what `dbtrigger sql` prints and `check` asks a live server               |
+//! | `cascades.rs` | `check`'s warning: the cascading foreign keys whose changes are not logged |
 //! | `source.rs` | the [`crate::source::Source`]: reads, counts, rests, retention           |
 //!
 //! The positions and their decisions (packing, file names, server id, loss) are pure, in
 //! [`crate::domain::binlog`].
 
+pub mod cascades;
 pub mod events;
 pub mod server;
 pub mod setup;

@@ -724,6 +724,44 @@ impl Source for BinlogSource {
         }))
     }
 
+    /// A GTID position (`reset --to-cursor 0-1-1234`): within what the server has logged, and a
+    /// dump from it not refused (the server no longer keeps, or never had, what follows it).
+    async fn refuses_reset_to(&self, to: &Position) -> Result<Option<String>, SourceError> {
+        let Ok(at) = at_of(to) else { return Ok(None) };
+        let Some(mark) = at.mark.filter(|mark| at.key.0 == binlog::BY_GTID_ONLY && mark.tx.is_none()) else {
+            return Ok(None);
+        };
+        let mut conn = self.connect().await?;
+        let (_, mariadb) = server::identity(&mut conn).await.map_err(|error| self.error(error))?;
+        if !mariadb {
+            let _ = conn.disconnect().await;
+            return Ok(Some(
+                "this server is MySQL, whose GTIDs a checkpoint does not record: give a file position \
+                 (binlog.000042:1234) with --pk ordinal=N"
+                    .into(),
+            ));
+        }
+        let logged = server::gtid_binlog_pos(&mut conn)
+            .await
+            .map_err(|error| self.error(error))?
+            .map_err(|reason| self.query(reason))?;
+        if let Some(reason) = mark.before.beyond(&logged) {
+            let _ = conn.disconnect().await;
+            return Ok(Some(reason));
+        }
+        let server_id = binlog::reader_id(self.server_id, Reader::Look);
+        let mut stream =
+            server::dump_by_gtid(conn, server_id, &mark.before).await.map_err(|error| self.error(error))?;
+        match stream.next().await {
+            Some(Err(mysql_async::Error::Server(error))) if error.code == 1236 => Ok(Some(format!(
+                "the server cannot read its binary log from there: {}",
+                self.redaction.scrub(&error.message)
+            ))),
+            Some(Err(error)) => Err(self.error(error)),
+            _ => Ok(None),
+        }
+    }
+
     async fn slot_ends(&self) -> Result<Option<crate::domain::slot::SlotEnds>, SourceError> {
         let mut conn = self.connect().await?;
         let (end, names, oldest, sizes) = self.ends(&mut conn).await?;

@@ -59,33 +59,37 @@ pub fn row_json(row: &BinlogRow, info: Option<&TableInfo>) -> Result<Map<String,
                     column.table_str(),
                 ));
             }
-            Some(value) => value_json(value, column.column_type(), column.flags(), column.character_set(), known),
+            Some(value) => value_json(value, column.column_type(), column.flags(), column.character_set(), known)
+                .map_err(|reason| {
+                    format!("column {name} of {}.{}: {reason}", column.schema_str(), column.table_str())
+                })?,
         };
         map.insert(name.into_owned(), value);
     }
     Ok(map)
 }
 
-/// One value as JSON.
+/// One value as JSON; an error saying what could not be read (never a stand-in value: the
+/// read fails, the checkpoint stays before the change).
 pub fn value_json(
     value: &BinlogValue<'_>,
     column_type: ColumnType,
     flags: ColumnFlags,
     charset: u16,
     info: Option<&ColumnInfo>,
-) -> Value {
+) -> Result<Value, String> {
     use mysql_async::Value as V;
     let value = match value {
         BinlogValue::Value(value) => value,
         BinlogValue::Jsonb(jsonb) => {
-            return serde_json::Value::try_from(jsonb.clone()).unwrap_or_else(|error| Value::from(error.to_string()));
+            return serde_json::Value::try_from(jsonb.clone())
+                .map_err(|error| format!("its JSON value cannot be converted to JSON text: {error}"));
         }
-        // Refused by `row_json` before it comes here.
-        BinlogValue::JsonDiff(_) => return Value::Null,
+        BinlogValue::JsonDiff(_) => return Err("a partial JSON update, not its value".into()),
     };
     let data_type = info.map(|info| info.data_type.as_str()).unwrap_or("");
     let boolean = info.is_some_and(|info| info.column_type.starts_with("tinyint(1)"));
-    match (value, column_type) {
+    Ok(match (value, column_type) {
         (V::NULL, _) => Value::Null,
         (V::Int(number), _) if boolean => Value::from(*number != 0),
         (V::UInt(number), _) if boolean => Value::from(*number != 0),
@@ -130,11 +134,7 @@ pub fn value_json(
                 }
             }
         }
-        (V::Bytes(bytes), ColumnType::MYSQL_TYPE_TIMESTAMP2) => {
-            let text = String::from_utf8_lossy(bytes);
-            let (seconds, micros) = text.split_once('.').unwrap_or((&text, "0"));
-            timestamp(seconds.parse().unwrap_or_default(), micros.parse().unwrap_or_default())
-        }
+        (V::Bytes(bytes), ColumnType::MYSQL_TYPE_TIMESTAMP2) => timestamp2(bytes)?,
         (V::Bytes(bytes), ColumnType::MYSQL_TYPE_YEAR) => {
             String::from_utf8_lossy(bytes).parse::<u64>().map(Value::from).unwrap_or(Value::Null)
         }
@@ -145,7 +145,24 @@ pub fn value_json(
         (V::Bytes(bytes), ColumnType::MYSQL_TYPE_BIT) => base64(bytes),
         (V::Bytes(bytes), _) if charset == BINARY_CHARSET || is_binary(data_type) => base64(bytes),
         (V::Bytes(bytes), _) => Value::from(text(bytes, charset)),
-    }
+    })
+}
+
+/// A `TIMESTAMP2` as the driver gives it: `seconds` since the epoch, `.micros` (six digits)
+/// after them when not zero.
+fn timestamp2(bytes: &[u8]) -> Result<Value, String> {
+    let unreadable = || format!("a TIMESTAMP value that does not parse: {:?}", String::from_utf8_lossy(bytes));
+    let text = std::str::from_utf8(bytes).map_err(|_| unreadable())?;
+    let (seconds, fraction) = text.split_once('.').unwrap_or((text, ""));
+    let seconds: i64 = seconds.parse().map_err(|_| unreadable())?;
+    let micros = match fraction {
+        "" => 0,
+        digits if digits.len() <= 6 && digits.bytes().all(|byte| byte.is_ascii_digit()) => {
+            format!("{digits:0<6}").parse::<u32>().map_err(|_| unreadable())?
+        }
+        _ => return Err(unreadable()),
+    };
+    Ok(timestamp(seconds, micros))
 }
 
 /// latin1's collations (MySQL's latin1 is Windows-1252).
@@ -262,6 +279,45 @@ mod tests {
         assert_eq!(enum_label(Some(&colour), 0), "");
         let flags = info("set('a','b','c')");
         assert_eq!(set_labels(Some(&flags), &[0b101]), "a,c");
+    }
+
+    fn row(column_type: ColumnType, value: BinlogValue<'static>) -> BinlogRow {
+        let column = mysql_async::Column::new(column_type).with_schema(b"shop").with_table(b"orders").with_name(b"at");
+        BinlogRow::new(vec![Some(value)], vec![column].into())
+    }
+
+    /// A value the decoder cannot read fails the read naming the column (the reader adds the
+    /// event's position), never delivered as a stand-in: a JSON value's conversion error was
+    /// its text, an unparsable TIMESTAMP 1970-01-01 (issue 45 #5).
+    #[test]
+    fn a_value_that_cannot_be_read_fails_naming_its_column() {
+        let opaque = mysql_async::binlog::jsonb::Value::Opaque(mysql_async::binlog::jsonb::OpaqueValue::new(
+            ColumnType::MYSQL_TYPE_NEWDECIMAL,
+            &b"\x01"[..],
+        ));
+        let error = row_json(&row(ColumnType::MYSQL_TYPE_JSON, BinlogValue::Jsonb(opaque)), None).unwrap_err();
+        assert!(error.starts_with("column at of shop.orders: its JSON value cannot be converted"), "{error}");
+        assert!(error.contains("opaque"), "{error}");
+        let invalid_utf8 =
+            mysql_async::binlog::jsonb::Value::String(mysql_async::binlog::jsonb::JsonbString::new(&b"\xff\xfe"[..]));
+        let error = row_json(&row(ColumnType::MYSQL_TYPE_JSON, BinlogValue::Jsonb(invalid_utf8)), None).unwrap_err();
+        assert!(error.contains("column at of shop.orders") && error.contains("UTF-8"), "{error}");
+        for unreadable in
+            [&b"soon"[..], &b"17000000x"[..], &b"1700000000.12x"[..], &b"1700000000.1234567"[..], &b"\xff"[..]]
+        {
+            let value = BinlogValue::Value(mysql_async::Value::Bytes(unreadable.to_vec()));
+            let error = row_json(&row(ColumnType::MYSQL_TYPE_TIMESTAMP2, value), None).unwrap_err();
+            assert!(error.starts_with("column at of shop.orders: a TIMESTAMP value that does not parse"), "{error}");
+        }
+        for (bytes, seconds, micros) in
+            [(&b"1700000000"[..], 1_700_000_000, 0), (&b"1700000000.000123"[..], 1_700_000_000, 123)]
+        {
+            let value = BinlogValue::Value(mysql_async::Value::Bytes(bytes.to_vec()));
+            let read = row_json(&row(ColumnType::MYSQL_TYPE_TIMESTAMP2, value), None).unwrap();
+            assert_eq!(read["at"], timestamp(seconds, micros));
+        }
+        let good = mysql_async::binlog::jsonb::Value::I32(7);
+        assert_eq!(row_json(&row(ColumnType::MYSQL_TYPE_JSON, BinlogValue::Jsonb(good)), None).unwrap()["at"], 7);
     }
 
     #[test]
