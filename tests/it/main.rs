@@ -55,6 +55,7 @@ mod status_page;
 mod store;
 mod telemetry;
 mod tick;
+mod tick_outcome;
 mod watchdog;
 mod webhook;
 mod wide_rows;
