@@ -27,6 +27,7 @@ mod local_settings;
 mod logical;
 mod logical_large;
 mod logical_lease;
+mod logical_look;
 mod logical_lost;
 mod logical_ops;
 mod logical_peek;
