@@ -222,6 +222,20 @@ pub enum TickError {
          Fix the URL or the credential (sink.url, the SAS or the connection)"
     )]
     EndpointRefused { status: u16, meaning: &'static str, error: SinkError, attempts: u32 },
+    /// A row refused alone found the quarantine budget spent (`poison.maxQuarantinedPerHour`,
+    /// issue 45 finding 8): the poller holds at its checkpoint and quarantines nothing more.
+    #[error(
+        "quarantine_budget_spent: {error}; {per_hour} rows were quarantined within the last hour (poison.maxQuarantinedPerHour), \
+         so this one is not: the checkpoint holds (attempt {attempts}) and the next tick tries the same rows again. \
+         A receiver refusing every row looks like this: fix it, or replay the quarantine, or raise the budget"
+    )]
+    QuarantineBudgetSpent { per_hour: u32, error: SinkError, attempts: u32 },
+    /// The same for a late row (committed behind the checkpoint): held and tried again at every tick.
+    #[error(
+        "quarantine_budget_spent: {error}; {per_hour} rows were quarantined within the last hour (poison.maxQuarantinedPerHour), \
+         so the late row (from {first}) is held, not quarantined, and tried again at every tick"
+    )]
+    LateQuarantineBudgetSpent { per_hour: u32, error: SinkError, first: String },
     /// `source.generation.onChange: stop` and the generation moved since the checkpoint.
     #[error(
         "the source generation changed from {stored} to {current} (a truncate and reload?): source.generation.onChange is stop, \
@@ -272,6 +286,7 @@ impl TickError {
                 | TickError::LateDelivery { .. }
                 | TickError::LatePoisonStop { .. }
                 | TickError::LateEndpointRefused { .. }
+                | TickError::LateQuarantineBudgetSpent { .. }
                 | TickError::Panicked { .. }
         )
     }

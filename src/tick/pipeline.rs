@@ -24,6 +24,7 @@ use crate::domain::StateDocument;
 use crate::domain::endpoint::{self, Blame, Receiver};
 use crate::domain::lease;
 use crate::domain::poison::{self, FailureKind, IsolationPlan, PoisonMode, Verdict};
+use crate::domain::quarantine_budget;
 use crate::domain::window::BatchWindow;
 use crate::sink::SinkError;
 use crate::source::Fetched;
@@ -540,6 +541,17 @@ impl Poller {
             self.write_failure(writer, document, record).await;
             return Err(TickError::Delivery { error, rows_committed: totals.rows });
         }
+        if kind == FailureKind::Permanent
+            && poison_config.mode == PoisonMode::Quarantine
+            && self.quarantine_room(document) == 0
+        {
+            // Past the quarantine budget: held as for an endpoint refusal, one request a tick
+            // (an isolation could only end at a row refused alone, and keep it no more).
+            let (attempts, per_hour) = (record.attempts, poison_config.max_quarantined_per_hour);
+            warn!(poller = %self.config.poller_name, attempts, per_hour, "the quarantine budget is spent; holding at the checkpoint, nothing quarantined");
+            self.write_failure(writer, document, poison::held_for_budget(record)).await;
+            return Err(TickError::QuarantineBudgetSpent { per_hour, error, attempts });
+        }
         warn!(poller = %self.config.poller_name, attempts = record.attempts, batch = %sent.batch_id, "isolating a poison batch");
         let plan = IsolationPlan::after_batch_failed(batch.batch.events.len(), kind, poison_config.mode);
         let isolation = Isolation { batch, record, plan, last_error: Some(error) };
@@ -548,6 +560,13 @@ impl Poller {
 }
 
 impl Poller {
+    /// How many more rows the quarantine budget lets this poller quarantine now.
+    pub(super) fn quarantine_room(&self, document: &StateDocument) -> usize {
+        let answered = quarantine_budget::answered_at(&document.history);
+        let per_hour = self.config.poison.max_quarantined_per_hour;
+        quarantine_budget::room(document.quarantine_log.as_ref(), answered, self.clock.now(), per_hour)
+    }
+
     /// What kind of receiver the sink is, for [`endpoint::blame`].
     pub(super) fn receiver(&self) -> Receiver {
         match self.config.sink {
