@@ -39,6 +39,8 @@ pub enum Order {
 pub struct PoisonConfig {
     pub max_attempts: u32,
     pub mode: PoisonMode,
+    /// The most rows quarantined in any hour; past it the poller holds (issue 45, finding 8).
+    pub max_quarantined_per_hour: u32,
 }
 
 /// `poller.batch`, each number in its range; the budget must end well before host.json's
@@ -170,5 +172,12 @@ pub(super) fn build_poison(raw: &RawPoison, at: &Located<'_>) -> Result<PoisonCo
             ));
         }
     };
-    Ok(PoisonConfig { max_attempts, mode })
+    let max_quarantined_per_hour = in_range(
+        at,
+        "poller.poison.maxQuarantinedPerHour",
+        raw.max_quarantined_per_hour,
+        defaults::POISON_MAX_QUARANTINED_PER_HOUR,
+        ranges::POISON_MAX_QUARANTINED_PER_HOUR,
+    )?;
+    Ok(PoisonConfig { max_attempts, mode, max_quarantined_per_hour })
 }

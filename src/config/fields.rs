@@ -514,6 +514,12 @@ fn poison() -> Vec<Field> {
             "quarantine: rows that fail alone are kept aside and the rest delivered; stop: never skip a row, hold at the first row that fails alone.",
             json!("stop"),
         ),
+        field(
+            "maxQuarantinedPerHour",
+            Kind::integer(ranges::POISON_MAX_QUARANTINED_PER_HOUR, defaults::POISON_MAX_QUARANTINED_PER_HOUR),
+            "The most rows quarantined in any hour (a rolling hour, kept in the state document). Past it nothing more is quarantined: the poller holds at its checkpoint as for an endpoint refusal, and status and the watchdog say quarantine_budget_spent, until the budget is raised, the quarantine replayed, the hour has passed, or the receiver accepts the row again (endpoint::a_receiver_answering_422_to_every_row_quarantines_no_more_than_the_budget).",
+            json!(10),
+        ),
     ]
 }
 

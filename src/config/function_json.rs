@@ -119,6 +119,7 @@ pub(super) struct RawLease {
 pub(super) struct RawPoison {
     pub(super) max_attempts: Option<u32>,
     pub(super) mode: Option<String>,
+    pub(super) max_quarantined_per_hour: Option<u32>,
 }
 
 #[derive(Deserialize, Default)]

@@ -316,6 +316,7 @@ pub mod defaults {
     pub const LEASE_HEARTBEAT_SECONDS: u64 = 15;
     pub const LEASE_CLOCK_SKEW_SECONDS: u64 = 5;
     pub const POISON_MAX_ATTEMPTS: u32 = 5;
+    pub const POISON_MAX_QUARANTINED_PER_HOUR: u32 = 10;
     pub const STATE_CONNECTION: &str = "AzureWebJobsStorage";
     pub const STATE_CONTAINER: &str = "db-state";
     pub const POISON_MODE: &str = "quarantine";
@@ -451,6 +452,8 @@ pub mod ranges {
     pub const LEASE_HEARTBEAT_SECONDS: RangeInclusive<u64> = 1..=limits::SECONDS;
     pub const LEASE_CLOCK_SKEW_SECONDS: RangeInclusive<u64> = 0..=limits::SECONDS;
     pub const POISON_MAX_ATTEMPTS: RangeInclusive<u32> = 1..=1000;
+    /// The quarantine budget's times are kept in the state document: at most this many.
+    pub const POISON_MAX_QUARANTINED_PER_HOUR: RangeInclusive<u32> = 1..=10_000;
     pub const STALLED_AFTER_INTERVALS: RangeInclusive<u32> = 1..=1000;
     pub const HORIZON_HELD_AFTER_SECONDS: RangeInclusive<u64> = 1..=limits::SECONDS;
     pub const SLOT_RETENTION_MEGABYTES: RangeInclusive<u64> = 1..=1_048_576;

@@ -10,6 +10,7 @@
 //! | `failing`            | ticks fail at the checkpoint (`attempts` above zero: the batch there, or the source, the store…), growing or not |
 //! | `endpoint_refused`   | the receiver refuses every row alike (a 401, a gateway's 404, a redirect, a queue's 403): the poller holds, nothing is quarantined (in place of `failing`) |
 //! | `quarantine_grew`    | more rows quarantined than at the previous run                        |
+//! | `quarantine_budget_spent` | a row refused alone found `poison.maxQuarantinedPerHour` spent: the poller holds, nothing more is quarantined (in place of `failing`) |
 //! | `fingerprint_changed`| the source definition changed: the poller stops until reset or accepted |
 //! | `generation_changed` | the source generation moved and the poller stops (`onChange: stop`)     |
 //! | `late_arrivals`      | the late-arrival detector found (and delivered) more rows than at the previous run |
@@ -33,6 +34,7 @@ pub enum FindingKind {
     Failing,
     EndpointRefused,
     QuarantineGrew,
+    QuarantineBudgetSpent,
     FingerprintChanged,
     GenerationChanged,
     LateArrivals,
@@ -53,6 +55,7 @@ impl FindingKind {
             FindingKind::Failing => "failing",
             FindingKind::EndpointRefused => "endpoint_refused",
             FindingKind::QuarantineGrew => "quarantine_grew",
+            FindingKind::QuarantineBudgetSpent => "quarantine_budget_spent",
             FindingKind::FingerprintChanged => "fingerprint_changed",
             FindingKind::GenerationChanged => "generation_changed",
             FindingKind::LateArrivals => "late_arrivals",

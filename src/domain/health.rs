@@ -87,6 +87,9 @@ pub struct PollerHealth {
     /// redirect, a queue's 403): the poller holds at its checkpoint and quarantines nothing until
     /// the URL or the credential is fixed.
     pub endpoint_refused: Option<u16>,
+    /// A row refused alone found the quarantine budget spent (`poison.maxQuarantinedPerHour`):
+    /// the poller holds at its checkpoint and quarantines nothing more.
+    pub quarantine_budget_spent: bool,
     pub last_error: Option<String>,
     /// Rows isolated as poison so far (`dbtrigger quarantine list`).
     pub quarantined: u64,
@@ -145,6 +148,7 @@ impl PollerHealth {
             last_success_at: None,
             attempts: 0,
             endpoint_refused: None,
+            quarantine_budget_spent: false,
             last_error: None,
             quarantined: 0,
             rows_delivered: 0,
@@ -250,6 +254,10 @@ pub fn assess(observed: Observed<'_>, now: DateTime<Utc>) -> PollerHealth {
                 health.endpoint_refused = poison.endpoint_refused;
                 if let Some(status) = poison.endpoint_refused {
                     health.problems.push(endpoint_refused_problem(status, poison.attempts));
+                }
+                health.quarantine_budget_spent = poison.quarantine_budget_spent;
+                if poison.quarantine_budget_spent {
+                    health.problems.push(super::quarantine_budget::spent_problem(document.quarantine_log.as_ref()));
                 }
                 if poison.attempts > 0 {
                     health.problems.push(format!(
@@ -454,6 +462,7 @@ mod tests {
             last_failure_at: at(2),
             isolating: None,
             endpoint_refused: None,
+            quarantine_budget_spent: false,
         });
         let failing = assess(observed(Ok(Some(&document)), Ok(lag(3, None))), at(10));
         assert!(!failing.healthy);
@@ -468,6 +477,17 @@ mod tests {
         assert_eq!(refused.endpoint_refused, Some(401));
         assert!(refused.problems[0].contains("refuses every row alike (HTTP 401)"), "{:?}", refused.problems);
         assert!(refused.problems[0].contains("fix the URL or the credential"), "{:?}", refused.problems);
+
+        // Issue 45, finding 8: held past the quarantine budget; the status says so, with the last
+        // refusals.
+        let spent = crate::domain::poison::held_for_budget(document.poison.clone().unwrap());
+        document.poison = Some(spent);
+        document.quarantine_log =
+            Some(crate::domain::quarantine_budget::recorded(None, None, at(5), &["HTTP 422: bad row 7".to_string()]));
+        let spent = assess(observed(Ok(Some(&document)), Ok(lag(3, None))), at(10));
+        assert!(!spent.healthy && spent.quarantine_budget_spent);
+        let problem = spent.problems.iter().find(|problem| problem.starts_with("quarantine_budget_spent"));
+        assert!(problem.is_some_and(|problem| problem.contains("HTTP 422: bad row 7")), "{:?}", spent.problems);
 
         let mut moved = committed("a", at(0), true);
         moved.source_fingerprint = "sha256:b".into();

@@ -10,6 +10,7 @@
 //! - [`endpoint`]: whether a refusal is about the endpoint (hold) or the rows (isolate): a table.
 //! - [`poison`]: counting a batch's failed attempts, when to isolate it, and the isolation's plan
 //!   (parts in row order, what halts it, what the next tick goes on with) (seed 001 case I).
+//! - [`quarantine_budget`]: at most `poison.maxQuarantinedPerHour` rows quarantined in any hour.
 //! - [`late`]: the late-arrival detector: the window of delivered keys behind the checkpoint, and
 //!   what a recount by the database says of it.
 //! - [`lease`]: lease decisions (acquire, renew, release) with the fencing token and skew margin.
@@ -40,6 +41,7 @@ pub mod lag_series;
 pub mod late;
 pub mod lease;
 pub mod poison;
+pub mod quarantine_budget;
 pub mod schedule;
 pub mod slot;
 pub mod state;

@@ -41,6 +41,11 @@ pub struct PoisonRecord {
     /// at its checkpoint, nothing is quarantined (`status` and the watchdog say `endpoint_refused`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint_refused: Option<u16>,
+    /// The last failure was a row refused alone past the quarantine budget
+    /// ([`super::quarantine_budget`]): the poller holds at its checkpoint, nothing more is
+    /// quarantined (`status` and the watchdog say `quarantine_budget_spent`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub quarantine_budget_spent: bool,
 }
 
 /// Where an unfinished isolation stands: the parts still to try, as row counts from the
@@ -107,6 +112,7 @@ pub fn record_failure(
             last_failure_at: now,
             isolating: None,
             endpoint_refused: None,
+            quarantine_budget_spent: false,
         },
         _ => PoisonRecord {
             batch_id: batch_id.to_string(),
@@ -119,6 +125,7 @@ pub fn record_failure(
             last_failure_at: now,
             isolating: None,
             endpoint_refused: None,
+            quarantine_budget_spent: false,
         },
     }
 }
@@ -162,6 +169,7 @@ pub fn resumed(record: &PoisonRecord, now: DateTime<Utc>) -> PoisonRecord {
         attempts: record.attempts.saturating_add(1),
         last_failure_at: now,
         endpoint_refused: None,
+        quarantine_budget_spent: false,
         ..record.clone()
     }
 }
@@ -179,7 +187,18 @@ pub fn in_progress(record: &PoisonRecord, next_first: &Position, plan: &Isolatio
 /// The record after an isolation stopped for this tick, saying why (and, when the endpoint refused,
 /// with which status).
 pub fn stopped(record: &PoisonRecord, error: &str, endpoint_refused: Option<u16>, now: DateTime<Utc>) -> PoisonRecord {
-    PoisonRecord { last_error: error.to_string(), last_failure_at: now, endpoint_refused, ..record.clone() }
+    PoisonRecord {
+        last_error: error.to_string(),
+        last_failure_at: now,
+        endpoint_refused,
+        quarantine_budget_spent: false,
+        ..record.clone()
+    }
+}
+
+/// The record of a batch held because a row of it was refused alone past the quarantine budget.
+pub fn held_for_budget(record: PoisonRecord) -> PoisonRecord {
+    PoisonRecord { quarantine_budget_spent: true, endpoint_refused: None, ..record }
 }
 
 /// The record of a batch held because the endpoint refused it with `status`.
@@ -238,6 +257,9 @@ pub enum Halt {
     /// The endpoint refused a part with this status ([`FailureKind::Endpoint`]): no smaller part
     /// would pass, and no row is to blame.
     Endpoint(u16),
+    /// Quarantine mode: this row is refused for good alone and the quarantine budget has no room
+    /// for it ([`IsolationPlan::limit_quarantine`]): held at, as in stop mode.
+    BudgetSpent(usize),
 }
 
 /// The isolation of the rows of one batch, in row order: the next part to try is always the
@@ -256,6 +278,8 @@ pub struct IsolationPlan {
     /// Transient failures of parts since the last part that got through or was refused.
     transient_in_a_row: u32,
     halted: Option<Halt>,
+    /// The most rows this isolation may refuse alone into the quarantine (the budget's room).
+    room: usize,
 }
 
 impl IsolationPlan {
@@ -278,6 +302,7 @@ impl IsolationPlan {
             delivered: 0,
             transient_in_a_row: 0,
             halted: None,
+            room: usize::MAX,
         }
     }
 
@@ -309,6 +334,9 @@ impl IsolationPlan {
             PartOutcome::Failed(FailureKind::Permanent) if part.len() == 1 => {
                 self.transient_in_a_row = 0;
                 match self.mode {
+                    PoisonMode::Quarantine if self.refused.len() >= self.room => {
+                        self.halted = Some(Halt::BudgetSpent(part.start));
+                    }
                     PoisonMode::Quarantine => {
                         self.pending.pop_front();
                         self.settled = part.end;
@@ -344,6 +372,12 @@ impl IsolationPlan {
         let (left, right) = part.halves();
         self.pending.push_front(right);
         self.pending.push_front(left);
+    }
+
+    /// At most `room` rows of this isolation go to the quarantine: the next one refused alone
+    /// halts it ([`Halt::BudgetSpent`]).
+    pub fn limit_quarantine(&mut self, room: usize) {
+        self.room = room;
     }
 
     /// Rows in the isolation.
@@ -553,6 +587,36 @@ mod tests {
         assert!(resume(&first, &rows, PoisonMode::Quarantine).is_none(), "nothing under way");
         let counted = resumed(&record, at(60));
         assert_eq!((counted.attempts, counted.last_failure_at), (2, at(60)));
+    }
+
+    /// Issue 45, finding 8: a plan with room for `n` quarantined rows halts at the next row
+    /// refused alone, before it: the rows after stay for the next tick, none quarantined.
+    #[test]
+    fn a_plan_quarantines_no_more_than_its_room() {
+        let mut plan = IsolationPlan::after_batch_failed(4, FailureKind::Permanent, PoisonMode::Quarantine);
+        plan.limit_quarantine(1);
+        // Every part refused: 4 -> 2 + 2 -> 1 + 1 + 2: row 0 quarantined, row 1 held at.
+        while let Next::Try(_) = plan.next() {
+            plan.record(PartOutcome::Failed(FailureKind::Permanent));
+        }
+        assert_eq!(plan.next(), Next::Halt(Halt::BudgetSpent(1)));
+        assert_eq!(plan.refused(), &[0]);
+        assert_eq!(plan.settled(), 1);
+        assert_eq!(plan.remaining_parts(), vec![1, 2]);
+
+        let mut none = IsolationPlan::after_batch_failed(3, FailureKind::Permanent, PoisonMode::Quarantine);
+        none.limit_quarantine(0);
+        while let Next::Try(part) = none.next() {
+            // Row 0 passes, the others are refused.
+            let outcome = if part.start == 0 && part.len() == 1 {
+                PartOutcome::Delivered
+            } else {
+                PartOutcome::Failed(FailureKind::Permanent)
+            };
+            none.record(outcome);
+        }
+        assert_eq!(none.next(), Next::Halt(Halt::BudgetSpent(1)));
+        assert_eq!((none.settled(), none.delivered(), none.refused().len()), (1, 1, 0));
     }
 
     proptest! {

@@ -46,6 +46,9 @@ pub struct StateDocument {
     /// The source generation (seed 003) the checkpoint belongs to, when one is configured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<GenerationRecord>,
+    /// When the last rows were quarantined, for the quarantine budget ([`super::quarantine_budget`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantine_log: Option<super::quarantine_budget::QuarantineLog>,
     /// The late-arrival detector's window and findings ([`super::late`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub late: Option<LateRecord>,
@@ -211,6 +214,7 @@ impl StateDocument {
             poison: None,
             failure: None,
             generation: None,
+            quarantine_log: None,
             late: None,
             history: Vec::new(),
             extra: Map::new(),

@@ -26,7 +26,10 @@ use tracing::warn;
 use crate::domain::StateDocument;
 use crate::domain::ids::batch_id;
 use crate::domain::lease;
-use crate::domain::poison::{self, FailureKind, Halt, IsolationPlan, Next, Part, PartOutcome, PoisonRecord};
+use crate::domain::poison::{
+    self, FailureKind, Halt, IsolationPlan, Next, Part, PartOutcome, PoisonMode, PoisonRecord,
+};
+use crate::domain::quarantine_budget;
 use crate::domain::transitions::{self, Delivered};
 use crate::sink::{Batch, SinkError};
 use crate::store::quarantine::{self, QuarantineEntry};
@@ -67,7 +70,7 @@ enum Settle {
     Progress,
     /// It stopped for this tick (why, in words; the status, when the endpoint refused): the lease
     /// is released, the record kept.
-    Stopped { why: String, endpoint_refused: Option<u16> },
+    Stopped { why: String, endpoint_refused: Option<u16>, budget_spent: bool },
     /// It ended: the lease is released, the record cleared.
     Finished,
 }
@@ -101,6 +104,9 @@ impl Poller {
         deadline: DateTime<Utc>,
     ) -> Result<TickOutcome, TickError> {
         let mut committed = Committed::default();
+        if self.config.poison.mode == PoisonMode::Quarantine {
+            isolation.plan.limit_quarantine(self.quarantine_room(document));
+        }
         // The errors of the rows refused alone, for their quarantine entries.
         let mut row_errors: BTreeMap<usize, SinkError> = BTreeMap::new();
         let mut heartbeat_retry_at: Option<DateTime<Utc>> = None;
@@ -309,9 +315,10 @@ impl Poller {
         let record = match &settle {
             Settle::Finished => None,
             Settle::Progress => Some(poison::in_progress(&isolation.record, &positions[settled], plan)),
-            Settle::Stopped { why, endpoint_refused } => {
+            Settle::Stopped { why, endpoint_refused, budget_spent } => {
                 let kept = poison::in_progress(&isolation.record, &positions[settled], plan);
-                Some(poison::stopped(&kept, why, *endpoint_refused, self.clock.now()))
+                let stopped = poison::stopped(&kept, why, *endpoint_refused, self.clock.now());
+                Some(if *budget_spent { poison::held_for_budget(stopped) } else { stopped })
             }
         };
         let release = !matches!(settle, Settle::Progress);
@@ -327,7 +334,13 @@ impl Poller {
 
         let refused = plan.refused();
         if refused.len() > committed.entries {
-            if !self.renew_before_quarantining(writer, document).await? {
+            let refusals: Vec<String> = refused[committed.entries..]
+                .iter()
+                .map(|row| {
+                    row_errors.get(row).or(isolation.last_error.as_ref()).map(ToString::to_string).unwrap_or_default()
+                })
+                .collect();
+            if !self.renew_before_quarantining(writer, document, &refusals).await? {
                 return Ok(false);
             }
             for row in &refused[committed.entries..] {
@@ -358,17 +371,24 @@ impl Poller {
     }
 
     /// The lease, renewed by compare-and-swap right before quarantine entries are written, and
-    /// still good by the clock: `false` when it is not ours any more.
+    /// still good by the clock: `false` when it is not ours any more. The same write records the
+    /// rows about to be quarantined (`refusals`, one error each) in the quarantine budget's log,
+    /// before any entry exists: a crash after it leaves the budget counting rows not kept, never
+    /// rows kept uncounted.
     pub(super) async fn renew_before_quarantining(
         &self,
         writer: &mut StateWriter<'_>,
         document: &mut StateDocument,
+        refusals: &[String],
     ) -> Result<bool, TickError> {
         let now = self.clock.now();
         let Ok(mut renewed) = transitions::heartbeat(document, &self.owner_id, now, &self.config.lease) else {
             writer.lost = true;
             return Ok(false);
         };
+        let answered = quarantine_budget::answered_at(&renewed.history);
+        renewed.quarantine_log =
+            Some(quarantine_budget::recorded(renewed.quarantine_log.as_ref(), answered, now, refusals));
         match writer.write(&mut renewed).await {
             Ok(()) => *document = renewed,
             Err(WriteFailure::Conflict(_)) => return Ok(false),
@@ -434,6 +454,7 @@ impl Poller {
         let settled = isolation.plan.settled();
         let attempts = isolation.record.attempts;
         let mut endpoint_refused = None;
+        let mut budget_spent = false;
         let (why, error) = match halt {
             Halt::Transient => {
                 let error = isolation.last_error.clone().unwrap_or_else(|| SinkError::Transient {
@@ -464,9 +485,18 @@ impl Poller {
                 );
                 (why, TickError::EndpointRefused { status, meaning, error, attempts })
             }
+            Halt::BudgetSpent(row) => {
+                budget_spent = true;
+                let error = row_errors.get(&row).or(isolation.last_error.as_ref()).cloned().unwrap_or_else(|| {
+                    SinkError::Transient { batch_id: isolation.record.batch_id.clone(), reason: "refused".into() }
+                });
+                let per_hour = self.config.poison.max_quarantined_per_hour;
+                let error = TickError::QuarantineBudgetSpent { per_hour, error, attempts };
+                (error.to_string(), error)
+            }
         };
         warn!(poller = %self.config.poller_name, settled, attempts, "isolation stopped: {why}");
-        let settle = Settle::Stopped { why, endpoint_refused };
+        let settle = Settle::Stopped { why, endpoint_refused, budget_spent };
         if !self.settle(writer, document, isolation, row_errors, committed, &mut totals, settle).await? {
             return totals.lease_lost("a commit found the state document taken over");
         }
@@ -489,7 +519,7 @@ impl Poller {
             attempts: isolation.record.attempts,
         };
         warn!(poller = %self.config.poller_name, "{error}");
-        let settle = Settle::Stopped { why: error.to_string(), endpoint_refused: None };
+        let settle = Settle::Stopped { why: error.to_string(), endpoint_refused: None, budget_spent: false };
         if !self.settle(writer, document, isolation, row_errors, committed, &mut totals, settle).await? {
             return totals.lease_lost("a commit found the state document taken over");
         }

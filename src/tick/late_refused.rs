@@ -8,6 +8,7 @@
 //! | a refusal about the rows (422, …)         | isolated: split down to single rows ([`IsolationPlan`])   |
 //! | … a row refused alone, `mode: quarantine` | quarantined (under a lease just renewed), the rest delivered |
 //! | … a row refused alone, `mode: stop`       | held, nothing quarantined ([`TickError::LatePoisonStop`]) |
+//! | … past `poison.maxQuarantinedPerHour`     | held, nothing more quarantined ([`TickError::LateQuarantineBudgetSpent`]) |
 //!
 //! Whenever the tick fails here, [`Poller::deliver_late`] marks the bucket undelivered: it stays in
 //! the window whatever commits come after, every tick checks it again, and the failure recorded
@@ -32,6 +33,11 @@ use crate::store::quarantine::{self, QuarantineEntry};
 use super::Poller;
 use super::outcome::TickError;
 use super::reader::{BatchMaker, Prepared};
+
+/// The errors of the rows `plan` refused alone, one each, for the quarantine budget's log.
+fn late_refusals(plan: &IsolationPlan, row_errors: &BTreeMap<usize, SinkError>, last_error: &SinkError) -> Vec<String> {
+    plan.refused().iter().map(|row| row_errors.get(row).unwrap_or(last_error).to_string()).collect()
+}
 
 impl Poller {
     /// `rows`, sent as the late batch `prepared`, came back with `error`: handled as the table
@@ -65,6 +71,9 @@ impl Poller {
         }
         warn!(poller = %self.config.poller_name, rows = rows.len(), batch = %prepared.batch.batch_id, "isolating a refused late batch");
         let mut plan = IsolationPlan::after_batch_failed(rows.len(), kind, mode);
+        if mode == PoisonMode::Quarantine {
+            plan.limit_quarantine(self.quarantine_room(document));
+        }
         let mut row_errors: BTreeMap<usize, SinkError> = BTreeMap::new();
         if rows.len() == 1 {
             row_errors.insert(0, error.clone());
@@ -81,6 +90,13 @@ impl Poller {
                 }
                 Next::Halt(Halt::Endpoint(status)) => {
                     return Err(self.late_endpoint_refused(status, last_error, first));
+                }
+                Next::Halt(Halt::BudgetSpent(row)) => {
+                    self.settle_late(writer, document, &prepared, &plan, &row_errors, &last_error, settled).await?;
+                    let error = row_errors.remove(&row).unwrap_or(last_error);
+                    let per_hour = self.config.poison.max_quarantined_per_hour;
+                    warn!(poller = %self.config.poller_name, per_hour, "the quarantine budget is spent: a late row refused alone is held");
+                    return Err(TickError::LateQuarantineBudgetSpent { per_hour, error, first });
                 }
                 Next::Halt(Halt::RefusedAlone(row)) => {
                     let pk = Value::Object(prepared.batch.events[row].pk()).to_string();
@@ -121,7 +137,8 @@ impl Poller {
         if plan.refused().is_empty() {
             return Ok(true);
         }
-        if !self.renew_before_quarantining(writer, document).await? {
+        let refusals = late_refusals(&plan, &row_errors, &last_error);
+        if !self.renew_before_quarantining(writer, document, &refusals).await? {
             return Ok(false);
         }
         for row in plan.refused() {
@@ -146,7 +163,8 @@ impl Poller {
         settled: &mut usize,
     ) -> Result<(), TickError> {
         if !plan.refused().is_empty() {
-            if !self.renew_before_quarantining(writer, document).await? {
+            let refusals = late_refusals(plan, row_errors, last_error);
+            if !self.renew_before_quarantining(writer, document, &refusals).await? {
                 return Ok(());
             }
             for row in plan.refused() {

@@ -96,6 +96,22 @@ pub enum StopReason {
     Isolated,
 }
 
+/// What a delivery loop leaves when it ends: the rows it read and did not send, and whether a
+/// read it would have made was given up (issue 45, finding 7: the deadline can pass between two
+/// looks at it, so the outcome is read from what is left, never from where the deadline was seen).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct Left {
+    pub(super) unsent_rows: usize,
+    pub(super) reads_given_up: bool,
+}
+
+impl StopReason {
+    /// A delivery loop that ended without a failure caught up only if it left nothing.
+    pub(super) fn after_delivery(left: Left) -> StopReason {
+        if left.unsent_rows > 0 || left.reads_given_up { StopReason::BudgetExhausted } else { StopReason::CaughtUp }
+    }
+}
+
 impl TickOutcome {
     /// A short stable name, for logs and the `X-DbTrigger-Outcome` header.
     pub fn kind(&self) -> &'static str {
@@ -206,6 +222,20 @@ pub enum TickError {
          Fix the URL or the credential (sink.url, the SAS or the connection)"
     )]
     EndpointRefused { status: u16, meaning: &'static str, error: SinkError, attempts: u32 },
+    /// A row refused alone found the quarantine budget spent (`poison.maxQuarantinedPerHour`,
+    /// issue 45 finding 8): the poller holds at its checkpoint and quarantines nothing more.
+    #[error(
+        "quarantine_budget_spent: {error}; {per_hour} rows were quarantined within the last hour (poison.maxQuarantinedPerHour), \
+         so this one is not: the checkpoint holds (attempt {attempts}) and the next tick tries the same rows again. \
+         A receiver refusing every row looks like this: fix it, or replay the quarantine, or raise the budget"
+    )]
+    QuarantineBudgetSpent { per_hour: u32, error: SinkError, attempts: u32 },
+    /// The same for a late row (committed behind the checkpoint): held and tried again at every tick.
+    #[error(
+        "quarantine_budget_spent: {error}; {per_hour} rows were quarantined within the last hour (poison.maxQuarantinedPerHour), \
+         so the late row (from {first}) is held, not quarantined, and tried again at every tick"
+    )]
+    LateQuarantineBudgetSpent { per_hour: u32, error: SinkError, first: String },
     /// `source.generation.onChange: stop` and the generation moved since the checkpoint.
     #[error(
         "the source generation changed from {stored} to {current} (a truncate and reload?): source.generation.onChange is stop, \
@@ -256,6 +286,7 @@ impl TickError {
                 | TickError::LateDelivery { .. }
                 | TickError::LatePoisonStop { .. }
                 | TickError::LateEndpointRefused { .. }
+                | TickError::LateQuarantineBudgetSpent { .. }
                 | TickError::Panicked { .. }
         )
     }
@@ -297,6 +328,25 @@ impl Totals {
             stop,
             new_document: false,
             quarantined: self.quarantined,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 45, finding 7: the outcome of a delivery loop is read from what it leaves.
+    #[test]
+    fn a_loop_caught_up_only_when_it_leaves_nothing() {
+        let cases = [
+            (Left { unsent_rows: 0, reads_given_up: false }, StopReason::CaughtUp),
+            (Left { unsent_rows: 1, reads_given_up: false }, StopReason::BudgetExhausted),
+            (Left { unsent_rows: 0, reads_given_up: true }, StopReason::BudgetExhausted),
+            (Left { unsent_rows: 7, reads_given_up: true }, StopReason::BudgetExhausted),
+        ];
+        for (left, expected) in cases {
+            assert_eq!(StopReason::after_delivery(left), expected, "{left:?}");
         }
     }
 }

@@ -24,6 +24,7 @@ use crate::domain::StateDocument;
 use crate::domain::endpoint::{self, Blame, Receiver};
 use crate::domain::lease;
 use crate::domain::poison::{self, FailureKind, IsolationPlan, PoisonMode, Verdict};
+use crate::domain::quarantine_budget;
 use crate::domain::window::BatchWindow;
 use crate::sink::SinkError;
 use crate::source::Fetched;
@@ -33,7 +34,7 @@ use super::Poller;
 use super::isolate::Isolation;
 use super::ledger::{HEARTBEAT_RETRY_DELAY, HeartbeatFailure, Sent};
 use super::ordered::Ordered;
-use super::outcome::{StopReason, TickError, TickOutcome, Totals};
+use super::outcome::{Left, StopReason, TickError, TickOutcome, Totals};
 use super::panic_message;
 use super::reader::{BatchMaker, Prepared, Reader};
 use super::timer::{Timer, runtime_deadline};
@@ -63,6 +64,8 @@ struct Pipeline {
     reader: Reader,
     /// Read and not sent yet.
     ready: VecDeque<Prepared>,
+    /// Rows read and dropped unsent when the budget ran out.
+    dropped_rows: usize,
     /// Acknowledged, contiguous batches not committed yet.
     pending: Vec<Sent>,
     failed: Option<Failed>,
@@ -131,11 +134,24 @@ impl Pipeline {
         self.window.is_empty() && self.ordered.as_ref().is_none_or(Ordered::idle)
     }
 
+    /// Rows read and not sent (waiting in the ordered window's case).
+    fn ready_rows(&self) -> usize {
+        let ready: usize = self.ready.iter().map(|prepared| prepared.positions.len()).sum();
+        ready + self.ordered.as_ref().map_or(0, Ordered::waiting)
+    }
+
+    /// Drops what was read and not sent (the budget ran out): the next tick reads it again.
     fn clear_ready(&mut self) {
+        self.dropped_rows += self.ready_rows();
         self.ready.clear();
         if let Some(ordered) = self.ordered.as_mut() {
             ordered.clear_waiting();
         }
+    }
+
+    /// What the loop leaves behind: read and not sent, or not read.
+    fn left(&self) -> Left {
+        Left { unsent_rows: self.dropped_rows + self.ready_rows(), reads_given_up: self.reader.given_up() }
     }
 
     /// Starts the next read when what was read is sent (the ordered window: when fewer than a
@@ -208,13 +224,13 @@ impl Poller {
                 self.reservations(),
             ),
             ready: VecDeque::new(),
+            dropped_rows: 0,
             pending: Vec::new(),
             failed: None,
             ordered: maker.grouping.as_ref().map(|_| Ordered::new()),
             maker: maker.clone(),
         };
         pipeline.accept(Some(Prepared { hold: first_hold, ..maker.prepare(first.rows) }));
-        let mut budget_exhausted = false;
         let mut heartbeat_due = false;
         // Commits are spaced by the commit interval (from the tick's start, where the lease was
         // written): acknowledgements pile up meanwhile and one commit covers them all.
@@ -228,7 +244,6 @@ impl Poller {
         loop {
             if self.clock.now() >= deadline && (!pipeline.nothing_ready() || !pipeline.reader.done()) {
                 // Out of budget: what is fetched or fetching waits for the next tick.
-                budget_exhausted = true;
                 pipeline.clear_ready();
                 pipeline.reader.stop();
             }
@@ -381,8 +396,9 @@ impl Poller {
         if let Some(error) = pipeline.reader.failed {
             return Err(error.into());
         }
-        let stop = if budget_exhausted { StopReason::BudgetExhausted } else { StopReason::CaughtUp };
-        Ok(totals.delivered(stop))
+        // Read from what is left, not from where the deadline was seen: it may pass after the
+        // check above and before `send_ready`'s, and a batch then ends the loop unsent.
+        Ok(totals.delivered(StopReason::after_delivery(pipeline.left())))
     }
 
     /// Sends what has been fetched while the window has room and the budget lasts, unless a batch
@@ -525,6 +541,17 @@ impl Poller {
             self.write_failure(writer, document, record).await;
             return Err(TickError::Delivery { error, rows_committed: totals.rows });
         }
+        if kind == FailureKind::Permanent
+            && poison_config.mode == PoisonMode::Quarantine
+            && self.quarantine_room(document) == 0
+        {
+            // Past the quarantine budget: held as for an endpoint refusal, one request a tick
+            // (an isolation could only end at a row refused alone, and keep it no more).
+            let (attempts, per_hour) = (record.attempts, poison_config.max_quarantined_per_hour);
+            warn!(poller = %self.config.poller_name, attempts, per_hour, "the quarantine budget is spent; holding at the checkpoint, nothing quarantined");
+            self.write_failure(writer, document, poison::held_for_budget(record)).await;
+            return Err(TickError::QuarantineBudgetSpent { per_hour, error, attempts });
+        }
         warn!(poller = %self.config.poller_name, attempts = record.attempts, batch = %sent.batch_id, "isolating a poison batch");
         let plan = IsolationPlan::after_batch_failed(batch.batch.events.len(), kind, poison_config.mode);
         let isolation = Isolation { batch, record, plan, last_error: Some(error) };
@@ -533,6 +560,13 @@ impl Poller {
 }
 
 impl Poller {
+    /// How many more rows the quarantine budget lets this poller quarantine now.
+    pub(super) fn quarantine_room(&self, document: &StateDocument) -> usize {
+        let answered = quarantine_budget::answered_at(&document.history);
+        let per_hour = self.config.poison.max_quarantined_per_hour;
+        quarantine_budget::room(document.quarantine_log.as_ref(), answered, self.clock.now(), per_hour)
+    }
+
     /// What kind of receiver the sink is, for [`endpoint::blame`].
     pub(super) fn receiver(&self) -> Receiver {
         match self.config.sink {

@@ -82,6 +82,8 @@ pub(super) struct Reader {
     reservations: super::budget::Reservations,
     /// Why reading stopped, if a read failed: the tick ends with this error.
     pub(super) failed: Option<SourceError>,
+    /// `stop` gave up a read in progress or one still to make: the source may have more.
+    given_up: bool,
 }
 
 /// What one read of the reader found: a batch (none if the source had no more rows), and where the
@@ -100,7 +102,7 @@ impl Reader {
         from: Option<Position>,
         reservations: super::budget::Reservations,
     ) -> Reader {
-        Reader { source, limit, maker, from, reading: None, reservations, failed: None }
+        Reader { source, limit, maker, from, reading: None, reservations, failed: None, given_up: false }
     }
 
     /// No read runs and none will: the source has nothing more this tick, a read failed, or the
@@ -109,12 +111,18 @@ impl Reader {
         self.from.is_none() && self.reading.is_none()
     }
 
+    /// A read was given up by `stop`: what follows was not read, whether or not there is any.
+    pub(super) fn given_up(&self) -> bool {
+        self.given_up
+    }
+
     pub(super) fn reading(&self) -> bool {
         self.reading.is_some()
     }
 
     /// Cancels the read in progress, if any, and reads nothing more.
     pub(super) fn stop(&mut self) {
+        self.given_up |= self.from.is_some() || self.reading.is_some();
         self.from = None;
         self.reading = None;
     }

@@ -260,3 +260,56 @@ async fn a_queue_refusing_the_credential_is_held_at_not_quarantined() {
     assert_eq!(crate::queue::drain(&queue).await.len(), 30, "every row arrived");
     assert!(quarantine::list(store.as_ref(), "it", "orders").await.unwrap().is_empty());
 }
+
+/// Issue 45, finding 8: a receiver deployed with a bug answers 422 to every row. Before, 50 of
+/// 50 rows went to the quarantine within 5 ticks and `status` said healthy. The quarantine budget
+/// (`poison.maxQuarantinedPerHour`, 10 by default) stops it: at most 10 rows are quarantined, then
+/// the poller holds at its checkpoint (one request a tick), `status` exits 1 naming
+/// `quarantine_budget_spent` with the last refusal, the watchdog reports it, and once the
+/// receiver accepts again every other row arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_answering_422_to_every_row_quarantines_no_more_than_the_budget() {
+    let setup = setup(50, 10).await;
+    setup.refuse(422, "{\"error\": \"schema v2 required\"}", &[]);
+    for _ in 0..6 {
+        setup.run(&["tick", "orders"]);
+    }
+    let quarantined = setup.quarantined();
+    assert_eq!(quarantined.as_array().unwrap().len(), 10, "the budget's 10 rows, no more: {quarantined}");
+    let before = setup.endpoint.lock().unwrap().requests;
+    let (ok, stdout, _) = setup.run(&["tick", "orders"]);
+    assert!(!ok && stdout.contains("quarantine_budget_spent"), "a held tick fails naming the budget: {stdout}");
+    assert_eq!(setup.endpoint.lock().unwrap().requests, before + 1, "one request a held tick: the batch, never split");
+    assert_eq!(setup.quarantined().as_array().unwrap().len(), 10, "nothing more quarantined");
+    let document = setup.app.state_document().await.unwrap();
+    assert_eq!(document["checkpoint"]["cursor"]["tiebreaker"]["id"], 10, "held after the rows quarantined: {document}");
+    assert_eq!(document["quarantine_log"]["times"].as_array().unwrap().len(), 10, "{document}");
+
+    let (ok, poller) = setup.status();
+    assert!(!ok, "status exits 1 for a poller held past its quarantine budget");
+    assert_eq!(poller["healthy"], false);
+    assert_eq!(poller["quarantine_budget_spent"], true, "{poller}");
+    let problems = poller["problems"].to_string();
+    assert!(problems.contains("quarantine_budget_spent") && problems.contains("schema v2 required"), "{problems}");
+
+    let (ok, stdout, _) = setup.run(&["tick", "watchdog"]);
+    assert!(!ok, "a finding exits 1: {stdout}");
+    let finding = stdout
+        .lines()
+        .find(|line| line.contains("finding=quarantine_budget_spent"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(finding.contains("function=orders"), "{finding}");
+
+    setup.endpoint.lock().unwrap().refusal = None;
+    for _ in 0..10 {
+        let (_, stdout, _) = setup.run(&["tick", "orders"]);
+        if stdout.contains("caught up") {
+            break;
+        }
+    }
+    let accepted: BTreeSet<i64> = setup.accepted().into_iter().collect();
+    assert_eq!(accepted, (11..=50).collect::<BTreeSet<i64>>(), "every row not quarantined arrived");
+    assert_eq!(setup.quarantined().as_array().unwrap().len(), 10);
+    let (ok, poller) = setup.status();
+    assert!(ok && poller["quarantine_budget_spent"] == false, "{poller}");
+}

@@ -92,7 +92,11 @@ pub fn judge(
         );
     }
     let previous = seen.cloned().unwrap_or_default();
-    if let Some(status) = health.endpoint_refused {
+    if health.quarantine_budget_spent {
+        // In place of `failing`: the problem names the budget and the last refusals.
+        let problem = health.problems.iter().find(|problem| problem.starts_with("quarantine_budget_spent"));
+        found(FindingKind::QuarantineBudgetSpent, problem.cloned().unwrap_or_else(|| "quarantine_budget_spent".into()));
+    } else if let Some(status) = health.endpoint_refused {
         // The status and what to do; the URL never (its path or query may hold a token), nor the
         // receiver's body (it is in `status` for whoever may read it).
         found(FindingKind::EndpointRefused, super::health::endpoint_refused_problem(status, health.attempts));
@@ -280,6 +284,21 @@ mod tests {
         assert!(findings[0].message.contains("HTTP 401") && findings[0].message.contains("3 ticks"), "{findings:?}");
         assert!(!findings[0].message.contains("T0KEN"), "{findings:?}");
         assert!(!findings[0].kind.kickable(), "a tick cannot fix a credential");
+        // Issue 45, finding 8: held past the quarantine budget: `quarantine_budget_spent` in place
+        // of `failing`, with the last refusals.
+        let mut spent = healthy(40);
+        spent.attempts = 2;
+        spent.quarantine_budget_spent = true;
+        spent.problems = vec![crate::domain::quarantine_budget::spent_problem(Some(
+            &crate::domain::quarantine_budget::QuarantineLog {
+                times: Vec::new(),
+                last_refusals: vec!["HTTP 422: no".into()],
+            },
+        ))];
+        let (findings, _) = judge(&spent, Some(MINUTE), 3, None, at(0));
+        assert_eq!(kinds(&findings), [FindingKind::QuarantineBudgetSpent]);
+        assert_eq!(findings[0].kind.name(), "quarantine_budget_spent");
+        assert!(findings[0].message.contains("HTTP 422: no"), "{findings:?}");
         let mut reloaded = healthy(0);
         reloaded.generation = Some(serde_json::json!(8));
         reloaded.generation_changed = true;

@@ -24,7 +24,7 @@ use sqlx::postgres::PgConnectOptions;
 use tokio::sync::{Mutex, mpsc};
 
 use super::peek::{CHANNEL_ITEMS, CHUNK_ITEMS, COUNT_CAP, Item, Read, Shared, Stop, Stream};
-use super::progress::{Key, Progress, key_of};
+use super::progress::{Key, Mark, Progress, key_of};
 use super::values::lsn_text;
 use crate::config::redact::Redaction;
 use crate::config::{SourceConfig, SourceTarget};
@@ -38,6 +38,9 @@ use crate::source::{FetchLimit, Fetched, Probe, Source, SourceError, SourceRow, 
 const READ_AHEAD_BATCHES: usize = 256;
 const MIN_READ_AHEAD_ROWS: usize = 1024;
 const MAX_READ_AHEAD_ROWS: usize = 262_144;
+
+/// The transactions a look keeps before it hands them to `reading`.
+const LOOK_MARKS_KEPT: usize = 1024;
 
 /// The most rows a read reserves room for before it has them.
 const MAX_BATCH_ROWS_RESERVED: usize = 10_000;
@@ -280,26 +283,49 @@ impl LogicalSource {
         limit: FetchLimit,
         counting: bool,
     ) -> Result<(Vec<SourceRow>, bool, usize), SourceError> {
-        let mut reading = self.reading.lock().await;
-        let held = reading.progress.rows_through(after);
+        // `reading` is held only to read what it knows and to add what the look learnt, never
+        // across the copy's peek (issue 45, finding 6): a tick of this process reads on while
+        // `status` counts (logical_look::a_status_count_never_holds_up_the_ticks_read).
+        let held = self.reading.lock().await.progress.rows_through(after);
         // A change is a row at least, and a transaction two more.
         let wanted = if counting { COUNT_CAP as usize } else { limit.rows.saturating_add(1) };
         let mut stream =
             self.start(after, held.saturating_add(wanted.saturating_mul(3)), Read { counting, on_copy: true });
         let mut rows = Vec::new();
-        loop {
+        let mut marks = Vec::new();
+        let looked = loop {
             match stream.next().await {
                 Some(Ok(Item::Row(key, row))) => {
                     rows.push(row.at(key));
                     if rows.len() > limit.rows {
-                        return Ok((rows, true, 0));
+                        break Ok((rows, true, 0));
                     }
                 }
-                Some(Ok(Item::Mark(mark))) => reading.progress.read(mark),
-                Some(Ok(Item::End { reached_end, new })) => return Ok((rows, reached_end.is_none(), new)),
-                Some(Err(error)) => return Err(error),
-                None => return Err(self.malformed("the peek's task ended before its end".into())),
+                Some(Ok(Item::Mark(mark))) => {
+                    marks.push(mark);
+                    if marks.len() >= LOOK_MARKS_KEPT {
+                        self.learn(&mut marks).await;
+                    }
+                }
+                Some(Ok(Item::End { reached_end, new })) => break Ok((rows, reached_end.is_none(), new)),
+                Some(Err(error)) => break Err(error),
+                None => break Err(self.malformed("the peek's task ended before its end".into())),
             }
+        };
+        self.learn(&mut marks).await;
+        looked
+    }
+
+    /// Adds the transactions a look read to what `reading` knows (a look's memory stays bounded:
+    /// it hands them over every [`LOOK_MARKS_KEPT`]). A tick holds `reading` for one read at a
+    /// time, so this waits for a batch at most.
+    async fn learn(&self, marks: &mut Vec<Mark>) {
+        if marks.is_empty() {
+            return;
+        }
+        let mut reading = self.reading.lock().await;
+        for mark in marks.drain(..) {
+            reading.progress.read(mark);
         }
     }
 

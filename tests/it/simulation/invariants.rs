@@ -148,6 +148,7 @@ fn key_order(world: &World) -> Result<(), Violation> {
 pub async fn check(world: &mut World) -> Result<(), Violation> {
     unscripted_panic()?;
     key_order(world)?;
+    super::budget::quarantine_within_budget(world).await?;
     if let Some((invariant, what)) = world.store.stale_entries.lock().unwrap().first() {
         return Err(Violation::new(invariant, what.clone()));
     }

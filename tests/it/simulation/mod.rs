@@ -124,6 +124,7 @@
 //! acted) leave `status` unhealthy. At the end:
 //! every tick ends within its budget, each poller catches up, and every row of the current load is
 //! delivered or quarantined.
+mod budget;
 mod commits;
 mod config;
 mod invariants;

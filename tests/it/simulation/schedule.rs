@@ -82,6 +82,11 @@ pub enum Step {
     Unauthorized {
         ms: u64,
     },
+    /// The receiver refuses every row with 422 for this long (a bad deploy, issue 45 finding 8).
+    /// Drawn only by [`refusing`]'s runs, so that the seeds of the default run stay as they were.
+    RefuseRows {
+        ms: u64,
+    },
     /// The next requests hang until they time out.
     Timeouts {
         next: u8,
@@ -321,4 +326,16 @@ fn store_fault(rng: &mut fastrand::Rng) -> StoreFault {
             (StoreFault::LandNextDeleteButFail, 1),
         ],
     )
+}
+
+/// A run of the refusing receiver's seeds (issue 45, finding 8): the default run's step, except
+/// that about one 401 stretch in two (and one step in 40 besides) is a stretch of 422s for every
+/// row instead, drawn from `extra` so that the main draws stay those of the default run.
+pub fn refusing(extra: &mut fastrand::Rng, step: Step) -> Step {
+    let ms = pick(extra, &[(20_000, 1), (240_000, 2), (3_600_000, 1)]);
+    match step {
+        Step::Unauthorized { .. } if extra.bool() => Step::RefuseRows { ms },
+        _ if extra.u8(0..40) == 0 => Step::RefuseRows { ms },
+        step => step,
+    }
 }

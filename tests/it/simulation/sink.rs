@@ -1,5 +1,6 @@
 //! The scripted receiver: latency (more for a batch holding a slow row), an outage (503s),
-//! timeouts, an endpoint refusing everything (401s: a rotated token, issue 36), per-row permanent
+//! timeouts, an endpoint refusing everything (401s: a rotated token, issue 36), a stretch of 422s
+//! for every row (a bad deploy, issue 45 finding 8: the quarantine budget holds), per-row permanent
 //! refusals (a 422 for any batch holding a poison row), 409s that are not about the row (a
 //! receiver's own conflict: never a reason to quarantine), and fencing as the README asks of
 //! receivers (a batch whose token is below the highest one seen is refused with a 409), or no
@@ -29,6 +30,9 @@ pub struct SinkState {
     pub outage_until: Option<Instant>,
     /// Until then every request is refused with 401, whatever it holds: the endpoint, not a row.
     pub unauthorized_until: Option<Instant>,
+    /// Until then every row is refused with 422 (a receiver deployed with a bug, issue 45
+    /// finding 8): a refusal about the rows, which the quarantine budget bounds.
+    pub refuse_rows_until: Option<Instant>,
     /// The next this many requests time out.
     pub timeouts: u32,
     /// Rows (load, key) the receiver refuses for good, whatever their version.
@@ -156,6 +160,9 @@ impl Sink for ScriptedSink {
             |status: u16, body: String| SinkError::Rejected { batch_id: batch.batch_id.clone(), status, body };
         if state.unauthorized_until.is_some_and(|until| Instant::now() < until) {
             return Err(rejected(401, "invalid or expired token".to_string()));
+        }
+        if state.refuse_rows_until.is_some_and(|until| Instant::now() < until) {
+            return Err(rejected(422, "every row is refused (a bad deploy)".to_string()));
         }
         if let Some(bad) = rows.iter().find(|row| state.poison.contains(&(row.generation, row.key))) {
             return Err(rejected(422, format!("row {} of load {} is refused", bad.key, bad.generation)));

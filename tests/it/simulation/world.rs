@@ -86,6 +86,8 @@ pub struct World {
     pub quarantined: usize,
     /// Per poller: the versions committed behind what it read ([`super::commits`]).
     pub late: BTreeMap<String, super::commits::LateLedger>,
+    /// Per poller: every quarantine entry seen, with when it was written ([`super::budget`]).
+    pub quarantine_seen: BTreeMap<String, BTreeSet<(DateTime<Utc>, String)>>,
 }
 
 pub const OWNERS: [&str; 3] = ["owner-a", "owner-b", "owner-c"];
@@ -105,6 +107,7 @@ impl World {
             trace: Vec::new(),
             quarantined: 0,
             late: BTreeMap::new(),
+            quarantine_seen: BTreeMap::new(),
         };
         let logical = world.logical(POLLER);
         world.pollers.push(logical);
@@ -269,6 +272,9 @@ impl World {
             }
             Step::Unauthorized { ms } => {
                 self.sink.lock().unwrap().unauthorized_until = Some(Instant::now() + Duration::from_millis(ms))
+            }
+            Step::RefuseRows { ms } => {
+                self.sink.lock().unwrap().refuse_rows_until = Some(Instant::now() + Duration::from_millis(ms))
             }
             Step::Timeouts { next } => self.sink.lock().unwrap().timeouts += next as u32,
             Step::Heal => self.sink.lock().unwrap().poison.clear(),
@@ -503,6 +509,7 @@ impl World {
             let mut sink = self.sink.lock().unwrap();
             sink.outage_until = None;
             sink.unauthorized_until = None;
+            sink.refuse_rows_until = None;
             sink.timeouts = 0;
         }
         self.store.faults.lock().unwrap().clear();
@@ -516,7 +523,7 @@ impl World {
         self.wait_for_ticks().await?;
         for index in 0..self.pollers.len() {
             let rows = self.source.table.lock().unwrap().rows.len();
-            let limit = 20 + 3 * rows + super::commits::IDLE_TICKS_TO_SWEEP;
+            let limit = 20 + 3 * rows + super::commits::IDLE_TICKS_TO_SWEEP + super::budget::HOLD_TICKS;
             let mut caught_up = false;
             // Idle ticks in a row: the detector's sweep over the older buckets needs a full turn.
             let mut idle = 0;
