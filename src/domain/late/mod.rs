@@ -16,12 +16,15 @@
 //! | the same rows and sums      | nothing arrived                                       | nothing         |
 //! | more rows                   | rows committed late (and maybe others left)           | late: delivered |
 //! | as many rows, other sums    | keys arrived and as many left                         | late: delivered |
-//! | fewer rows                  | rows were updated (moved past the checkpoint) or deleted | record adopted |
+//! | 1-3 fewer, moments follow   | rows were updated (moved past the checkpoint) or deleted | record adopted |
+//! | 1-3 fewer, moments do not   | rows left and at least one came late                  | late: delivered |
+//! | 4 or more fewer             | cannot be told ([`moments`])                          | small: delivered again, uncounted; large: adopted, warned |
 //!
 //! A bucket that grew by one row whose hash is the difference of the sums has that one row
 //! delivered; otherwise the whole bucket is delivered again (same event ids, `late: true`), and
-//! its record becomes what was delivered. A bucket that shrank by more rows than arrived in it
-//! hides the arrivals: checking every tick makes that rare (docs/sources.md, "Late arrivals").
+//! its record becomes what was delivered. The moments (`Σv²`, `Σv³`, `Σv⁴` mod P) tell versions
+//! that left from one that came whenever at most four left between two recounts
+//! (docs/late-arrivals.md, issue 45).
 //!
 //! The window is tied to the checkpoint it was extended to (`checkpoint_batch`): a checkpoint moved
 //! by anything else (a reset, a clone, a build that does not keep the window) makes it stale, and

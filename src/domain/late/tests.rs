@@ -120,6 +120,43 @@ fn a_full_window_stays_a_few_kilobytes() {
     };
     let bytes = serde_json::to_vec_pretty(&record).unwrap().len();
     assert!(bytes < 12 * 1024, "{bytes} bytes");
+    // The moments (issue 45, finding 9): what they add to a full window, compact as stored.
+    let compact = serde_json::to_vec(&record).unwrap().len();
+    let mut without = record.clone();
+    for bucket in &mut without.window.as_mut().unwrap().buckets {
+        bucket.tally.moments = None;
+    }
+    let before = serde_json::to_vec(&without).unwrap().len();
+    println!("a full window: {compact} bytes, {before} without the moments");
+    assert!(compact - before < 32 * 64, "{compact} against {before}");
+}
+
+/// A window an earlier build wrote (no moments) is read as it is: nothing dropped. A bucket
+/// recounted unchanged gains the recount's moments; one that grew is late as before; one that
+/// shrank cannot be decided (delivered again, small).
+#[test]
+fn a_window_without_moments_is_read_and_gains_them_at_its_next_recount() {
+    let rows: Vec<KeyRow> = (1..=8).map(|id| row(id, id)).collect();
+    let current = extend(None, None, &[&rows], "b", &policy(64), at(0));
+    let mut json = serde_json::to_value(&current).unwrap();
+    for bucket in json["window"]["buckets"].as_array_mut().unwrap() {
+        bucket.as_object_mut().unwrap().remove("moments");
+    }
+    let legacy: LateRecord = serde_json::from_value(json).unwrap();
+    let window = legacy.window.clone().unwrap();
+    assert!(window.buckets.iter().all(|bucket| bucket.tally.moments.is_none()), "{window:?}");
+    let keys: Vec<(i64, i64)> = (1..=8).map(|id| (id, id)).collect();
+    let found = recount(&window, &keys, (8, 8));
+    let plan = plan_check(&window, &found).unwrap();
+    assert!(plan.late.is_empty() && plan.shrunk.len() == window.buckets.len(), "{plan:?}");
+    let mut record = legacy.clone();
+    for shrunk in &plan.shrunk {
+        record = adopt(&record, &shrunk.from, shrunk.recorded, shrunk.found);
+    }
+    assert_eq!(record.window, current.window, "rebased: the moments of the recount");
+    let shrunk = recount(&window, &[(1, 1), (2, 2), (3, 3), (5, 5), (6, 6), (7, 7), (8, 8)], (8, 8));
+    let plan = plan_check(&window, &shrunk).unwrap();
+    assert_eq!(plan.late.iter().map(|late| late.late_rows).collect::<Vec<_>>(), vec![0]);
 }
 
 #[test]
