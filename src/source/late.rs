@@ -255,6 +255,23 @@ fn hash_parts(engine: Engine, kind: KeyHashKind, x: &str, w: &str) -> (String, S
     }
 }
 
+/// `v²`, `v³`, `v⁴` modulo P of a row's `dbtrigger_v` ([`crate::domain::late::moments::powers`]):
+/// under 2^62 before each `%`, so exact in a signed 64-bit integer on every engine.
+fn moment_terms(engine: Engine) -> [String; 3] {
+    let modulus = KEY_HASH_MODULUS;
+    let v = match engine {
+        Engine::Postgres => "dbtrigger_v::bigint",
+        _ => "dbtrigger_v",
+    };
+    let square = format!("({v} * {v} % {modulus})");
+    let terms = [square.clone(), format!("({square} * {v} % {modulus})"), format!("({square} * {square} % {modulus})")];
+    // PostgreSQL sums an `int` into a `bigint` (a `bigint` into a `numeric`).
+    terms.map(|term| match engine {
+        Engine::Postgres => format!("({term})::int"),
+        _ => term,
+    })
+}
+
 /// The recount of buckets whose ranges end as `ends` says (`true`: at the checkpoint, included;
 /// `false`: before the next bucket's first cursor): `(bucket, rows, Σu, Σv)` for each, one
 /// aggregate a bucket over its own range of the `(cursor, pk…)` index, joined by `UNION ALL` (no
@@ -289,20 +306,30 @@ pub fn tally_sql(config: &SourceConfig, plan: &SeekPlan, ends: &[bool], kind: Ke
         if let Some(clause) = &config.where_clause {
             predicates.push(format!("({clause})"));
         }
-        let (bucket, count, sum_u, sum_v) = match engine {
-            Engine::MySql => (
-                format!("CAST({index} AS SIGNED)"),
-                "CAST(COUNT(*) AS SIGNED)".to_string(),
-                format!("CAST(SUM({u}) AS SIGNED)"),
-                format!("CAST(SUM({v}) AS SIGNED)"),
-            ),
-            Engine::Postgres => {
-                (format!("{index}::bigint"), "count(*)".to_string(), format!("sum({u})"), format!("sum({v})"))
-            }
-            Engine::Sqlite => (index.to_string(), "count(*)".to_string(), format!("sum({u})"), format!("sum({v})")),
+        let sums: Vec<String> = ["dbtrigger_u", "dbtrigger_v"]
+            .iter()
+            .map(|column| column.to_string())
+            .chain(moment_terms(engine))
+            .map(|term| match engine {
+                Engine::MySql => format!("CAST(SUM({term}) AS SIGNED)"),
+                _ => format!("sum({term})"),
+            })
+            .collect();
+        let (bucket, count) = match engine {
+            Engine::MySql => (format!("CAST({index} AS SIGNED)"), "CAST(COUNT(*) AS SIGNED)".to_string()),
+            Engine::Postgres => (format!("{index}::bigint"), "count(*)".to_string()),
+            Engine::Sqlite => (index.to_string(), "count(*)".to_string()),
+        };
+        // `u` and `v` computed once a row in their own subquery, which PostgreSQL and SQLite
+        // would otherwise flatten into every moment that names them (`OFFSET 0` keeps it apart).
+        let fence = match engine {
+            Engine::Postgres => " OFFSET 0",
+            Engine::Sqlite => " LIMIT -1 OFFSET 0",
+            Engine::MySql => "",
         };
         parts.push(format!(
-            "SELECT {bucket}, {count}, {sum_u}, {sum_v} FROM (SELECT {x} AS dbtrigger_x, {w} AS dbtrigger_w FROM {from} WHERE {}) AS dbtrigger_keys{index}",
+            "SELECT {bucket}, {count}, {} FROM (SELECT {u} AS dbtrigger_u, {v} AS dbtrigger_v FROM (SELECT {x} AS dbtrigger_x, {w} AS dbtrigger_w FROM {from} WHERE {}) AS dbtrigger_keys{index}{fence}) AS dbtrigger_versions{index}",
+            sums.join(", "),
             predicates.join(" AND ")
         ));
     }
@@ -462,15 +489,24 @@ where
     Ok(query)
 }
 
+/// The columns of a recount's row: the bucket, the count, `Σu`, `Σv` and the three moments.
+pub(crate) const TALLY_COLUMNS: usize = 7;
+
 /// The recount's rows as one tally per bucket (a bucket without a row has none).
-pub(crate) fn tallies(buckets: usize, rows: &[(i64, i64, i64, i64)]) -> Result<Vec<Tally>, SourceError> {
+pub(crate) fn tallies(buckets: usize, rows: &[[i64; TALLY_COLUMNS]]) -> Result<Vec<Tally>, SourceError> {
     let mut tallies = vec![Tally::default(); buckets];
-    for (bucket, count, sum_u, sum_v) in rows {
+    for [bucket, count, sum_u, sum_v, v2, v3, v4] in rows {
         let tally = usize::try_from(*bucket)
             .ok()
             .and_then(|index| tallies.get_mut(index))
             .ok_or_else(|| SourceError::Position(format!("the recount returned bucket {bucket} of {buckets}")))?;
-        *tally = Tally { rows: (*count).max(0) as u64, sum_u: (*sum_u).max(0) as u64, sum_v: (*sum_v).max(0) as u64 };
+        let number = |value: &i64| (*value).max(0) as u64;
+        *tally = Tally {
+            rows: number(count),
+            sum_u: number(sum_u),
+            sum_v: number(sum_v),
+            moments: Some([number(v2), number(v3), number(v4)]),
+        };
     }
     Ok(tallies)
 }
@@ -505,7 +541,11 @@ where
                 .map(Option::unwrap_or_default)
                 .map_err(|error| SourceError::Query { location: redaction.location.clone(), reason: error.to_string() })
         };
-        numbers.push((get(0)?, get(1)?, get(2)?, get(3)?));
+        let mut columns = [0i64; TALLY_COLUMNS];
+        for (index, column) in columns.iter_mut().enumerate() {
+            *column = get(index)?;
+        }
+        numbers.push(columns);
     }
     tallies(check.ranges.len(), &numbers)
 }
@@ -629,15 +669,20 @@ mod tests {
         let word = |start: usize| format!("(('x' || substr(dbtrigger_x, {start}, 8))::bit(32)::bigint >> 1)");
         let u = format!("(({} + (dbtrigger_w) * 1103515245 % 2147483647) % 2147483647)", word(1));
         let v = format!("(({} + {u} * {u} % 2147483647) % 2147483647)", word(9));
-        let sums = format!("sum(({u})::int), sum(({v})::int)");
+        let square = "(dbtrigger_v::bigint * dbtrigger_v::bigint % 2147483647)";
+        let sums = format!(
+            "sum(dbtrigger_u), sum(dbtrigger_v), sum(({square})::int), \
+             sum((({square} * dbtrigger_v::bigint % 2147483647))::int), sum((({square} * {square} % 2147483647))::int)"
+        );
+        let versions = format!("SELECT ({u})::int AS dbtrigger_u, ({v})::int AS dbtrigger_v");
         assert_eq!(
             late.sql,
             format!(
-                "SELECT 0::bigint, count(*), {sums} FROM (SELECT {x} AS dbtrigger_w FROM \"public\".\"orders\" \
-                 WHERE \"updated_at\" >= (SELECT $1::TIMESTAMPTZ) AND \"updated_at\" < (SELECT $2::TIMESTAMPTZ) AND (tenant = 7)) AS dbtrigger_keys0 \
-                 UNION ALL SELECT 1::bigint, count(*), {sums} FROM (SELECT {x} AS dbtrigger_w FROM \"public\".\"orders\" \
+                "SELECT 0::bigint, count(*), {sums} FROM ({versions} FROM (SELECT {x} AS dbtrigger_w FROM \"public\".\"orders\" \
+                 WHERE \"updated_at\" >= (SELECT $1::TIMESTAMPTZ) AND \"updated_at\" < (SELECT $2::TIMESTAMPTZ) AND (tenant = 7)) AS dbtrigger_keys0 OFFSET 0) AS dbtrigger_versions0 \
+                 UNION ALL SELECT 1::bigint, count(*), {sums} FROM ({versions} FROM (SELECT {x} AS dbtrigger_w FROM \"public\".\"orders\" \
                  WHERE \"updated_at\" >= (SELECT $3::TIMESTAMPTZ) AND \"updated_at\" <= (SELECT $4::TIMESTAMPTZ) \
-                 AND (\"updated_at\", \"tenant\", \"id\") <= ((SELECT $5::TIMESTAMPTZ), (SELECT $6::INT4), (SELECT $7::INT8)) AND (tenant = 7)) AS dbtrigger_keys1"
+                 AND (\"updated_at\", \"tenant\", \"id\") <= ((SELECT $5::TIMESTAMPTZ), (SELECT $6::INT4), (SELECT $7::INT8)) AND (tenant = 7)) AS dbtrigger_keys1 OFFSET 0) AS dbtrigger_versions1"
             )
         );
         assert_eq!(
@@ -669,7 +714,9 @@ mod tests {
             late.sql
         );
         assert!(
-            late.sql.contains("`updated_at` >= ? AND `updated_at` < ?) AS dbtrigger_keys0 UNION ALL"),
+            late.sql.contains(
+                "`updated_at` >= ? AND `updated_at` < ?) AS dbtrigger_keys0) AS dbtrigger_versions0 UNION ALL"
+            ),
             "{}",
             late.sql
         );
@@ -681,7 +728,16 @@ mod tests {
         assert_eq!(&late.slots[..3], &[LateSlot::Bound(0), LateSlot::End(0), LateSlot::Bound(1)]);
         source.engine = Engine::Sqlite;
         let sqlite = tally_sql(&source, &plan(), &[true], KeyHashKind::Integer);
-        assert!(sqlite.sql.starts_with("SELECT 0, count(*), sum((dbtrigger_x >> 31)), sum((dbtrigger_x & 2147483647)) FROM (SELECT dbtrigger_key_hash(\"updated_at\", \"id\") AS dbtrigger_x, 0 AS dbtrigger_w"), "{}", sqlite.sql);
+        assert!(late.sql.contains("CAST(SUM(dbtrigger_u) AS SIGNED), CAST(SUM(dbtrigger_v) AS SIGNED), CAST(SUM((dbtrigger_v * dbtrigger_v % 2147483647)) AS SIGNED)"), "{}", late.sql);
+        assert!(sqlite.sql.starts_with("SELECT 0, count(*), sum(dbtrigger_u), sum(dbtrigger_v), sum((dbtrigger_v * dbtrigger_v % 2147483647)), \
+            sum(((dbtrigger_v * dbtrigger_v % 2147483647) * dbtrigger_v % 2147483647)), sum(((dbtrigger_v * dbtrigger_v % 2147483647) * (dbtrigger_v * dbtrigger_v % 2147483647) % 2147483647)) \
+            FROM (SELECT (dbtrigger_x >> 31) AS dbtrigger_u, (dbtrigger_x & 2147483647) AS dbtrigger_v \
+            FROM (SELECT dbtrigger_key_hash(\"updated_at\", \"id\") AS dbtrigger_x, 0 AS dbtrigger_w FROM"), "{}", sqlite.sql);
+        assert!(
+            sqlite.sql.ends_with(") AS dbtrigger_keys0 LIMIT -1 OFFSET 0) AS dbtrigger_versions0"),
+            "{}",
+            sqlite.sql
+        );
     }
 
     #[test]
@@ -718,8 +774,11 @@ mod tests {
 
     #[test]
     fn a_recount_row_of_a_bucket_out_of_range_is_an_error_not_a_panic() {
-        assert_eq!(tallies(2, &[(1, 3, 30, 300)]).unwrap()[1], Tally { rows: 3, sum_u: 30, sum_v: 300 });
-        assert!(tallies(2, &[(2, 1, 1, 1)]).is_err());
-        assert!(tallies(2, &[(-1, 1, 1, 1)]).is_err());
+        assert_eq!(
+            tallies(2, &[[1, 3, 30, 300, 1, 2, 3]]).unwrap()[1],
+            Tally { rows: 3, sum_u: 30, sum_v: 300, moments: Some([1, 2, 3]) }
+        );
+        assert!(tallies(2, &[[2, 1, 1, 1, 0, 0, 0]]).is_err());
+        assert!(tallies(2, &[[-1, 1, 1, 1, 0, 0, 0]]).is_err());
     }
 }

@@ -404,8 +404,11 @@ impl Source for SqliteSource {
                 let mut statement = connection.prepare_cached(&late.sql).map_err(failed)?;
                 let rows = statement
                     .query_map(rusqlite::params_from_iter(bound), |row| {
-                        let get = |index: usize| row.get::<_, Option<i64>>(index).map(Option::unwrap_or_default);
-                        Ok((get(0)?, get(1)?, get(2)?, get(3)?))
+                        let mut columns = [0i64; late::TALLY_COLUMNS];
+                        for (index, column) in columns.iter_mut().enumerate() {
+                            *column = row.get::<_, Option<i64>>(index)?.unwrap_or_default();
+                        }
+                        Ok(columns)
                     })
                     .map_err(failed)?
                     .collect::<Result<Vec<_>, _>>()

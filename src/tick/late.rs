@@ -16,7 +16,10 @@
 //!   (recorded for status and the watchdog, and kept recorded until it is delivered); the bucket
 //!   is marked undelivered (never pruned from the window, checked at every tick). The checkpoint
 //!   never moves here.
-//! - Buckets that shrank (rows updated past the checkpoint, or deleted) are adopted: not late.
+//! - Buckets that shrank (rows updated past the checkpoint, or deleted) are adopted when the
+//!   moments say the versions that left explain the recount ([`late::moments`]); one where a
+//!   version also came is late; one they cannot decide is delivered again when small, else
+//!   adopted with a warning.
 
 use std::sync::atomic::Ordering;
 
@@ -200,6 +203,15 @@ impl Poller {
             record.undelivered_after = None;
         }
         for shrunk in &found.plan.shrunk {
+            if shrunk.undecided {
+                warn!(
+                    poller = %self.config.poller_name,
+                    bucket = %shrunk.from.to_json(),
+                    rows_before = shrunk.recorded.rows,
+                    rows_now = shrunk.found.rows,
+                    "a late-arrival bucket lost too many rows since its last recount to tell whether one also arrived; adopted (a row committed late there is not found)"
+                );
+            }
             record = late::adopt(&record, &shrunk.from, shrunk.recorded, shrunk.found);
         }
         document.late = Some(record);

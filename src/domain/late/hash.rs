@@ -32,7 +32,8 @@
 //! hours); otherwise, as for any other change of the set, about 2^-62 for keys hashed with
 //! SHA-256, and for integer keys about 2^-62 too unless the versions are chosen to collide (sets
 //! with equal sums of `u` and of squares modulo P, left and arriving together within one check).
-//! A count that grew is seen whatever the sums.
+//! A count that grew is seen whatever the sums; one that shrank is judged by the moments of `v`
+//! ([`super::moments`]).
 
 use sha2::{Digest, Sha256};
 

@@ -16,18 +16,22 @@
 //! | the same rows and sums      | nothing arrived                                       | nothing         |
 //! | more rows                   | rows committed late (and maybe others left)           | late: delivered |
 //! | as many rows, other sums    | keys arrived and as many left                         | late: delivered |
-//! | fewer rows                  | rows were updated (moved past the checkpoint) or deleted | record adopted |
+//! | 1-3 fewer, moments follow   | rows were updated (moved past the checkpoint) or deleted | record adopted |
+//! | 1-3 fewer, moments do not   | rows left and at least one came late                  | late: delivered |
+//! | 4 or more fewer             | cannot be told ([`moments`])                          | small: delivered again, uncounted; large: adopted, warned |
 //!
 //! A bucket that grew by one row whose hash is the difference of the sums has that one row
 //! delivered; otherwise the whole bucket is delivered again (same event ids, `late: true`), and
-//! its record becomes what was delivered. A bucket that shrank by more rows than arrived in it
-//! hides the arrivals: checking every tick makes that rare (docs/sources.md, "Late arrivals").
+//! its record becomes what was delivered. The moments (`Σv²`, `Σv³`, `Σv⁴` mod P) tell versions
+//! that left from one that came whenever at most four left between two recounts
+//! (docs/late-arrivals.md, issue 45).
 //!
 //! The window is tied to the checkpoint it was extended to (`checkpoint_batch`): a checkpoint moved
 //! by anything else (a reset, a clone, a build that does not keep the window) makes it stale, and
 //! the next commit starts a new one.
 
 pub mod hash;
+pub mod moments;
 pub mod sweep;
 
 use std::cmp::Ordering;
@@ -63,24 +67,75 @@ pub struct WindowPolicy {
     pub rows: u64,
 }
 
-/// A bucket's row count and key sums.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+/// A bucket's row count, key sums and moments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tally {
     pub rows: u64,
     pub sum_u: u64,
     pub sum_v: u64,
+    /// The sums of `v²`, `v³` and `v⁴` modulo P over the bucket's versions ([`moments`]): what
+    /// tells the versions that left a bucket from one that came when its count shrank. Absent in
+    /// a window an earlier build wrote: such a bucket gets them at its next recount.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moments: Option<[u64; 3]>,
+}
+
+impl Default for Tally {
+    /// An empty bucket's tally (with its moments: zero).
+    fn default() -> Tally {
+        Tally { rows: 0, sum_u: 0, sum_v: 0, moments: Some([0; 3]) }
+    }
 }
 
 impl Tally {
+    /// A tally of these numbers, without moments (as an earlier build recorded).
+    pub fn counted(rows: u64, sum_u: u64, sum_v: u64) -> Tally {
+        Tally { rows, sum_u, sum_v, moments: None }
+    }
+
     pub fn add(&mut self, hash: KeyHash) {
         self.rows += 1;
         self.sum_u += u64::from(hash.u);
         self.sum_v += u64::from(hash.v);
+        if let Some(sums) = self.moments.as_mut() {
+            for (sum, power) in sums.iter_mut().zip(moments::powers(hash.v)) {
+                *sum += power;
+            }
+        }
     }
 
     /// The tally of two ranges together.
     pub fn plus(&self, other: &Tally) -> Tally {
-        Tally { rows: self.rows + other.rows, sum_u: self.sum_u + other.sum_u, sum_v: self.sum_v + other.sum_v }
+        let moments = match (self.moments, other.moments) {
+            (Some(a), Some(b)) => Some([a[0] + b[0], a[1] + b[1], a[2] + b[2]]),
+            _ => None,
+        };
+        Tally {
+            rows: self.rows + other.rows,
+            sum_u: self.sum_u + other.sum_u,
+            sum_v: self.sum_v + other.sum_v,
+            moments,
+        }
+    }
+
+    /// `recount`, plus what was added to this tally since it was `checked`.
+    fn rebased(&self, checked: &Tally, recount: &Tally) -> Tally {
+        let moments = if self == checked {
+            recount.moments
+        } else {
+            match (recount.moments, self.moments, checked.moments) {
+                (Some(found), Some(now), Some(then)) => {
+                    Some(std::array::from_fn(|index| found[index] + now[index].saturating_sub(then[index])))
+                }
+                _ => None,
+            }
+        };
+        Tally {
+            rows: recount.rows + self.rows.saturating_sub(checked.rows),
+            sum_u: recount.sum_u + self.sum_u.saturating_sub(checked.sum_u),
+            sum_v: recount.sum_v + self.sum_v.saturating_sub(checked.sum_v),
+            moments,
+        }
     }
 }
 
@@ -354,19 +409,40 @@ pub enum BucketChange {
     },
     /// As many rows, other keys: at least one arrived late, as many left.
     Replaced,
-    /// Fewer rows: updated past the checkpoint, or deleted. Not a late arrival.
+    /// Fewer rows, and the moments say the versions that left explain the recount: rows updated
+    /// past the checkpoint (or into another bucket), or deleted. Not a late arrival.
     Shrank,
+    /// Fewer rows, and the moments say a version also came: at least one arrived late.
+    ShrankAndGrew,
+    /// Fewer rows, too many fewer (or a record without moments, an earlier build's) for the
+    /// moments to tell whether a version also came.
+    Undecided,
+    /// The same rows and sums, the record without moments: the recount's become the record.
+    Rebased,
 }
 
 pub fn classify(recorded: &Tally, found: &Tally) -> BucketChange {
     if found.rows > recorded.rows {
         return BucketChange::Grew { late_rows: found.rows - recorded.rows };
     }
-    if found.rows < recorded.rows {
-        return BucketChange::Shrank;
+    if found.rows == recorded.rows {
+        return match recorded.moments {
+            _ if found == recorded => BucketChange::Same,
+            None if (found.sum_u, found.sum_v) == (recorded.sum_u, recorded.sum_v) => BucketChange::Rebased,
+            _ => BucketChange::Replaced,
+        };
     }
-    if found == recorded { BucketChange::Same } else { BucketChange::Replaced }
+    match moments::departures_only(recorded, found) {
+        Some(true) => BucketChange::Shrank,
+        Some(false) => BucketChange::ShrankAndGrew,
+        None => BucketChange::Undecided,
+    }
 }
+
+/// A bucket whose shrink the moments cannot decide is delivered again when it holds at most
+/// this many rows (a fresh bucket, or a small one): a receiver that dedupes on `event_id` sees
+/// nothing new unless a row did arrive. A larger one is adopted, with a warning.
+pub const UNDECIDED_REDELIVERY_ROWS: u64 = 4 * FRESH_BUCKET_ROWS;
 
 /// Where a bucket's range ends.
 #[derive(Debug, Clone, PartialEq)]
@@ -392,12 +468,16 @@ pub struct LateBucket {
     pub since: DateTime<Utc>,
 }
 
-/// A bucket with fewer rows than recorded: its record becomes the recount.
+/// A bucket with fewer rows than recorded and none arrived (or a record gaining its moments):
+/// its record becomes the recount.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ShrunkBucket {
     pub from: CursorValue,
     pub recorded: Tally,
     pub found: Tally,
+    /// The moments could not tell whether a row also arrived (too many left): adopted all the
+    /// same, said by a warning.
+    pub undecided: bool,
 }
 
 /// What a check found.
@@ -445,14 +525,22 @@ pub fn plan_partial(window: &Window, indices: &[usize], found: &[Tally]) -> Resu
     let mut plan = CheckPlan::default();
     for (&index, found) in indices.iter().zip(found) {
         let bucket = &window.buckets[index];
+        let adopted =
+            |undecided| ShrunkBucket { from: froms[index].clone(), recorded: bucket.tally, found: *found, undecided };
         let late_rows = match classify(&bucket.tally, found) {
             BucketChange::Same => continue,
-            BucketChange::Shrank => {
-                plan.shrunk.push(ShrunkBucket { from: froms[index].clone(), recorded: bucket.tally, found: *found });
+            BucketChange::Shrank | BucketChange::Rebased => {
+                plan.shrunk.push(adopted(false));
                 continue;
             }
+            BucketChange::Undecided if found.rows > UNDECIDED_REDELIVERY_ROWS => {
+                plan.shrunk.push(adopted(true));
+                continue;
+            }
+            // Delivered again, none counted: a row may have arrived, none is known to.
+            BucketChange::Undecided => 0,
             BucketChange::Grew { late_rows } => late_rows,
-            BucketChange::Replaced => 1,
+            BucketChange::Replaced | BucketChange::ShrankAndGrew => 1,
         };
         let until = end_of(&froms, index);
         plan.late.push(LateBucket {
@@ -498,9 +586,11 @@ pub fn after_redelivery(
         next.undelivered = None;
         next.undelivered_after = None;
     }
-    next.found += late_rows;
-    next.max_lateness_seconds = Some(next.max_lateness_seconds.unwrap_or(0).max(lateness_seconds));
-    next.last_found_at = Some(now);
+    if late_rows > 0 {
+        next.found += late_rows;
+        next.max_lateness_seconds = Some(next.max_lateness_seconds.unwrap_or(0).max(lateness_seconds));
+        next.last_found_at = Some(now);
+    }
     next
 }
 
@@ -521,11 +611,7 @@ pub fn adopt(record: &LateRecord, from: &CursorValue, checked: Tally, recount: T
                 .is_some_and(|order| order != Ordering::Greater)
         });
         if let Some(bucket) = holder.map(|index| &mut window.buckets[index]) {
-            bucket.tally = Tally {
-                rows: recount.rows + bucket.tally.rows.saturating_sub(checked.rows),
-                sum_u: recount.sum_u + bucket.tally.sum_u.saturating_sub(checked.sum_u),
-                sum_v: recount.sum_v + bucket.tally.sum_v.saturating_sub(checked.sum_v),
-            };
+            bucket.tally = bucket.tally.rebased(&checked, &recount);
         }
     }
     next

@@ -97,7 +97,7 @@ mod tests {
                 let bucket = Bucket {
                     from: serde_json::json!(from),
                     from_text: None,
-                    tally: Tally { rows: *rows, sum_u: 0, sum_v: 0 },
+                    tally: Tally { rows: *rows, ..Tally::default() },
                     since: DateTime::<Utc>::UNIX_EPOCH,
                 };
                 from += *rows as i64;

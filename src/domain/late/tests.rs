@@ -120,6 +120,43 @@ fn a_full_window_stays_a_few_kilobytes() {
     };
     let bytes = serde_json::to_vec_pretty(&record).unwrap().len();
     assert!(bytes < 12 * 1024, "{bytes} bytes");
+    // The moments (issue 45, finding 9): what they add to a full window, compact as stored.
+    let compact = serde_json::to_vec(&record).unwrap().len();
+    let mut without = record.clone();
+    for bucket in &mut without.window.as_mut().unwrap().buckets {
+        bucket.tally.moments = None;
+    }
+    let before = serde_json::to_vec(&without).unwrap().len();
+    println!("a full window: {compact} bytes, {before} without the moments");
+    assert!(compact - before < 32 * 64, "{compact} against {before}");
+}
+
+/// A window an earlier build wrote (no moments) is read as it is: nothing dropped. A bucket
+/// recounted unchanged gains the recount's moments; one that grew is late as before; one that
+/// shrank cannot be decided (delivered again, small).
+#[test]
+fn a_window_without_moments_is_read_and_gains_them_at_its_next_recount() {
+    let rows: Vec<KeyRow> = (1..=8).map(|id| row(id, id)).collect();
+    let current = extend(None, None, &[&rows], "b", &policy(64), at(0));
+    let mut json = serde_json::to_value(&current).unwrap();
+    for bucket in json["window"]["buckets"].as_array_mut().unwrap() {
+        bucket.as_object_mut().unwrap().remove("moments");
+    }
+    let legacy: LateRecord = serde_json::from_value(json).unwrap();
+    let window = legacy.window.clone().unwrap();
+    assert!(window.buckets.iter().all(|bucket| bucket.tally.moments.is_none()), "{window:?}");
+    let keys: Vec<(i64, i64)> = (1..=8).map(|id| (id, id)).collect();
+    let found = recount(&window, &keys, (8, 8));
+    let plan = plan_check(&window, &found).unwrap();
+    assert!(plan.late.is_empty() && plan.shrunk.len() == window.buckets.len(), "{plan:?}");
+    let mut record = legacy.clone();
+    for shrunk in &plan.shrunk {
+        record = adopt(&record, &shrunk.from, shrunk.recorded, shrunk.found);
+    }
+    assert_eq!(record.window, current.window, "rebased: the moments of the recount");
+    let shrunk = recount(&window, &[(1, 1), (2, 2), (3, 3), (5, 5), (6, 6), (7, 7), (8, 8)], (8, 8));
+    let plan = plan_check(&window, &shrunk).unwrap();
+    assert_eq!(plan.late.iter().map(|late| late.late_rows).collect::<Vec<_>>(), vec![0]);
 }
 
 #[test]
@@ -153,11 +190,64 @@ fn a_new_window_starts_after_the_previous_checkpoints_cursor() {
 
 #[test]
 fn a_recount_is_late_only_when_it_grew_or_its_keys_changed() {
-    let recorded = Tally { rows: 3, sum_u: 30, sum_v: 300 };
+    let tally = |versions: &[(i64, i64)]| {
+        let mut tally = Tally::default();
+        for (cursor, id) in versions {
+            tally.add(row(*cursor, *id).hash);
+        }
+        tally
+    };
+    let recorded = tally(&[(1, 1), (2, 2), (3, 3), (4, 4)]);
     assert_eq!(classify(&recorded, &recorded), BucketChange::Same);
-    assert_eq!(classify(&recorded, &Tally { rows: 5, ..recorded }), BucketChange::Grew { late_rows: 2 });
-    assert_eq!(classify(&recorded, &Tally { sum_v: 301, ..recorded }), BucketChange::Replaced);
-    assert_eq!(classify(&recorded, &Tally { rows: 2, sum_u: 20, sum_v: 200 }), BucketChange::Shrank);
+    let grew = tally(&[(1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6)]);
+    assert_eq!(classify(&recorded, &grew), BucketChange::Grew { late_rows: 2 });
+    assert_eq!(classify(&recorded, &tally(&[(1, 1), (2, 2), (3, 3), (5, 5)])), BucketChange::Replaced);
+    // Rows 3 and 4 updated past the checkpoint (or deleted): adopted.
+    assert_eq!(classify(&recorded, &tally(&[(1, 1), (2, 2)])), BucketChange::Shrank);
+    // Row 3 updated past the checkpoint, row 2's update committed late at cursor 2.5's place
+    // (cursor 3 here, the same bucket): one row fewer, and a version came (issue 45, finding 9).
+    assert_eq!(classify(&recorded, &tally(&[(1, 1), (3, 2), (4, 4)])), BucketChange::ShrankAndGrew);
+    // Four fewer: the moments cannot tell.
+    let wide = tally(&(1..=10).map(|id| (id, id)).collect::<Vec<_>>());
+    assert_eq!(classify(&wide, &tally(&(5..=10).map(|id| (id, id)).collect::<Vec<_>>())), BucketChange::Undecided);
+    // A record an earlier build wrote (no moments): rebased when nothing changed, undecided when
+    // it shrank, late as before when it grew or its sums changed.
+    let legacy = Tally { moments: None, ..recorded };
+    assert_eq!(classify(&legacy, &recorded), BucketChange::Rebased);
+    assert_eq!(classify(&legacy, &tally(&[(1, 1), (2, 2)])), BucketChange::Undecided);
+    assert_eq!(classify(&legacy, &grew), BucketChange::Grew { late_rows: 2 });
+    assert_eq!(classify(&legacy, &tally(&[(1, 1), (2, 2), (3, 3), (5, 5)])), BucketChange::Replaced);
+}
+
+/// The plan for a bucket that shrank: adopted when only departures explain it; delivered again
+/// when a version also came (one counted late) or when it cannot tell and the bucket is small
+/// (none counted); adopted, marked undecided, when it cannot tell and the bucket is large.
+#[test]
+fn a_shrink_is_adopted_only_when_departures_explain_it() {
+    let rows: Vec<KeyRow> = (1..=300).map(|id| row(id, id)).collect();
+    let window = extend(None, None, &[&rows[..4]], "b", &policy(64), at(0)).window.unwrap();
+    assert_eq!(rows_of(&window), vec![4]);
+    let plan = |keys: &[(i64, i64)]| plan_check(&window, &recount(&window, keys, (4, 4))).unwrap();
+    let departed = plan(&[(1, 1), (4, 4)]);
+    assert!(departed.late.is_empty() && departed.shrunk.len() == 1 && !departed.shrunk[0].undecided);
+    let both = plan(&[(1, 1), (3, 2), (4, 4)]);
+    assert_eq!((both.late.len(), both.late[0].late_rows, both.late[0].single), (1, 1, None));
+    let mut large = window.clone();
+    large.buckets[0].tally = rows.iter().fold(Tally::default(), |mut tally, row| {
+        tally.add(row.hash);
+        tally
+    });
+    let keys: Vec<(i64, i64)> = (1..=300).filter(|id| id % 50 != 0).map(|id| (id, id)).collect();
+    let plan = plan_check(&large, &recount(&large, &keys, (300, 300))).unwrap();
+    assert!(plan.late.is_empty() && plan.shrunk[0].undecided, "{plan:?}");
+    let mut small_window = large.clone();
+    small_window.buckets[0].tally = rows[..64].iter().fold(Tally::default(), |mut tally, row| {
+        tally.add(row.hash);
+        tally
+    });
+    let keys: Vec<(i64, i64)> = (1..=64).filter(|id| id % 10 != 0).map(|id| (id, id)).collect();
+    let plan = plan_check(&small_window, &recount(&small_window, &keys, (64, 64))).unwrap();
+    assert_eq!((plan.late.len(), plan.late[0].late_rows), (1, 0), "{plan:?}");
 }
 
 #[test]
@@ -182,6 +272,7 @@ fn one_new_row_is_named_by_its_hash_and_the_plan_says_what_to_do() {
         from: CursorValue::Integer(21),
         recorded: window.buckets[2].tally,
         found: recount(&window, &keys, (30, 30))[2],
+        undecided: false,
     };
     assert_eq!(plan.shrunk, vec![shrunk.clone()]);
     // After its delivery the record is the recount: the next check finds nothing.
@@ -260,7 +351,9 @@ fn lateness_is_measured_from_the_cursor_time_or_from_when_the_bucket_was_committ
 proptest! {
     /// The detector's promise, over any delivery and any later changes: a bucket that received
     /// rows and lost none is found late with exactly that many rows (the one row named when it
-    /// is one); a bucket that received nothing is never called late.
+    /// is one); one that received rows and lost up to four is found late too; a bucket that
+    /// received nothing is never called late (delivered again uncounted only when it lost four
+    /// rows or more than it received, which the moments cannot decide).
     #[test]
     fn every_bucket_that_only_grew_is_found_and_no_other_is_called_late(
         delivered_count in 1usize..120,
@@ -312,20 +405,32 @@ proptest! {
         let plan = plan_check(&window, &recount(&window, &keys, checkpoint)).unwrap();
         let late_froms: Vec<i64> = plan.late.iter().map(|late| match &late.from { CursorValue::Integer(value) => *value, _ => unreachable!() }).collect();
         for (bucket, ids) in &added {
-            if removed.get(bucket).copied().unwrap_or(0) > 0 {
+            let lost = removed.get(bucket).copied().unwrap_or(0);
+            let position = late_froms.iter().position(|from| *from == froms[*bucket]);
+            // Issue 45, finding 9: beside up to MOMENTS departures an arrival is found too.
+            if lost <= moments::MOMENTS as u64 {
+                prop_assert!(position.is_some(), "bucket {bucket} grew by {ids:?}, lost {lost}, and was not found");
+            }
+            if lost > 0 {
                 continue;
             }
-            let position = late_froms.iter().position(|from| *from == froms[*bucket]);
-            prop_assert!(position.is_some(), "bucket {bucket} grew by {ids:?} and was not found");
             let late = &plan.late[position.unwrap()];
             prop_assert_eq!(late.late_rows, ids.len() as u64);
             if ids.len() == 1 {
                 prop_assert_eq!(late.single, Some(row(ids[0].0, ids[0].1).hash));
             }
         }
-        for from in &late_froms {
-            let bucket = froms.iter().position(|value| value == from).unwrap();
-            prop_assert!(added.contains_key(&bucket), "bucket {bucket} called late without an arrival");
+        for late in &plan.late {
+            let from = match &late.from { CursorValue::Integer(value) => *value, _ => unreachable!() };
+            let bucket = froms.iter().position(|value| *value == from).unwrap();
+            if late.late_rows == 0 {
+                // Delivered again uncounted: only a shrink the moments cannot decide.
+                let lost = removed.get(&bucket).copied().unwrap_or(0);
+                let came = added.get(&bucket).map_or(0, Vec::len) as u64;
+                prop_assert!(lost >= came + moments::MOMENTS as u64, "bucket {bucket} redelivered, lost {lost}, came {came}");
+            } else {
+                prop_assert!(added.contains_key(&bucket), "bucket {bucket} called late without an arrival");
+            }
         }
     }
 }
@@ -371,22 +476,13 @@ fn a_late_write_finds_the_bucket_its_rows_were_merged_into() {
     let neighbour = window.buckets[0].tally;
     // The commits merged bucket 1 into bucket 0.
     let mut merged = window.clone();
-    merged.buckets[0].tally.rows += checked.rows;
-    merged.buckets[0].tally.sum_u += checked.sum_u;
-    merged.buckets[0].tally.sum_v += checked.sum_v;
+    merged.buckets[0].tally = merged.buckets[0].tally.plus(&checked);
     merged.buckets.remove(1);
     let record = LateRecord { window: Some(merged), ..LateRecord::default() };
     let from = window.buckets[1].from_cursor("integer").unwrap();
     let written = after_redelivery(&record, &from, checked, found, 1, 3, at(2));
     let tally = written.window.unwrap().buckets[0].tally;
-    assert_eq!(
-        tally,
-        Tally {
-            rows: neighbour.rows + found.rows,
-            sum_u: neighbour.sum_u + found.sum_u,
-            sum_v: neighbour.sum_v + found.sum_v
-        }
-    );
+    assert_eq!(tally, neighbour.plus(&found));
 }
 
 /// A check of some buckets only: each found tally is compared with its own bucket, and a late

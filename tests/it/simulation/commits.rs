@@ -10,10 +10,10 @@
 //!   flight may commit past it later), it is older than the first bucket of the poller's
 //!   late-arrival window (or there is no window reaching the checkpoint): the detector cannot
 //!   see it, by its documented bound. It is **beyond the window**, and excused.
-//! - a row the poller had passed left its range (an update moved it past the checkpoint) between
-//!   two of the poller's ticks around the late commit: a bucket that lost more rows than arrived
-//!   in it hides the arrivals (docs/late-arrivals.md, `domain::late`'s table). It is **hidden by
-//!   a shrink**, and excused (a documented limit, counted apart).
+//!
+//! A row the poller had passed that left its range (an update moved it past the checkpoint, or
+//! into another bucket) around a late commit excuses nothing: the recount's moments tell the
+//! versions that left a bucket from one that came (issue 45, finding 9; docs/late-arrivals.md).
 //!
 //! Every version committed behind counts: the detector may never report more late rows than
 //! that ("nothing is reported late that was not").
@@ -43,12 +43,6 @@ pub struct LateLedger {
     pub beyond: u64,
     /// Versions of `behind` whose place against the window was judged.
     pub judged: BTreeSet<RowId>,
-    /// Versions committed behind since the poller's last tick that recounted the window ended.
-    pub since_tick: Vec<RowId>,
-    /// A row the poller had passed left its range since its last tick ended.
-    pub shrank_since_tick: bool,
-    /// Versions excused as hidden by a bucket that shrank.
-    pub hidden: u64,
 }
 
 /// Judges the versions a commit made visible, for every poller (see the module).
@@ -66,46 +60,8 @@ pub async fn committed(world: &mut World, versions: &[RowId]) {
         for row in &behind {
             ledger.count += 1;
             ledger.behind.insert(*row);
-            ledger.since_tick.push(*row);
         }
         world.note_public(format!("{index}/committed behind what it read: {behind:?}"));
-        hide_if_shrank(world, index);
-    }
-}
-
-/// Rows left their place (`moved`: each version before an update, and after): when poller
-/// `index` had passed one and the update moved it past the checkpoint, see the module.
-pub async fn moved(world: &mut World, moved: &[(RowId, RowId)]) {
-    for index in 0..world.pollers.len() {
-        let sight = Sight::of(world, index).await;
-        if moved.iter().any(|(before, after)| sight.passed(before) && !sight.passed(after)) {
-            let name = world.pollers[index].config.poller_name.clone();
-            world.late.entry(name).or_default().shrank_since_tick = true;
-            hide_if_shrank(world, index);
-        }
-    }
-}
-
-fn hide_if_shrank(world: &mut World, index: usize) {
-    let name = world.pollers[index].config.poller_name.clone();
-    let Some(ledger) = world.late.get_mut(&name) else {
-        return;
-    };
-    if !ledger.shrank_since_tick || ledger.since_tick.is_empty() {
-        return;
-    }
-    let hidden = std::mem::take(&mut ledger.since_tick);
-    ledger.hidden += hidden.len() as u64;
-    world.pollers[index].excused.extend(hidden.iter().copied());
-    world.note_public(format!("{index}/late versions a bucket that shrank may hide (excused): {hidden:?}"));
-}
-
-/// A tick of poller `index` that recounted the window ended: what it checked is behind it.
-pub fn tick_ended(world: &mut World, index: usize) {
-    let name = world.pollers[index].config.poller_name.clone();
-    if let Some(ledger) = world.late.get_mut(&name) {
-        ledger.since_tick.clear();
-        ledger.shrank_since_tick = false;
     }
 }
 

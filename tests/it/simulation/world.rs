@@ -258,8 +258,7 @@ impl World {
                 }
             }
             Step::Update { nth } => {
-                let moved = self.source.table.lock().unwrap().update(nth as usize);
-                super::commits::moved(self, moved.as_slice()).await;
+                self.source.table.lock().unwrap().update(nth as usize);
             }
             Step::Reload { rows } => self.source.table.lock().unwrap().reload(rows as usize),
             Step::Latency { base_ms, slow_ms } => {
@@ -337,9 +336,6 @@ impl World {
             Ok(outcome) => outcome.kind(),
             Err(_) => "error",
         };
-        if report.late_check == dbtrigger::tick::LateCheck::Checked {
-            super::commits::tick_ended(self, poller as usize);
-        }
         let overlapped = ended.log_from..ended.log_to;
         super::invariants::tick_took(self, poller as usize, &ended.owner_id, ended.took)?;
         super::invariants::after_tick(self, poller as usize, &ended.owner_id, &result, &report, overlapped).await
@@ -348,8 +344,6 @@ impl World {
     /// The `nth` open transaction commits (see [`super::commits`]).
     async fn commit(&mut self, nth: usize, poison: bool) {
         let written = self.source.table.lock().unwrap().commit(nth);
-        let moved: Vec<(RowId, RowId)> =
-            written.iter().filter_map(|(after, before)| before.map(|before| (before, *after))).collect();
         let versions: Vec<RowId> = written.into_iter().map(|(version, _)| version).collect();
         if poison && let Some(first) = versions.first() {
             self.sink.lock().unwrap().poison.insert((first.generation, first.key));
@@ -357,7 +351,6 @@ impl World {
         if !versions.is_empty() {
             self.note(format!("committed {versions:?}{}", if poison { " (the first refused)" } else { "" }));
         }
-        super::commits::moved(self, &moved).await;
         super::commits::committed(self, &versions).await;
     }
 
@@ -444,7 +437,10 @@ impl World {
             // An operator acted: whatever kept the poller failing is a new story from here.
             self.pollers[index].failing_streak = 0;
         }
-        if command == Command::AcceptFingerprint && done.is_ok() {
+        // An accept that landed but answered an error dropped the window all the same.
+        if command == Command::AcceptFingerprint
+            && (done.is_ok() || super::invariants::fingerprint_matches(self, index).await)
+        {
             super::commits::window_dropped(self, index);
         }
         if command == Command::ResetToBeginning && done.is_ok() {
