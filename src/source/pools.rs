@@ -123,12 +123,13 @@ impl Target {
         }
     }
 
-    /// As [`Target::postgres_login`], for MySQL/MariaDB.
+    /// As [`Target::postgres_login`], for MySQL/MariaDB: Azure Database for MySQL takes the token
+    /// by the cleartext plugin (over the TLS the configuration requires).
     pub(crate) fn mysql_login(&self, options: sqlx::mysql::MySqlConnectOptions) -> sqlx::mysql::MySqlConnectOptions {
         match self.token.as_ref().and_then(|token| token.kept()) {
             Some(password) => {
                 self.applied.store(password.generation, Ordering::SeqCst);
-                options.password(password.token.expose())
+                options.password(password.token.expose()).enable_cleartext_plugin(true)
             }
             None => options,
         }
@@ -149,7 +150,8 @@ impl Target {
             self.applied.store(password.generation, Ordering::SeqCst);
         }
         if let Some(pool) = self.mysql.get() {
-            pool.set_connect_options(pool.connect_options().as_ref().clone().password(password.token.expose()));
+            let options = pool.connect_options().as_ref().clone();
+            pool.set_connect_options(options.password(password.token.expose()).enable_cleartext_plugin(true));
             self.applied.store(password.generation, Ordering::SeqCst);
         }
         Ok(())
