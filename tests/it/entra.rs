@@ -123,7 +123,15 @@ async fn deliver_through_rotation(
     assert_eq!(delivered(receiver), (1..=10).collect::<Vec<_>>());
 
     let (_, status_stdout, status_stderr) = run_dbtrigger(app, settings, &["status", "--json"]);
+    // The configuration is good; a change stream's `check` also asks the server, which it does
+    // with the URL's login only (not yet with the token), and the endpoint is down by now anyway.
     let (_, check_stdout, check_stderr) = run_dbtrigger(app, settings, &["check"]);
+    assert!(
+        check_stdout.contains(
+            "ok: orders (poller orders, logs in by managed identity: ORDERS_DB__credential = managedidentity)"
+        ),
+        "check says how the poller logs in:\n{check_stdout}{check_stderr}"
+    );
     drop(handler);
     let mut outputs = vec![
         ("the handler's log".to_string(), log),
@@ -344,4 +352,37 @@ async fn a_binlog_poller_logs_in_with_the_managed_identity_token_through_a_rotat
     let url = format!("mysql://{user}@127.0.0.1:{}/{database}", server.port);
     let settings = settings(&app, &url, &receiver, &endpoint);
     deliver_through_rotation(&app, &settings, &receiver, &endpoint, mariadb_insert(&admin)).await;
+}
+
+/// `check` refuses what a managed-identity login cannot use, naming the setting and never the URL's
+/// password: a password beside `__credential`, and a connection that may run in plaintext.
+#[test]
+fn check_refuses_a_password_beside_the_credential_and_a_plaintext_connection() {
+    let directory = tempfile::tempdir().unwrap();
+    let app = AppRoot::write(directory.path(), poller(polling()));
+    let base = vec![
+        ("ORDERS_DB__credential".to_string(), "managedidentity".to_string()),
+        ("ORDERS_WEBHOOK".to_string(), "http://127.0.0.1:9/hook".to_string()),
+        ("ORDERS_STATE".to_string(), format!("file:{}", app.state_dir.display())),
+    ];
+    let with_url = |url: &str| {
+        let mut settings = base.clone();
+        settings.push(("ORDERS_DB".to_string(), url.to_string()));
+        settings
+    };
+    let (ok, stdout, stderr) = run_dbtrigger(
+        &app,
+        &with_url("postgres://reader:Pw-9f31c@db.example.com/shop?sslmode=verify-full"),
+        &["check"],
+    );
+    assert!(!ok && stdout.contains("ORDERS_DB: the URL has a password"), "{stdout}{stderr}");
+    assert!(!format!("{stdout}{stderr}").contains("Pw-9f31c"), "{stdout}{stderr}");
+    let (ok, stdout, stderr) = run_dbtrigger(&app, &with_url("mysql://reader@db.example.com/shop"), &["check"]);
+    assert!(
+        !ok && stdout.contains("may run in plaintext") && stdout.contains("ORDERS_DB__credential"),
+        "{stdout}{stderr}"
+    );
+    let (ok, stdout, stderr) =
+        run_dbtrigger(&app, &with_url("mysql://reader@db.example.com/shop?ssl-mode=VERIFY_IDENTITY"), &["check"]);
+    assert!(ok, "{stdout}{stderr}");
 }
