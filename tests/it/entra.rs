@@ -128,7 +128,7 @@ async fn deliver_through_rotation(
     let (_, check_stdout, check_stderr) = run_dbtrigger(app, settings, &["check"]);
     assert!(
         check_stdout.contains(
-            "ok: orders (poller orders, logs in by managed identity: ORDERS_DB__credential = managedidentity)"
+            "ok: orders (poller orders, logs in by managed identity: ORDERS_DB__credential = managedidentity"
         ),
         "check says how the poller logs in:\n{check_stdout}{check_stderr}"
     );
