@@ -53,6 +53,16 @@ impl Policy for CountingPolicy {
     }
 }
 
+/// A few retries within eight seconds.
+fn bounded_retry() -> RetryOptions {
+    RetryOptions::exponential(ExponentialRetryOptions {
+        initial_delay: azure_core::time::Duration::milliseconds(200),
+        max_retries: 3,
+        max_total_elapsed: azure_core::time::Duration::seconds(8),
+        max_delay: azure_core::time::Duration::seconds(2),
+    })
+}
+
 /// Client options for a storage client: the SDK's retries bounded to a few seconds (its default
 /// retries for about 80 s, past a tick's budget), a per-request timeout, Shared Key signing when
 /// the connection has an account key, and a request counter.
@@ -63,12 +73,7 @@ pub fn client_options(connection: &StorageConnection, counter: Arc<RequestCounte
         .build()
         .expect("a plain HTTP client builds");
     let mut options = ClientOptions {
-        retry: RetryOptions::exponential(ExponentialRetryOptions {
-            initial_delay: azure_core::time::Duration::milliseconds(200),
-            max_retries: 3,
-            max_total_elapsed: azure_core::time::Duration::seconds(8),
-            max_delay: azure_core::time::Duration::seconds(2),
-        }),
+        retry: bounded_retry(),
         transport: Some(Transport::new(Arc::new(http))),
         per_call_policies: vec![Arc::new(CountingPolicy { counter })],
         ..Default::default()
@@ -86,14 +91,24 @@ pub fn token_credential(
 ) -> Result<Option<Arc<dyn azure_core::credentials::TokenCredential>>, String> {
     match &connection.credential {
         StorageCredential::SharedKey { .. } => Ok(None),
-        StorageCredential::ManagedIdentity { client_id } => {
-            let options = azure_identity::ManagedIdentityCredentialOptions {
-                user_assigned_id: client_id.clone().map(azure_identity::UserAssignedId::ClientId),
-                ..Default::default()
-            };
-            let credential = azure_identity::ManagedIdentityCredential::new(Some(options))
-                .map_err(|error| format!("cannot set up the managed identity: {error}"))?;
-            Ok(Some(credential))
-        }
+        StorageCredential::ManagedIdentity { client_id } => managed_identity(client_id.clone()).map(Some),
     }
+}
+
+/// The app's managed identity as a token credential (user-assigned when `client_id` is given), for
+/// Storage and for the databases (`source::entra`). On App Service and Functions it asks the
+/// endpoint in `IDENTITY_ENDPOINT` with the `IDENTITY_HEADER` secret; elsewhere the VM's IMDS.
+pub fn managed_identity(
+    client_id: Option<String>,
+) -> Result<Arc<dyn azure_core::credentials::TokenCredential>, String> {
+    let options = azure_identity::ManagedIdentityCredentialOptions {
+        user_assigned_id: client_id.map(azure_identity::UserAssignedId::ClientId),
+        // The SDK's default retries for over a minute: an endpoint that is down fails the tick
+        // within seconds instead, and the next tick asks again.
+        client_options: ClientOptions { retry: bounded_retry(), ..Default::default() },
+        ..Default::default()
+    };
+    let credential = azure_identity::ManagedIdentityCredential::new(Some(options))
+        .map_err(|error| format!("cannot set up the managed identity: {error}"))?;
+    Ok(credential)
 }

@@ -86,6 +86,13 @@ pub fn new(app_root: &Path, function: &str, template: &str, sets: &[String]) -> 
         println!("app settings it needs (local.settings.json `Values` for local work, the app's settings in Azure):");
         for name in needed {
             println!("  {name} = {}", example_for(&name));
+            if name.ends_with("_DB") {
+                println!(
+                    "  {name}__credential = managedidentity (optional: the password is then the app's managed identity's \
+                     Entra token, the URL names the user and no password; {name}__clientId for a user-assigned identity; \
+                     docs/identity.md)"
+                );
+            }
         }
     }
     println!(
@@ -258,7 +265,16 @@ pub fn check(app_root: &Path) -> anyhow::Result<Checked> {
     for (name, parsed) in &config.functions {
         match parsed {
             Ok(FunctionConfig::Poller(poller)) => {
-                good.push((format!("{name} (poller {})", poller.poller_name), Some(poller.poller_name.clone())));
+                let label = match &poller.source.identity {
+                    Some(identity) => format!(
+                        "{name} (poller {}, logs in by managed identity: {} = managedidentity{})",
+                        poller.poller_name,
+                        identity.setting,
+                        identity.client_id.as_ref().map(|_| ", user-assigned").unwrap_or_default()
+                    ),
+                    None => format!("{name} (poller {})", poller.poller_name),
+                };
+                good.push((label, Some(poller.poller_name.clone())));
                 if let Some(warning) = crate::config::tls::tls_warning(&poller.source) {
                     warnings.push(format!("warning: {}: poller.source.connection: {warning}", poller.file.display()));
                 }

@@ -17,6 +17,7 @@
 pub mod batch;
 pub mod binlog;
 pub mod connection;
+pub mod db_identity;
 mod disabled;
 pub mod fields;
 mod function_json;
@@ -55,6 +56,7 @@ pub use self::source::{
     BINLOG_CURSOR, Engine, GenerationConfig, LOGICAL_CURSOR, LOGICAL_KEY, OnGenerationChange, OpRule, Origin,
     OversizedRows, SourceConfig, SourceTarget, validate_identifier,
 };
+pub use self::source_types::DatabaseIdentity;
 pub use self::state::{StateConfig, StateLocation};
 pub use self::status::StatusConfig;
 pub use self::watchdog::{AlertConfig, WatchdogConfig};
@@ -583,14 +585,24 @@ fn build_any_source(
     at: &Located<'_>,
 ) -> Result<(SourceConfig, Fingerprints), ConfigError> {
     let url = source_url::resolve(&raw.connection, settings, app_root, at)?;
-    match SourceKind::parse(raw.kind.as_deref()).map_err(|reason| at.error("poller.source.kind", reason))? {
-        SourceKind::Polling => build_source(raw, url, settings, at),
-        SourceKind::Logical => logical::build(raw, url.identity, url.resolved, at),
-        SourceKind::Binlog => {
-            let server_id = crate::domain::binlog::derived_server_id(app_name, poller_name);
-            binlog::build(raw, url.identity, url.resolved, server_id, at)
-        }
+    let identity = db_identity::database_identity(&raw.connection, settings, url.identity.engine, &url.resolved)
+        .map_err(|reason| at.error("poller.source.connection", reason))?;
+    let (mut source, fingerprints) =
+        match SourceKind::parse(raw.kind.as_deref()).map_err(|reason| at.error("poller.source.kind", reason))? {
+            SourceKind::Polling => build_source(raw, url, settings, at)?,
+            SourceKind::Logical => logical::build(raw, url.identity, url.resolved, at)?,
+            SourceKind::Binlog => {
+                let server_id = crate::domain::binlog::derived_server_id(app_name, poller_name);
+                binlog::build(raw, url.identity, url.resolved, server_id, at)?
+            }
+        };
+    if let Some(identity) = &identity {
+        // A login by token and one by the URL's (empty) password must not share a pool.
+        source.pool_key = format!("{}+identity:{}", source.pool_key, identity.client_id.as_deref().unwrap_or("system"));
     }
+    source.identity = identity;
+    db_identity::require_tls(&source).map_err(|reason| at.error("poller.source.connection", reason))?;
+    Ok((source, fingerprints))
 }
 
 #[cfg(test)]

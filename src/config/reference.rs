@@ -19,12 +19,18 @@ pub struct AppSetting {
 
 /// Every app setting dbtrigger reads by a fixed name, and the ones function.json names. A test
 /// scans the source for the fixed names, so that a new one is documented here.
-pub const APP_SETTINGS: [AppSetting; 20] = [
+pub const APP_SETTINGS: [AppSetting; 21] = [
     AppSetting {
         name: "<source.connection>",
         default: "(required)",
         example: "`postgres://app:…@db.example.com:5432/shop?sslmode=verify-full`",
         meaning: "The database URL, in the setting `source.connection` names: `postgres://`, `mysql://` (MariaDB too) or `sqlite://` (relative to the app root).",
+    },
+    AppSetting {
+        name: "<source.connection>__credential, <source.connection>__clientId",
+        default: "none",
+        example: "`ORDERS_DB__credential=managedidentity`",
+        meaning: "`managedidentity`: the database password is a Microsoft Entra token of the app's managed identity (`__clientId` for a user-assigned one); the URL names the user and no password, and must require TLS unless the host is loopback. See docs/identity.md.",
     },
     AppSetting {
         name: "AzureWebJobsStorage",

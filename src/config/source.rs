@@ -232,6 +232,7 @@ pub(super) fn build_source(
         // Set by the poller once its sink is known.
         max_row_bytes: super::limits::ROW_MAX_BYTES,
         oversized_rows,
+        identity: None,
     };
     Ok((source, fingerprints))
 }

@@ -131,6 +131,19 @@ pub struct SourceConfig {
     pub max_row_bytes: usize,
     /// `source.oversizedRows`: what a row over `max_row_bytes` does.
     pub oversized_rows: OversizedRows,
+    /// `<connection>__credential = managedidentity`: the password is a Microsoft Entra token of
+    /// the app's managed identity, asked for as connections open (`None`: the URL's password).
+    pub identity: Option<DatabaseIdentity>,
+}
+
+/// A database login by the app's managed identity (app settings `<connection>__credential` =
+/// `managedidentity` and, for a user-assigned identity, `<connection>__clientId`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DatabaseIdentity {
+    /// The app setting named `<connection>__credential`, as errors name it.
+    pub setting: String,
+    /// A user-assigned identity's client id (`None`: the system-assigned identity).
+    pub client_id: Option<String>,
 }
 
 /// What a row over `source.maxRowBytes` does (`source.oversizedRows`).

@@ -68,5 +68,6 @@ pub(super) fn source_config(raw: RawSource, stream: Stream, at: &Located<'_>) ->
         max_connections: 1,
         max_row_bytes: super::limits::ROW_MAX_BYTES,
         oversized_rows: super::source_types::OversizedRows::Stop,
+        identity: None,
     })
 }

@@ -79,9 +79,7 @@ pub fn tls_warning(source: &SourceConfig) -> Option<String> {
         Engine::MySql => "add ssl-mode=VERIFY_IDENTITY (and ssl-ca=<file> for a private CA)",
         _ => "add sslmode=verify-full (and sslrootcert=<file> for a private CA)",
     };
-    let plaintext = matches!(mode.as_str(), "sslmode=disable" | "sslmode=allow" | "sslmode=prefer")
-        || matches!(mode.as_str(), "ssl-mode=DISABLED" | "ssl-mode=PREFERRED");
-    let risk = if plaintext {
+    let risk = if may_be_plaintext(&mode) {
         "may run in plaintext, and its server is not verified"
     } else {
         "is encrypted, but its server's certificate is not verified"
@@ -91,6 +89,12 @@ pub fn tls_warning(source: &SourceConfig) -> Option<String> {
          password, or answer in the database's place; {fix} to the URL (docs/security.md, \"TLS to the database\")",
         source.connection
     ))
+}
+
+/// Whether an unverified connection's `mode` (as [`TransportSecurity::Unverified`] names it) lets
+/// the driver fall back to plaintext.
+pub fn may_be_plaintext(mode: &str) -> bool {
+    matches!(mode, "sslmode=disable" | "sslmode=allow" | "sslmode=prefer" | "ssl-mode=DISABLED" | "ssl-mode=PREFERRED")
 }
 
 fn is_local_host(host: &str) -> bool {
@@ -128,6 +132,7 @@ mod tests {
             max_connections: 10,
             max_row_bytes: crate::config::limits::ROW_MAX_BYTES,
             oversized_rows: crate::config::OversizedRows::Stop,
+            identity: None,
         }
     }
 

@@ -24,6 +24,7 @@
 //!   quarantine growing, source changed, horizon held, slot) from its status and what it saw last time.
 //! - [`lag_series`]: the bounded lag series and findings the watchdog keeps for the status page.
 //! - [`connection`]: whether a tick's read keeps its database connection for the next one.
+//! - [`token`]: when a database access token (Entra, from the managed identity) is asked for again.
 //! - [`window`]: batches in flight, acknowledged out of order, committed in order (seed 004).
 //! - [`schedule`]: NCRONTAB and time-span timer schedules (for `dbtrigger dev`).
 
@@ -45,6 +46,7 @@ pub mod quarantine_budget;
 pub mod schedule;
 pub mod slot;
 pub mod state;
+pub mod token;
 pub mod transitions;
 pub mod watchdog;
 pub mod window;

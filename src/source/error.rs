@@ -6,6 +6,11 @@ use crate::config::redact::Redaction;
 pub enum SourceError {
     #[error("cannot reach the database ({location}): {reason}")]
     Unreachable { location: String, reason: String },
+    /// `<connection>__credential = managedidentity`, and the managed identity gave no token.
+    #[error(
+        "cannot log in to the database ({location}): no Microsoft Entra token from the managed identity (app setting {setting} = managedidentity): {reason}"
+    )]
+    NoToken { location: String, setting: String, reason: String },
     #[error("the query on {location} failed: {reason}")]
     Query { location: String, reason: String },
     #[error("column {column:?} has type {type_name}, which dbtrigger cannot turn into JSON")]

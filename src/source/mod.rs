@@ -14,6 +14,7 @@
 //! | `pool.rs`     | the base of every shared connection pool                                    |
 //! | `pools.rs`    | the pools shared by the app's pollers of one database target, and their cap |
 //! | `kept.rs`     | the connection a tick's delivering reads keep between them                  |
+//! | `entra.rs`    | a password that is an Entra token of the managed identity, kept and renewed |
 //! | `row.rs`      | a row put together from its decoded columns: layout, cursor, keys, op       |
 //! | `fetch.rs`    | one fetch through sqlx, bounded by rows and by bytes                        |
 //! | `query.rs`    | the SQL of the seek, per dialect                                            |
@@ -27,6 +28,7 @@
 
 pub mod binlog;
 pub mod ddl;
+pub mod entra;
 mod error;
 mod fetch;
 pub mod horizon;

@@ -69,7 +69,7 @@ impl MySqlSource {
                         Ok(())
                     })
                 })
-                .connect_lazy_with(self.options.clone())
+                .connect_lazy_with(target.mysql_login(self.options.clone()))
         })
     }
 

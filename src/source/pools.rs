@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::SourceError;
+use super::entra::DatabaseToken;
 use crate::config::SourceConfig;
 
 /// An idle connection is closed after this long: a poller ticking every few seconds keeps its
@@ -56,6 +57,8 @@ impl Pools {
                     permits: OnceLock::new(),
                     postgres: OnceLock::new(),
                     mysql: OnceLock::new(),
+                    token: config.identity.clone().map(|identity| Arc::new(DatabaseToken::new(identity))),
+                    applied: AtomicU64::new(0),
                 })
             })
             .clone();
@@ -82,6 +85,10 @@ pub struct Target {
     permits: OnceLock<Arc<Semaphore>>,
     pub(crate) postgres: OnceLock<sqlx::PgPool>,
     pub(crate) mysql: OnceLock<sqlx::MySqlPool>,
+    /// The Entra token the target logs in with (`<connection>__credential = managedidentity`).
+    token: Option<Arc<DatabaseToken>>,
+    /// Which of the token's generations the pool's connect options carry (0: none yet).
+    applied: AtomicU64,
 }
 
 impl Target {
@@ -102,6 +109,52 @@ impl Target {
 
     fn permits(&self) -> &Arc<Semaphore> {
         self.permits.get_or_init(|| Arc::new(Semaphore::new(self.cap.load(Ordering::Relaxed) as usize)))
+    }
+
+    /// `options` with the password of the target's kept token, for a pool made now (unchanged
+    /// for a target that logs in with its URL's password).
+    pub(crate) fn postgres_login(&self, options: sqlx::postgres::PgConnectOptions) -> sqlx::postgres::PgConnectOptions {
+        match self.token.as_ref().and_then(|token| token.kept()) {
+            Some(password) => {
+                self.applied.store(password.generation, Ordering::SeqCst);
+                options.password(password.token.expose())
+            }
+            None => options,
+        }
+    }
+
+    /// As [`Target::postgres_login`], for MySQL/MariaDB: Azure Database for MySQL takes the token
+    /// by the cleartext plugin (over the TLS the configuration requires).
+    pub(crate) fn mysql_login(&self, options: sqlx::mysql::MySqlConnectOptions) -> sqlx::mysql::MySqlConnectOptions {
+        match self.token.as_ref().and_then(|token| token.kept()) {
+            Some(password) => {
+                self.applied.store(password.generation, Ordering::SeqCst);
+                options.password(password.token.expose()).enable_cleartext_plugin(true)
+            }
+            None => options,
+        }
+    }
+
+    /// Before a question: a token that is due is renewed, and a pool that logs in with an older
+    /// one is given the new one for the connections it opens from now on.
+    async fn renew_login(&self, location: &str) -> Result<(), SourceError> {
+        let Some(token) = &self.token else {
+            return Ok(());
+        };
+        let password = token.password(std::time::SystemTime::now(), location).await?;
+        if self.applied.load(Ordering::SeqCst) == password.generation {
+            return Ok(());
+        }
+        if let Some(pool) = self.postgres.get() {
+            pool.set_connect_options(pool.connect_options().as_ref().clone().password(password.token.expose()));
+            self.applied.store(password.generation, Ordering::SeqCst);
+        }
+        if let Some(pool) = self.mysql.get() {
+            let options = pool.connect_options().as_ref().clone();
+            pool.set_connect_options(options.password(password.token.expose()).enable_cleartext_plugin(true));
+            self.applied.store(password.generation, Ordering::SeqCst);
+        }
+        Ok(())
     }
 
     /// The pool options of every shared pool: the cap, idle connections closed after
@@ -135,6 +188,7 @@ impl Gate {
         let Some(target) = &self.target else {
             return Ok(Permit(None));
         };
+        target.renew_login(location).await?;
         let permits = target.permits().clone();
         if let Ok(permit) = permits.clone().try_acquire_owned() {
             return Ok(Permit(Some(permit)));

@@ -69,7 +69,7 @@ impl PostgresSource {
                 ("statement_timeout", format!("{}ms", target.statement_timeout().as_millis())),
                 ("default_transaction_read_only", "on".to_string()),
             ]);
-            target.pool_options().connect_lazy_with(options)
+            target.pool_options().connect_lazy_with(target.postgres_login(options))
         })
     }
 

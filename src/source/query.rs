@@ -424,6 +424,7 @@ pub(super) mod tests {
             max_connections: 10,
             max_row_bytes: crate::config::limits::ROW_MAX_BYTES,
             oversized_rows: crate::config::OversizedRows::Stop,
+            identity: None,
         }
     }
 

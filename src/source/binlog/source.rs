@@ -101,6 +101,8 @@ pub fn at_of(position: &Position) -> Result<At, String> {
 pub struct BinlogSource {
     config: SourceConfig,
     options: Opts,
+    /// The Entra token each connection logs in with (`<connection>__credential = managedidentity`).
+    token: Option<crate::source::entra::DatabaseToken>,
     tables: Vec<String>,
     server_id: u32,
     redaction: Redaction,
@@ -144,6 +146,7 @@ impl BinlogSource {
         Ok(BinlogSource {
             config: config.clone(),
             options,
+            token: config.identity.clone().map(crate::source::entra::DatabaseToken::new),
             tables: tables.clone(),
             server_id: *server_id,
             redaction,
@@ -162,7 +165,19 @@ impl BinlogSource {
     }
 
     async fn connect(&self) -> Result<Conn, SourceError> {
-        Conn::new(self.options.clone()).await.map_err(|error| self.error(error))
+        let options = match &self.token {
+            None => self.options.clone(),
+            Some(token) => {
+                let password = token.password(std::time::SystemTime::now(), &self.redaction.location).await?;
+                // Azure Database for MySQL takes the token by the cleartext plugin (over the TLS
+                // the configuration requires).
+                mysql_async::OptsBuilder::from_opts(self.options.clone())
+                    .pass(Some(password.token.expose().to_string()))
+                    .enable_cleartext_plugin(true)
+                    .into()
+            }
+        };
+        Conn::new(options).await.map_err(|error| self.error(error))
     }
 
     fn key(&self, after: Option<&Position>) -> Result<Option<At>, SourceError> {

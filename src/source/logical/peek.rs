@@ -50,6 +50,10 @@ pub(super) struct Shared {
     /// needs no new backend (a fork, an authentication, cold catalog caches), as a poller's pool
     /// keeps its connections. A peek given up or failed closes its connection instead.
     pub(super) kept: std::sync::Mutex<Option<PgConnection>>,
+    /// The Entra token connections log in with (`<connection>__credential = managedidentity`).
+    pub(super) token: Option<crate::source::entra::DatabaseToken>,
+    /// Which of the token's generations the pool's connect options carry (0: none yet).
+    pub(super) applied: std::sync::atomic::AtomicU64,
 }
 
 /// What a peek's task sends.
@@ -496,6 +500,22 @@ impl Shared {
         outbox.flush().await
     }
 
+    /// Before a question or a peek's connection: the token renewed when due, and given to the
+    /// pool for the connections it opens from now on (`None`: the URL's password).
+    pub(super) async fn login(&self) -> Result<Option<crate::settings::Secret>, SourceError> {
+        use std::sync::atomic::Ordering;
+        let Some(token) = &self.token else {
+            return Ok(None);
+        };
+        let password = token.password(std::time::SystemTime::now(), &self.redaction.location).await?;
+        if self.applied.load(Ordering::SeqCst) != password.generation {
+            let options = self.pool.connect_options().as_ref().clone();
+            self.pool.set_connect_options(options.password(password.token.expose()));
+            self.applied.store(password.generation, Ordering::SeqCst);
+        }
+        Ok(Some(password.token))
+    }
+
     /// A connection for a peek, with its backend's pid, the end of the flushed WAL and the
     /// server's version: the one kept from the last peek if it still answers, else a new one.
     pub(super) async fn session(&self) -> Result<(PgConnection, (i32, String, i32)), SourceError> {
@@ -507,8 +527,11 @@ impl Shared {
                 return Ok((connection, answer));
             }
         }
-        let mut connection =
-            PgConnection::connect_with(&self.peek_options).await.map_err(|error| self.query_error(error))?;
+        let options = match self.login().await? {
+            Some(token) => self.peek_options.clone().password(token.expose()),
+            None => self.peek_options.clone(),
+        };
+        let mut connection = PgConnection::connect_with(&options).await.map_err(|error| self.query_error(error))?;
         let answer = ask(&mut connection).await.map_err(|error| self.query_error(error))?;
         Ok((connection, answer))
     }

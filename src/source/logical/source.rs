@@ -112,6 +112,8 @@ impl LogicalSource {
             redaction,
             idle: config.query_timeout.max(Duration::from_secs(1)),
             kept: std::sync::Mutex::new(None),
+            token: config.identity.clone().map(crate::source::entra::DatabaseToken::new),
+            applied: std::sync::atomic::AtomicU64::new(0),
         };
         Ok(LogicalSource {
             shared: Arc::new(shared),
@@ -341,6 +343,7 @@ impl LogicalSource {
 #[async_trait]
 impl Source for LogicalSource {
     async fn read(&self, probe: Probe, after: Option<&Position>, limit: FetchLimit) -> Result<Fetched, SourceError> {
+        self.shared.login().await?;
         let location = self.shared.redaction.location.clone();
         match probe {
             Probe::Deliver => {
@@ -368,6 +371,7 @@ impl Source for LogicalSource {
     /// Counted by tag, nothing decoded (memory does not grow with the count), up to
     /// [`COUNT_CAP`]: a count that stopped there, or at the peek's window, is that cap (at least).
     async fn count_after(&self, after: Option<&Position>, cap: u64) -> Result<u64, SourceError> {
+        self.shared.login().await?;
         let after = self.after_key(after)?;
         let cap = cap.min(COUNT_CAP);
         let count = async {
@@ -400,6 +404,7 @@ impl Source for LogicalSource {
     /// Owed when the committed checkpoint covers WAL the slot has not passed, or a read reached an
     /// end of WAL a segment past it; where the slot stands is read once per process.
     async fn move_owed(&self) -> Result<bool, SourceError> {
+        self.shared.login().await?;
         let work = async {
             let mut reading = self.reading.lock().await;
             self.take_committed(&mut reading);
@@ -430,6 +435,7 @@ impl Source for LogicalSource {
     }
 
     async fn slot(&self) -> Result<Option<crate::domain::slot::SlotView>, SourceError> {
+        self.shared.login().await?;
         let row: Option<(Option<i64>, Option<String>, Option<i32>)> = sqlx::query_as(
             "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, wal_status, active_pid \
              FROM pg_replication_slots WHERE slot_name = $1",
@@ -454,6 +460,7 @@ impl Source for LogicalSource {
     }
 
     async fn committed(&self, checkpoint: Option<&Position>) -> Result<(), SourceError> {
+        self.shared.login().await?;
         let key = self.after_key(checkpoint)?;
         let work = async {
             {
@@ -475,6 +482,7 @@ impl Source for LogicalSource {
     }
 
     async fn slot_ends(&self) -> Result<Option<crate::domain::slot::SlotEnds>, SourceError> {
+        self.shared.login().await?;
         let row = super::operate::slot_row(&self.shared.pool, &self.shared.slot)
             .await
             .map_err(|error| self.query_error(error))?;
@@ -498,6 +506,7 @@ impl Source for LogicalSource {
     }
 
     async fn reset_moved(&self, to: &Position) -> Result<(), SourceError> {
+        self.shared.login().await?;
         let Some((lsn, _)) = self.after_key(Some(to))? else { return Ok(()) };
         // The slot's own mutex: a tick of this process reading it waits, and its next read starts
         // from where the slot now is.
