@@ -3,9 +3,11 @@
 //! and table, and nothing after it is delivered or passed; a read refuses a server whose global
 //! `binlog_format` is not ROW; a `TRUNCATE` of a watched table is an event in commit order.
 
+use std::time::Duration;
+
 use serde_json::{Value, json};
 
-use crate::binlog::{connection, run};
+use crate::binlog::{binlog_database, connection, run};
 use crate::harness::{AppRoot, Receiver, run_dbtrigger};
 use crate::services::{BINLOG_ARGUMENTS, MariaDbOptions, mariadb_with};
 use crate::sources::execute;
@@ -16,11 +18,21 @@ fn app(
     tables: &[String],
     receiver: &Receiver,
 ) -> (AppRoot, Vec<(String, String)>) {
+    app_with(directory, url, tables, receiver, json!({"size": 50}))
+}
+
+fn app_with(
+    directory: &std::path::Path,
+    url: &str,
+    tables: &[String],
+    receiver: &Receiver,
+    batch: Value,
+) -> (AppRoot, Vec<(String, String)>) {
     let app = AppRoot::write(
         directory,
         json!({
             "source": {"kind": "binlog", "connection": "FEED_DB", "tables": tables},
-            "batch": {"size": 50},
+            "batch": batch,
             "sink": {"type": "webhook", "url": receiver.url},
             "state": {"connection": "STATE"}
         }),
@@ -159,4 +171,63 @@ async fn a_change_logged_as_a_statement_stops_the_poller_naming_it() {
     let (ok, output) = tick(&app, &settings);
     assert!(ok, "{output}");
     assert_eq!(received(&receiver).last().unwrap(), &("insert".to_string(), "items".to_string(), json!(6)));
+}
+
+/// `TRUNCATE TABLE` of a watched table (always logged as a statement) is one event, `op:
+/// "truncate"`, in commit order: with batches of one and four in flight, every change before it is
+/// acknowledged before it and every change after it after it (a barrier for the per-key window).
+/// A truncate of a table not watched delivers nothing; nothing is delivered twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncate_of_a_watched_table_is_an_event_in_commit_order() {
+    let (url, database) =
+        binlog_database("CREATE TABLE items (id INT PRIMARY KEY, n INT);\nCREATE TABLE other (id INT PRIMARY KEY)")
+            .await;
+    let receiver = Receiver::start().await;
+    receiver.set_delay(Duration::from_millis(30));
+    let directory = tempfile::tempdir().unwrap();
+    let batch = json!({"size": 1, "maxInFlight": 4, "commitIntervalMs": 0});
+    let (app, settings) = app_with(directory.path(), &url, &[format!("{database}.items")], &receiver, batch);
+    let (ok, output) = tick(&app, &settings);
+    assert!(ok, "{output}");
+    execute(
+        &url,
+        "INSERT INTO items VALUES (1, 0), (2, 0), (3, 0);\nINSERT INTO other VALUES (1);\nTRUNCATE TABLE other;\n\
+         TRUNCATE TABLE items;\nINSERT INTO items VALUES (1, 1), (4, 1), (5, 1)",
+    )
+    .await;
+    let events = binlog_events(&url).await;
+    let truncate = events
+        .iter()
+        .position(|(_, _, kind, info)| kind == "Query" && info.contains("TRUNCATE TABLE items"))
+        .expect("the truncate is logged");
+    let start = events[..truncate].iter().rev().find(|(_, _, kind, _)| kind == "Gtid").unwrap().clone();
+    let (ok, output) = tick(&app, &settings);
+    assert!(ok, "{output}");
+    let got = received(&receiver);
+    assert_eq!(got.len(), 7, "{got:?}");
+    let mut before: Vec<Value> = got[..3].iter().map(|(_, _, id)| id.clone()).collect();
+    before.sort_by_key(|id| id.as_i64());
+    assert!(got[..3].iter().all(|(op, _, _)| op == "insert"), "{got:?}");
+    assert_eq!(before, [json!(1), json!(2), json!(3)], "{got:?}");
+    assert_eq!(got[3], ("truncate".to_string(), "items".to_string(), Value::Null), "{got:?}");
+    let mut after: Vec<Value> = got[4..].iter().map(|(_, _, id)| id.clone()).collect();
+    after.sort_by_key(|id| id.as_i64());
+    assert_eq!(after, [json!(1), json!(4), json!(5)], "{got:?}");
+    // The event: its table, no images, its transaction's place.
+    let event = receiver
+        .acknowledged()
+        .iter()
+        .flat_map(|received| received.envelope["events"].as_array().unwrap().clone())
+        .find(|event| event["op"] == "truncate")
+        .unwrap();
+    assert_eq!(event["row"]["table"], format!("{database}.items"));
+    assert!(event["row"]["new"].is_null() && event["row"]["old"].is_null(), "{event}");
+    assert_eq!(event["row"]["binlog_file"], start.0.as_str());
+    assert_eq!(event["row"]["binlog_position"], start.1);
+    assert_eq!(event["pk"]["ordinal"], 1);
+    assert!(event["row"]["gtid"].as_str().unwrap().starts_with("0-1-"), "{event}");
+    // Nothing again.
+    let (ok, output) = tick(&app, &settings);
+    assert!(ok, "{output}");
+    assert_eq!(received(&receiver).len(), 7);
 }

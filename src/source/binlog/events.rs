@@ -614,6 +614,13 @@ mod tests {
     }
 
     #[test]
+    fn a_truncate_waits_for_every_change_before_it() {
+        let mut seen = HashMap::new();
+        let truncate = change(Op::Truncate, Some(&["id"]), Value::Null, Value::Null);
+        assert_eq!(order_group(&truncate, &mut seen), Group::All);
+    }
+
+    #[test]
     fn missing_columns_are_named_in_the_tables_order() {
         let columns: Vec<String> = ["id", "note", "body"].iter().map(|name| name.to_string()).collect();
         let image = json!({"note": "x"}).as_object().cloned().unwrap();
