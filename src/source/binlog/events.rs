@@ -425,7 +425,7 @@ impl Decoder {
                 if !open.covered {
                     open.changes += 1;
                     let at = (open.fields.start, open.changes);
-                    if !self.after.is_some_and(|after| at <= after) {
+                    if self.after.is_none_or(|after| at > after) {
                         changes.push(Change {
                             op: Op::Truncate,
                             table,
