@@ -18,6 +18,8 @@
 //! - [`horizon`]: what holds a poller's horizon back, who may see its query, and what
 //!   `settle: "auto"` may conclude from the server (a replica, a prepared transaction).
 //! - [`binlog`]: a binary-log source's positions, file names, server id, retention (issue 39).
+//! - [`binlog_query`]: what a binary log's statement is to a poller (a bound, XA, a TRUNCATE, a
+//!   change logged as a statement that stops it, or passed).
 //! - [`slot`]: a logical source's replication slot as `status` shows it.
 //! - [`finding`]: what the watchdog reports, one kind per thing a person should look at.
 //! - [`watchdog`]: what the watchdog concludes about a poller (stalled, abandoned lease, failing,
@@ -29,6 +31,7 @@
 //! - [`schedule`]: NCRONTAB and time-span timer schedules (for `dbtrigger dev`).
 
 pub mod binlog;
+pub mod binlog_query;
 pub mod connection;
 pub mod cursor;
 pub mod endpoint;

@@ -9,6 +9,7 @@ mod binlog_gtid;
 mod binlog_keys;
 mod binlog_ops;
 mod binlog_poison;
+mod binlog_statements;
 mod budget;
 mod chaos;
 mod dev;

@@ -16,6 +16,7 @@ use serde_json::{Map, Value};
 use super::values::{TableInfo, row_json};
 use crate::domain::Op;
 use crate::domain::binlog::{self, BinlogPos, FileNames, Gtid, GtidMark, GtidPos};
+use crate::domain::binlog_query::{self, Query};
 use crate::domain::keyed::Group;
 
 /// MariaDB's GTID event (`GTID_EVENT`, 162): mysql_common does not know MariaDB's event types.
@@ -66,6 +67,9 @@ impl Change {
 /// changes before (an `ALTER TABLE` between them: the changes keyed the old way finish first).
 /// `seen` keeps each table's key for the tick.
 pub fn order_group(change: &Change, seen: &mut HashMap<String, Option<Arc<[String]>>>) -> Group {
+    if change.op == Op::Truncate {
+        return Group::All;
+    }
     match seen.get(&change.table) {
         Some(before) if *before == change.key => {}
         before => {
@@ -163,6 +167,9 @@ pub enum Step {
     /// Changes of the open transaction, decoded (those at or before the reader's position are
     /// counted and left out).
     Changes(Vec<Change>),
+    /// The last changes of the transaction that just ended ([`Decoder::last_committed`]): a
+    /// `TRUNCATE`, a transaction of one statement.
+    Ended(Vec<Change>),
     /// The open transaction ended: where the next one starts, and how many changes it had.
     Committed {
         start: BinlogPos,
@@ -363,29 +370,81 @@ impl Decoder {
                 self.begin(start, Some(text), header.timestamp(), false);
                 Ok(Step::Nothing)
             }
-            EventData::QueryEvent(query) => {
-                let text = query.query();
-                let statement = text.trim();
-                if statement.eq_ignore_ascii_case("BEGIN") {
-                    match self.open.as_mut() {
-                        Some(open) => open.begun = true,
-                        None => {
-                            self.begin(start, None, header.timestamp(), false);
-                            if let Some(open) = self.open.as_mut() {
-                                open.begun = true;
-                            }
-                        }
-                    }
-                    return Ok(Step::Nothing);
-                }
-                let ends = statement.eq_ignore_ascii_case("COMMIT")
-                    || statement.eq_ignore_ascii_case("ROLLBACK")
-                    || self.open.as_ref().is_some_and(|open| !open.begun || open.standalone);
-                Ok(if ends { self.end() } else { Step::Nothing })
+            EventData::QueryEvent(query) => self.query(&query.query(), &query.schema(), start, header.timestamp()),
+            // `LOAD DATA` logged as a statement (its file sent before it).
+            EventData::ExecuteLoadQueryEvent(load) => {
+                self.query(&load.query(), &load.schema(), start, header.timestamp())
             }
             EventData::XidEvent(_) => Ok(self.end()),
             EventData::RowsEvent(rows) => self.rows(&rows, tme),
             _ => Ok(Step::Nothing),
+        }
+    }
+
+    /// A statement: a transaction's bounds, a `TRUNCATE` of a watched table (a change, ending its
+    /// transaction of one statement), a change logged as a statement naming a watched table (an
+    /// error: it cannot be turned into rows, and passing it would lose it), or passed
+    /// ([`binlog_query::classify`]).
+    fn query(&mut self, text: &str, schema: &str, start: BinlogPos, time: u32) -> Result<Step, String> {
+        // After a GTID with no `BEGIN` (DDL, or a statement alone), the statement is the transaction.
+        let ends_alone = |open: &Option<Open>| open.as_ref().is_some_and(|open| !open.begun || open.standalone);
+        match binlog_query::classify(text, schema, &self.tables) {
+            Query::Begin => {
+                match self.open.as_mut() {
+                    Some(open) => open.begun = true,
+                    None => {
+                        self.begin(start, None, time, false);
+                        if let Some(open) = self.open.as_mut() {
+                            open.begun = true;
+                        }
+                    }
+                }
+                Ok(Step::Nothing)
+            }
+            Query::End => Ok(self.end()),
+            Query::Statement { table } => {
+                if self.open.as_ref().is_some_and(|open| open.covered) {
+                    return Ok(if ends_alone(&self.open) { self.end() } else { Step::Nothing });
+                }
+                let verb = text.split_whitespace().next().unwrap_or("").to_ascii_uppercase();
+                Err(format!(
+                    "a change to {table} logged as a statement ({verb} at {}:{}, binlog_format STATEMENT or MIXED in \
+                     the writer's session), which cannot be turned into rows: the poller stops before it. Have every \
+                     session write in ROW format, apply what the statement did to the receiver by hand, then \
+                     `dbtrigger reset <poller>` past its transaction (--to-cursor the next transaction's place, or \
+                     --to-end)",
+                    self.file_name, start.offset
+                ))
+            }
+            Query::Truncate { table } => {
+                if self.open.is_none() {
+                    self.begin(start, None, time, true);
+                }
+                let open = self.open.as_mut().expect("a transaction is open");
+                let mut changes = Vec::new();
+                if !open.covered {
+                    open.changes += 1;
+                    let at = (open.fields.start, open.changes);
+                    if self.after.is_none_or(|after| at > after) {
+                        changes.push(Change {
+                            op: Op::Truncate,
+                            table,
+                            new: None,
+                            old: None,
+                            at,
+                            key: None,
+                            not_logged_old: Vec::new(),
+                            not_logged_new: Vec::new(),
+                        });
+                    }
+                }
+                if ends_alone(&self.open) {
+                    let _ = self.end();
+                    return Ok(if changes.is_empty() { Step::Nothing } else { Step::Ended(changes) });
+                }
+                Ok(if changes.is_empty() { Step::Nothing } else { Step::Changes(changes) })
+            }
+            Query::Xa { .. } | Query::Other => Ok(if ends_alone(&self.open) { self.end() } else { Step::Nothing }),
         }
     }
 
@@ -552,6 +611,13 @@ mod tests {
         let keyed = change(Op::Update, Some(&["id"]), json!({"id": 2}), json!({"id": 2, "note": "x"}));
         assert_eq!(order_group(&keyed, &mut seen), Group::All);
         assert_eq!(order_group(&keyed, &mut seen), Group::Keys(vec![row_key(2)]));
+    }
+
+    #[test]
+    fn a_truncate_waits_for_every_change_before_it() {
+        let mut seen = HashMap::new();
+        let truncate = change(Op::Truncate, Some(&["id"]), Value::Null, Value::Null);
+        assert_eq!(order_group(&truncate, &mut seen), Group::All);
     }
 
     #[test]

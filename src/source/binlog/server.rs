@@ -124,6 +124,12 @@ pub async fn dump(
     conn.get_binlog_stream(request).await
 }
 
+/// The server's global `binlog_format` (`ROW`, `MIXED`, `STATEMENT`).
+pub async fn binlog_format(conn: &mut Conn) -> Result<String, mysql_async::Error> {
+    let format: Option<Option<String>> = conn.query_first("SELECT @@GLOBAL.binlog_format").await?;
+    Ok(format.flatten().unwrap_or_default())
+}
+
 /// Who the server is, as a checkpoint records it: MariaDB has no server UUID, its `server_id`
 /// (which replication needs distinct on every server of a topology) names it; MySQL's
 /// `server_uuid`. And whether it is MariaDB (whose GTIDs the checkpoint records).

@@ -192,6 +192,20 @@ impl BinlogSource {
         SourceError::BinlogLost { location: self.redaction.location.clone(), file, reason }
     }
 
+    /// Refuses a server whose global `binlog_format` is not ROW: its sessions log changes as
+    /// statements by default, which a read cannot turn into rows (one that meets such a change
+    /// to a watched table stops; this says why before any is written).
+    async fn row_format(&self, conn: &mut Conn) -> Result<(), SourceError> {
+        let format = server::binlog_format(conn).await.map_err(|error| self.error(error))?;
+        if format.eq_ignore_ascii_case("ROW") {
+            return Ok(());
+        }
+        Err(self.query(format!(
+            "the server's binlog_format is {format}: a binary-log source needs ROW (`SET GLOBAL binlog_format = 'ROW'` \
+             and in the server's configuration; `dbtrigger check` says what else is missing)"
+        )))
+    }
+
     /// Where the binary log ends, its naming, and the oldest file it keeps.
     async fn ends(&self, conn: &mut Conn) -> Result<(BinlogPos, FileNames, u32, Vec<(u32, u64)>), SourceError> {
         let (end, names) = server::end_position(conn).await.map_err(|error| self.error(error))?.map_err(|reason| {
@@ -226,6 +240,7 @@ impl BinlogSource {
                 )));
             }
         }
+        self.row_format(&mut conn).await?;
         let (end, names, oldest, _) = self.ends(&mut conn).await?;
         let from = after.map(|at| at.key.0).unwrap_or(end);
         if from == binlog::BY_GTID_ONLY && after.is_some_and(|at| at.mark.is_some()) {
@@ -333,9 +348,17 @@ impl BinlogSource {
                     ),
                 ));
             }
-            if let Step::Changes(changes) = step {
-                let fields = decoder.fields().ok_or_else(|| self.query("a change outside a transaction".into()))?;
-                pending.extend(rows_of(fields, changes, keys));
+            match step {
+                Step::Changes(changes) => {
+                    let fields = decoder.fields().ok_or_else(|| self.query("a change outside a transaction".into()))?;
+                    pending.extend(rows_of(fields, changes, keys));
+                }
+                Step::Ended(changes) => {
+                    let fields =
+                        decoder.last_committed().ok_or_else(|| self.query("a change outside a transaction".into()))?;
+                    pending.extend(rows_of(fields, changes, keys));
+                }
+                _ => {}
             }
         }
     }
@@ -354,6 +377,7 @@ impl BinlogSource {
             // tick start at a later end and skip what this one read.
             reading.open = None;
             let mut conn = self.connect().await?;
+            self.row_format(&mut conn).await?;
             let (end, names, ..) = self.ends(&mut conn).await?;
             let (_, mariadb) = server::identity(&mut conn).await.map_err(|error| self.error(error))?;
             // MariaDB: the GTID position there, which the next reads check and a failover resumes from.
@@ -382,7 +406,17 @@ impl BinlogSource {
         loop {
             let Reading { open, keys, .. } = &mut *reading;
             let open = open.as_mut().expect("a dump is open");
-            let Some((key, row)) = self.next(open, keys).await? else {
+            let next = match self.next(open, keys).await {
+                Ok(next) => next,
+                // What was read before the error (a change logged as a statement, say) is
+                // delivered first; the next call reads from after it, and meets the error again.
+                Err(_) if !rows.is_empty() => {
+                    reading.open = None;
+                    return Ok(Fetched { rows, full: true });
+                }
+                Err(error) => return Err(error),
+            };
+            let Some((key, row)) = next else {
                 let end = open.decoder.position();
                 let in_transaction = open.decoder.in_transaction();
                 // MariaDB: rest at the start of the last transaction read (none of it is this
