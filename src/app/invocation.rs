@@ -2,8 +2,18 @@
 
 use serde_json::Value;
 
-use super::Unusable;
+use crate::config::ConfigError;
 use crate::tick::{TickError, TickOutcome, TickReport};
+
+/// Why a function cannot run, located as precisely as it was found.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Unusable {
+    #[error(transparent)]
+    Config(ConfigError),
+    /// The configuration is valid but the source, sink or store could not be opened.
+    #[error("{file}: {section}: {reason}")]
+    Open { file: String, section: &'static str, reason: String },
+}
 
 /// What one invocation came to: the same for every caller, each rendering it its own way.
 #[derive(Debug)]

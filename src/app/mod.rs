@@ -6,7 +6,7 @@
 //! |----------------|--------------------------------------------------------------------------|
 //! | `mod.rs`       | [`Function`], [`App`], finding a function, and [`App::invoke_with`].      |
 //! | `open`         | opening the app: every function once, the owner id, the schedule zone.  |
-//! | `invocation`   | [`Invocation`], what one invocation came to, and its one line.          |
+//! | `invocation`   | [`Invocation`], what one invocation came to, and its one line; [`Unusable`].|
 //! | `status`       | the status read of the pollers, and the status function's answer.      |
 //! | `watch`        | the watchdog function's run and its kicks within functionTimeout.       |
 //! | `run`          | one tick, stopped (its lease given back) when the app abandons its ticks.|
@@ -17,7 +17,7 @@ mod run;
 mod status;
 mod watch;
 
-pub use invocation::Invocation;
+pub use invocation::{Invocation, Unusable};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -25,8 +25,8 @@ use std::sync::Arc;
 use tracing::warn;
 
 use crate::clock::Clock;
+use crate::config::StatusConfig;
 use crate::config::plan::FunctionTimeout;
-use crate::config::{ConfigError, StatusConfig};
 use crate::domain::schedule::ScheduleZone;
 use crate::protocol::InvocationRequest;
 use crate::tick::Poller;
@@ -40,16 +40,6 @@ pub enum Function {
     Watchdog(Arc<crate::watchdog::Watchdog>),
     /// Its configuration (or a connection it names) is unusable: every invocation fails with this.
     Unusable(Unusable),
-}
-
-/// Why a function cannot run, located as precisely as it was found.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum Unusable {
-    #[error(transparent)]
-    Config(ConfigError),
-    /// The configuration is valid but the source, sink or store could not be opened.
-    #[error("{file}: {section}: {reason}")]
-    Open { file: String, section: &'static str, reason: String },
 }
 
 pub struct App {
