@@ -346,10 +346,7 @@ impl Poller {
             return Err(TickError::Source(crate::source::SourceError::SlotLost {
                 location: self.source.describe(),
                 slot: slot.clone(),
-                reason: format!(
-                    "an earlier tick found it lost (the poller has failed since {}), and no operator has reset the poller since",
-                    failure.first_failure_at.to_rfc3339()
-                ),
+                reason: since,
             }));
         }
         // A source read from a server's log (a binary log) says where the checkpoint is on the

@@ -82,6 +82,14 @@ pub struct Progress {
 /// busy server for nothing.
 pub const IDLE_MOVE_BYTES: u64 = 16 * 1024 * 1024;
 
+/// The two places the slot may move to: the end of the last whole transaction the committed
+/// checkpoint covers (or that checkpoint's commit LSN), and the end of the flushed WAL when a read
+/// reached it and everything it returned is committed.
+struct Targets {
+    by_checkpoint: Option<u64>,
+    at_end: Option<u64>,
+}
+
 impl Progress {
     /// A change was handed out.
     pub fn handed(&mut self, key: Key) {
@@ -138,17 +146,8 @@ impl Progress {
     /// server sends again every transaction committing at or after the slot's position, so the
     /// slot there holds the rest of that transaction (and everything after), whatever was read.
     pub fn advance_target(&self) -> Option<u64> {
-        let committed = self.committed?;
-        let covered = |key: Key| committed.is_some_and(|committed| key <= committed);
-        let mut target =
-            self.marks.iter().filter(|mark| covered((mark.commit_lsn, mark.changes))).map(|mark| mark.end_lsn).max();
-        target = target.max(committed.map(|(commit_lsn, _)| commit_lsn));
-        if let Some(end) = self.read_to_end
-            && end.last.is_none_or(covered)
-        {
-            target = target.max(Some(end.flushed));
-        }
-        target.filter(|target| *target > self.advanced)
+        let targets = self.targets()?;
+        targets.by_checkpoint.max(targets.at_end).filter(|target| *target > self.advanced)
     }
 
     /// Whether a tick owes the slot a move before it reads (and so takes the lease first, even
@@ -160,9 +159,17 @@ impl Progress {
         if !self.slot_known {
             return false;
         }
-        let Some(committed) = self.committed else {
+        let Some(targets) = self.targets() else {
             return false;
         };
+        targets.by_checkpoint.is_some_and(|target| target > self.advanced)
+            || targets.at_end.is_some_and(|flushed| flushed >= self.advanced.saturating_add(IDLE_MOVE_BYTES))
+    }
+
+    /// Where the slot may go, wherever it stands: `None` while the committed checkpoint is not
+    /// known. The one computation [`Progress::advance_target`] and [`Progress::owed`] share.
+    fn targets(&self) -> Option<Targets> {
+        let committed = self.committed?;
         let covered = |key: Key| committed.is_some_and(|committed| key <= committed);
         let by_checkpoint = self
             .marks
@@ -171,12 +178,8 @@ impl Progress {
             .map(|mark| mark.end_lsn)
             .max()
             .max(committed.map(|(commit_lsn, _)| commit_lsn));
-        if by_checkpoint.is_some_and(|target| target > self.advanced) {
-            return true;
-        }
-        self.read_to_end.is_some_and(|end| {
-            end.last.is_none_or(covered) && end.flushed >= self.advanced.saturating_add(IDLE_MOVE_BYTES)
-        })
+        let at_end = self.read_to_end.filter(|end| end.last.is_none_or(covered)).map(|end| end.flushed);
+        Some(Targets { by_checkpoint, at_end })
     }
 
     /// Whether this process knows where the slot stands.
