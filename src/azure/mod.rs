@@ -106,7 +106,6 @@ pub fn managed_identity(
         // The SDK's default retries for over a minute: an endpoint that is down fails the tick
         // within seconds instead, and the next tick asks again.
         client_options: ClientOptions { retry: bounded_retry(), ..Default::default() },
-        ..Default::default()
     };
     let credential = azure_identity::ManagedIdentityCredential::new(Some(options))
         .map_err(|error| format!("cannot set up the managed identity: {error}"))?;
