@@ -51,8 +51,22 @@ pub async fn check_live(app_root: &Path) -> anyhow::Result<BTreeSet<String>> {
     for parsed in config.functions.values() {
         let Ok(crate::config::FunctionConfig::Poller(poller)) = parsed else { continue };
         let name = &poller.poller_name;
+        if !matches!(
+            poller.source.target,
+            crate::config::SourceTarget::Binlog { .. } | crate::config::SourceTarget::Logical { .. }
+        ) {
+            continue;
+        }
+        let url = match live_url(&poller.source).await {
+            Ok(url) => url,
+            Err(reason) => {
+                missing_for.insert(name.clone());
+                println!("missing {name}: the server cannot be asked: {reason}");
+                continue;
+            }
+        };
         if let crate::config::SourceTarget::Binlog { tables, .. } = &poller.source.target {
-            match crate::source::binlog::setup::check(poller.source.url.expose()).await {
+            match crate::source::binlog::setup::check(url.expose()).await {
                 Ok(missing) if missing.is_empty() => {
                     println!(
                         "ok {name}: log_bin, ROW events with full images and column names, the grants to read them"
@@ -71,7 +85,7 @@ pub async fn check_live(app_root: &Path) -> anyhow::Result<BTreeSet<String>> {
             }
             // Warnings do not fail the check: a cascade that never fires on a watched table's
             // rows loses nothing. They are said every time.
-            match crate::source::binlog::cascades::check(poller.source.url.expose(), tables).await {
+            match crate::source::binlog::cascades::check(url.expose(), tables).await {
                 Ok(warnings) => {
                     for warning in warnings {
                         println!("warning: {name}: {warning}");
@@ -84,7 +98,7 @@ pub async fn check_live(app_root: &Path) -> anyhow::Result<BTreeSet<String>> {
         let crate::config::SourceTarget::Logical { slot, publication, origin } = &poller.source.target else {
             continue;
         };
-        match crate::source::logical::setup::check(poller.source.url.expose(), slot, publication, *origin).await {
+        match crate::source::logical::setup::check(url.expose(), slot, publication, *origin).await {
             Ok(findings) => {
                 for finding in findings {
                     if !finding.ok {
@@ -100,6 +114,23 @@ pub async fn check_live(app_root: &Path) -> anyhow::Result<BTreeSet<String>> {
         }
     }
     Ok(missing_for)
+}
+
+/// The URL the live check logs in with: the poller's own, or, for a login by managed identity
+/// (`<connection>__credential`), the same with a token of the identity as its password. A secret
+/// either way; an error names the setting, never the token.
+async fn live_url(source: &SourceConfig) -> Result<crate::settings::Secret, String> {
+    let Some(identity) = &source.identity else {
+        return Ok(source.url.clone());
+    };
+    let location = crate::source::redacted_location(source.url.expose());
+    let token = crate::source::entra::DatabaseToken::new(identity.clone());
+    let password = token.password(std::time::SystemTime::now(), &location).await.map_err(|error| error.to_string())?;
+    let mut url =
+        url::Url::parse(source.url.expose()).map_err(|_| format!("{location}: the connection is not a URL"))?;
+    url.set_password(Some(password.token.expose()))
+        .map_err(|()| format!("{location}: the connection URL cannot carry a password"))?;
+    Ok(crate::settings::Secret::new(url.as_str()))
 }
 
 /// The account the poller's URL connects as, as its driver resolves it (a `?user=` included).

@@ -109,6 +109,17 @@ async fn deliver_through_rotation(
     let asked = endpoint.asked();
     assert!(asked.iter().all(|asked| asked.resource == "https://ossrdbms-aad.database.windows.net"), "{asked:?}");
 
+    // `check` logs in with a token too (a change stream's check asks the server): it says how the
+    // poller logs in and finds nothing missing while the endpoint answers.
+    let (_, check_stdout, check_stderr) = run_dbtrigger(app, settings, &["check"]);
+    assert!(
+        check_stdout.contains(
+            "ok: orders (poller orders, logs in by managed identity: ORDERS_DB__credential = managedidentity"
+        ),
+        "check says how the poller logs in:\n{check_stdout}{check_stderr}"
+    );
+    assert!(!check_stdout.contains("missing"), "{check_stdout}{check_stderr}");
+
     // The endpoint goes down: once the token is due, the tick fails, naming the setting.
     endpoint.stop();
     tokio::time::sleep(LIVE + Duration::from_secs(1)).await;
@@ -123,15 +134,6 @@ async fn deliver_through_rotation(
     assert_eq!(delivered(receiver), (1..=10).collect::<Vec<_>>());
 
     let (_, status_stdout, status_stderr) = run_dbtrigger(app, settings, &["status", "--json"]);
-    // The configuration is good; a change stream's `check` also asks the server, which it does
-    // with the URL's login only (not yet with the token), and the endpoint is down by now anyway.
-    let (_, check_stdout, check_stderr) = run_dbtrigger(app, settings, &["check"]);
-    assert!(
-        check_stdout.contains(
-            "ok: orders (poller orders, logs in by managed identity: ORDERS_DB__credential = managedidentity"
-        ),
-        "check says how the poller logs in:\n{check_stdout}{check_stderr}"
-    );
     drop(handler);
     let mut outputs = vec![
         ("the handler's log".to_string(), log),
