@@ -371,13 +371,18 @@ fn start_mariadb_with(max_connections: u32, options: &MariaDbOptions<'_>) -> Mar
     let directory = std::env::temp_dir().join(format!("dbtrigger-maria-{}", uuid::Uuid::new_v4().simple()));
     let data = directory.join("data");
     std::fs::create_dir_all(&data).unwrap();
+    let tmp = directory.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
     let port = free_port();
     let log = directory.join("server.log");
     let mut install_command = Command::new(&install);
     install_command
         .arg(format!("--datadir={}", data.display()))
         .arg("--auth-root-authentication-method=normal")
-        .arg("--skip-test-db");
+        .arg("--skip-test-db")
+        // Its bootstrap's temporary tables in a directory of its own: two servers installed at
+        // once in the shared /tmp can collide on one (`Could not remove temporary table`, seen).
+        .arg(format!("--tmpdir={}", tmp.display()));
     if is_root() {
         install_command.arg("--user=root");
     }
