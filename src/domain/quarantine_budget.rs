@@ -7,12 +7,11 @@
 //!
 //! The state document keeps the times of the last quarantines (`quarantine_log`): never more than
 //! [`KEPT_MOST`], whatever the budget, and none older than an hour once a quarantine is recorded.
-//! An operator's replay or purge (a history entry) frees the budget of the quarantines before it.
+//! An operator's replay or purge (a history entry: `quarantine_answered_at` in the state document's room) frees
+//! the budget of the quarantines before it.
 
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
-
-use super::state::{HistoryAction, HistoryEntry};
 
 /// The window the budget counts over.
 pub fn window() -> Duration {
@@ -34,16 +33,6 @@ pub struct QuarantineLog {
     /// The errors of the last rows quarantined, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub last_refusals: Vec<String>,
-}
-
-/// When an operator last replayed or purged the quarantine: the quarantines before it no longer
-/// count.
-pub fn answered_at(history: &[HistoryEntry]) -> Option<DateTime<Utc>> {
-    history
-        .iter()
-        .filter(|entry| matches!(entry.action, Some(HistoryAction::QuarantineReplay | HistoryAction::QuarantinePurge)))
-        .map(|entry| entry.at)
-        .max()
 }
 
 /// The quarantines that count against the budget at `now`: within the hour, after `answered`.

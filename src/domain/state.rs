@@ -332,6 +332,16 @@ pub fn describe(position: &Position) -> String {
     format!("{} ({})", position.cursor.to_json(), keys.join(", "))
 }
 
+/// When an operator last replayed or purged the quarantine: the quarantines before it no longer
+/// count against the quarantine budget ([`super::quarantine_budget`]).
+pub fn quarantine_answered_at(history: &[HistoryEntry]) -> Option<DateTime<Utc>> {
+    history
+        .iter()
+        .filter(|entry| matches!(entry.action, Some(HistoryAction::QuarantineReplay | HistoryAction::QuarantinePurge)))
+        .map(|entry| entry.at)
+        .max()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -386,7 +386,7 @@ impl Poller {
             writer.lost = true;
             return Ok(false);
         };
-        let answered = quarantine_budget::answered_at(&renewed.history);
+        let answered = crate::domain::state::quarantine_answered_at(&renewed.history);
         renewed.quarantine_log =
             Some(quarantine_budget::recorded(renewed.quarantine_log.as_ref(), answered, now, refusals));
         match writer.write(&mut renewed).await {

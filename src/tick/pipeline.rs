@@ -562,7 +562,7 @@ impl Poller {
 impl Poller {
     /// How many more rows the quarantine budget lets this poller quarantine now.
     pub(super) fn quarantine_room(&self, document: &StateDocument) -> usize {
-        let answered = quarantine_budget::answered_at(&document.history);
+        let answered = crate::domain::state::quarantine_answered_at(&document.history);
         let per_hour = self.config.poison.max_quarantined_per_hour;
         quarantine_budget::room(document.quarantine_log.as_ref(), answered, self.clock.now(), per_hour)
     }

@@ -7,7 +7,6 @@
 //! answered them, and the budget is free again.
 
 use chrono::Duration;
-use dbtrigger::domain::quarantine_budget;
 use dbtrigger::store::{StateStore, quarantine};
 
 use super::config::APP;
@@ -31,7 +30,7 @@ pub async fn quarantine_within_budget(world: &mut World) -> Result<(), Violation
         };
         let key = world.pollers[index].observer.key();
         let answered = match store.read(&key).await {
-            Ok(Some(versioned)) => quarantine_budget::answered_at(&versioned.document.history),
+            Ok(Some(versioned)) => dbtrigger::domain::state::quarantine_answered_at(&versioned.document.history),
             _ => None,
         };
         let seen = world.quarantine_seen.entry(name.clone()).or_default();
